@@ -1,0 +1,191 @@
+"""A decoder-only transformer whose attention heads can be gated, replaced and counted.
+
+Pre-LayerNorm blocks, learned position embeddings, optional MLP (attention-only models are `mlp: false`), tied or
+untied unembedding. The forward pass is split in three (embed, layers, unembed) so that the ablation evaluator can
+reuse the residual stream before the first layer a mask touches.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from headcount.errors import ConfigError
+from headcount.model.attention import AttentionConfig, MultiHeadAttention, resolve_head_dim
+
+
+@dataclass
+class ModelConfig:
+    n_layers: int = 2
+    d_model: int = 64
+    n_ctx: int = 64
+    vocab_size: int = 64
+    attn: AttentionConfig = field(default_factory=AttentionConfig)
+    mlp: bool = True
+    mlp_ratio: int = 4
+    tie_embeddings: bool = False
+    dropout: float = 0.0
+    # Heads per layer after structural pruning; null means attn.n_heads in every layer.
+    heads_per_layer: list[int] | None = None
+
+
+def validate_model_config(cfg: ModelConfig) -> None:
+    """Raise ConfigError for any value the model cannot be built with."""
+    for key in ("n_layers", "d_model", "n_ctx", "vocab_size", "mlp_ratio"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"model.{key}", getattr(cfg, key), "must be a positive integer")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ConfigError("model.dropout", cfg.dropout, "must be in [0, 1)")
+    resolve_head_dim(cfg.d_model, cfg.attn)
+    if cfg.heads_per_layer is not None:
+        hpl = list(cfg.heads_per_layer)
+        if len(hpl) != cfg.n_layers or min(hpl) < 1:
+            raise ConfigError(
+                "model.heads_per_layer", hpl, f"needs {cfg.n_layers} positive integers (one per layer) or null"
+            )
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, hidden: int, dropout: float):
+        super().__init__()
+        self.fc, self.proj, self.drop = nn.Linear(d_model, hidden), nn.Linear(hidden, d_model), nn.Dropout(dropout)
+
+    def forward(self, x_BTC: Tensor) -> Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x_BTC))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, n_heads: int, head_dim: int):
+        super().__init__()
+        a = cfg.attn
+        self.ln_attn = nn.LayerNorm(cfg.d_model)
+        self.attn = MultiHeadAttention(
+            cfg.d_model, n_heads, head_dim, a.combine, a.qkv_bias, a.out_bias, cfg.dropout
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+        self.ln_mlp = nn.LayerNorm(cfg.d_model) if cfg.mlp else None
+        self.mlp = MLP(cfg.d_model, cfg.mlp_ratio * cfg.d_model, cfg.dropout) if cfg.mlp else None
+
+    def forward(self, x_BTC, gate=None, replacement=None, cache=None, need_pattern=False) -> Tensor:
+        x_BTC = x_BTC + self.drop(self.attn(self.ln_attn(x_BTC), gate, replacement, cache, need_pattern))
+        if self.mlp is not None:
+            x_BTC = x_BTC + self.mlp(self.ln_mlp(x_BTC))
+        return x_BTC
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        validate_model_config(cfg)
+        self.cfg = cfg
+        self.head_dim = resolve_head_dim(cfg.d_model, cfg.attn)
+        self.heads_per_layer = list(cfg.heads_per_layer or [cfg.attn.n_heads] * cfg.n_layers)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.n_ctx, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, h, self.head_dim) for h in self.heads_per_layer)
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        self.apply(self._init_weights)
+        # GPT-2: scale the projections that write into the residual stream by the depth.
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.out.weight", "mlp.proj.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def max_heads(self) -> int:
+        return max(self.heads_per_layer)
+
+    def forward(
+        self,
+        idx_BT: Tensor,
+        gates: Tensor | None = None,
+        replacements: list[Tensor | None] | None = None,
+        cache: dict | None = None,
+        need_patterns: bool = False,
+    ) -> Tensor:
+        """Logits (B, T, vocab).
+
+        gates: (L, H) or (B, L, H) in [0, 1], one per head (H is the largest head count), or None for the plain model.
+        replacements: one tensor per layer broadcastable to z (B, T, H, D), or None (zero ablation).
+        cache: if a dict, receives ("resid_pre", l), ("z", l) and, with need_patterns, ("pattern", l)."""
+        return self.unembed(self.forward_layers(self.embed(idx_BT), 0, gates, replacements, cache, need_patterns))
+
+    def embed(self, idx_BT: Tensor) -> Tensor:
+        T = idx_BT.shape[1]
+        if T > self.cfg.n_ctx:
+            raise ConfigError("data.seq_len", T, f"must be at most model.n_ctx={self.cfg.n_ctx}")
+        pos_T = torch.arange(T, device=idx_BT.device)
+        return self.drop(self.tok_emb(idx_BT) + self.pos_emb(pos_T))
+
+    def forward_layers(
+        self,
+        resid_BTC: Tensor,
+        start: int = 0,
+        gates: Tensor | None = None,
+        replacements: list[Tensor | None] | None = None,
+        cache: dict | None = None,
+        need_patterns: bool = False,
+    ) -> Tensor:
+        """Run blocks start..L-1 on a residual stream; gates and replacements index layers absolutely."""
+        if need_patterns and cache is None:
+            raise ValueError("need_patterns=True needs a cache dict to put the patterns in")
+        if gates is not None:
+            self.check_gates(gates, resid_BTC.shape[0])
+        for layer in range(start, self.n_layers):
+            block_cache = {} if cache is not None else None
+            if cache is not None:
+                cache["resid_pre", layer] = resid_BTC
+            gate = None if gates is None else gates[..., layer, : self.heads_per_layer[layer]]
+            replacement = None if replacements is None else replacements[layer]
+            resid_BTC = self.blocks[layer](resid_BTC, gate, replacement, block_cache, need_patterns)
+            if cache is not None:
+                cache.update({(name, layer): value for name, value in block_cache.items()})
+        return resid_BTC
+
+    def unembed(self, resid_BTC: Tensor) -> Tensor:
+        return self.lm_head(self.ln_f(resid_BTC))
+
+    def check_gates(self, gates: Tensor, batch: int) -> None:
+        shape = (self.n_layers, self.max_heads)
+        if gates.ndim not in (2, 3) or tuple(gates.shape[-2:]) != shape or (gates.ndim == 3 and gates.shape[0] != batch):
+            raise ConfigError(
+                "gates", tuple(gates.shape), f"allowed shapes: {shape} or ({batch}, {shape[0]}, {shape[1]})"
+            )
+        # A data-dependent check would break the graph under torch.compile; eager calls still get it.
+        if not torch.compiler.is_compiling() and not bool(((gates >= 0) & (gates <= 1)).all()):
+            raise ConfigError("gates", "values outside [0, 1]", "every gate must lie in [0, 1]")
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.pos_emb.weight.numel() + self.tok_emb.weight.numel()
+            if not self.cfg.tie_embeddings:
+                n -= self.lm_head.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None, backward: bool = True) -> float:
+        """Matmul FLOPs per token (PaLM appendix B): 2 per weight on the forward pass, plus the attention scores and
+        weighted sums, which scale with the total head width rather than d_model; backward costs twice the forward."""
+        T = seq_len or self.cfg.n_ctx
+        weights = self.num_params(non_embedding=True) + self.lm_head.weight.numel()
+        attention = sum(2 * 2 * h * self.head_dim * T for h in self.heads_per_layer)  # q k^T and pattern v
+        forward = 2 * weights + attention
+        return 3 * forward if backward else forward
