@@ -129,6 +129,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     paths = RunPaths(run_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = HeadcountDataModule(OmegaConf.to_object(cfg.data))
+    data.setup()  # bad data input fails here, before any checkpoint or log is written
     module = HeadcountModule(
         model=OmegaConf.to_container(cfg.model, resolve=True),
         optim=OmegaConf.to_container(cfg.trainer.optim, resolve=True),
@@ -180,14 +181,14 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
 
 
 def exit_on_config_error(fn):
-    """Bad input becomes one line on stderr and exit code 2, not a traceback."""
+    """Bad input becomes one line on stderr and exit code 2 (a diverged run: exit 1), not a traceback."""
 
     def wrapped(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except ConfigError as e:
+        except (ConfigError, NonFiniteLossError) as e:
             Console(stderr=True).print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-            sys.exit(2)
+            sys.exit(2 if isinstance(e, ConfigError) else 1)
 
     return wrapped
 

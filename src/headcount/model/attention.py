@@ -6,6 +6,7 @@ summation (one W_o shared by all heads, as in the first Transformer). Tensor nam
 B batch, T positions, C model width, H heads, D head width.
 """
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -58,9 +59,12 @@ class MultiHeadAttention(nn.Module):
     ):
         super().__init__()
         self.n_heads, self.head_dim, self.combine, self.dropout = n_heads, head_dim, combine, dropout
-        self.qkv = nn.Linear(d_model, 3 * n_heads * head_dim, bias=qkv_bias)
-        # concat: W_o is (H*D) x C, head h owns rows h*D:(h+1)*D. sum: W_o is D x C, shared by every head.
-        self.out = nn.Linear(n_heads * head_dim if combine == "concat" else head_dim, d_model, bias=out_bias)
+        with warnings.catch_warnings():
+            # A layer structurally pruned to zero heads has empty projections; initialising them is a harmless no-op.
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors is a no-op")
+            self.qkv = nn.Linear(d_model, 3 * n_heads * head_dim, bias=qkv_bias)
+            # concat: W_o is (H*D) x C, head h owns rows h*D:(h+1)*D. sum: W_o is D x C, shared by every head.
+            self.out = nn.Linear(n_heads * head_dim if combine == "concat" else head_dim, d_model, bias=out_bias)
 
     def forward(
         self,
@@ -78,6 +82,8 @@ class MultiHeadAttention(nn.Module):
         if need_pattern:
             z_BHTD, pattern_BHTT = self.reference_attention(q_BHTD, k_BHTD, v_BHTD)
             cache["pattern"] = pattern_BHTT
+        elif H == 0:  # pruned to no heads: z is empty, and SDPA's fused kernels refuse zero-size inputs
+            z_BHTD = v_BHTD
         else:
             z_BHTD = F.scaled_dot_product_attention(
                 q_BHTD, k_BHTD, v_BHTD, is_causal=True, dropout_p=self.dropout if self.training else 0.0
@@ -86,7 +92,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             cache["z"] = z_BTHD
         if gate is not None:
-            g_BTHD = gate.view(-1, 1, H, 1)
+            g_BTHD = gate[..., None, :, None]  # (H,) -> (1, H, 1), (B, H) -> (B, 1, H, 1); also fine with H = 0
             z_BTHD = g_BTHD * z_BTHD if replacement is None else g_BTHD * z_BTHD + (1 - g_BTHD) * replacement
         if self.combine == "concat":
             return self.out(z_BTHD.reshape(B, T, H * D))
@@ -105,5 +111,5 @@ class MultiHeadAttention(nn.Module):
         """W_o per head, (H, D, C); under sum every head shares the same matrix."""
         W_CX = self.out.weight
         if self.combine == "concat":
-            return W_CX.T.reshape(self.n_heads, self.head_dim, -1)
+            return W_CX.T.reshape(self.n_heads, self.head_dim, W_CX.shape[0])  # C spelt out: H may be 0
         return W_CX.T.expand(self.n_heads, -1, -1)

@@ -27,7 +27,7 @@ class ModelConfig:
     mlp_ratio: int = 4
     tie_embeddings: bool = False
     dropout: float = 0.0
-    # Heads per layer after structural pruning; null means attn.n_heads in every layer.
+    # Heads per layer after structural pruning (0 allowed: a layer with every head removed); null means attn.n_heads.
     heads_per_layer: list[int] | None = None
 
 
@@ -41,9 +41,9 @@ def validate_model_config(cfg: ModelConfig) -> None:
     resolve_head_dim(cfg.d_model, cfg.attn)
     if cfg.heads_per_layer is not None:
         hpl = list(cfg.heads_per_layer)
-        if len(hpl) != cfg.n_layers or min(hpl) < 1:
+        if len(hpl) != cfg.n_layers or min(hpl) < 0:
             raise ConfigError(
-                "model.heads_per_layer", hpl, f"needs {cfg.n_layers} positive integers (one per layer) or null"
+                "model.heads_per_layer", hpl, f"needs {cfg.n_layers} non-negative integers (one per layer) or null"
             )
 
 
@@ -61,9 +61,7 @@ class Block(nn.Module):
         super().__init__()
         a = cfg.attn
         self.ln_attn = nn.LayerNorm(cfg.d_model)
-        self.attn = MultiHeadAttention(
-            cfg.d_model, n_heads, head_dim, a.combine, a.qkv_bias, a.out_bias, cfg.dropout
-        )
+        self.attn = MultiHeadAttention(cfg.d_model, n_heads, head_dim, a.combine, a.qkv_bias, a.out_bias, cfg.dropout)
         self.drop = nn.Dropout(cfg.dropout)
         self.ln_mlp = nn.LayerNorm(cfg.d_model) if cfg.mlp else None
         self.mlp = MLP(cfg.d_model, cfg.mlp_ratio * cfg.d_model, cfg.dropout) if cfg.mlp else None
@@ -111,7 +109,8 @@ class Transformer(nn.Module):
 
     @property
     def max_heads(self) -> int:
-        return max(self.heads_per_layer)
+        # At least 1, so gate tensors stay well-formed even when pruning removed every head.
+        return max(max(self.heads_per_layer), 1)
 
     def forward(
         self,
@@ -165,7 +164,8 @@ class Transformer(nn.Module):
 
     def check_gates(self, gates: Tensor, batch: int) -> None:
         shape = (self.n_layers, self.max_heads)
-        if gates.ndim not in (2, 3) or tuple(gates.shape[-2:]) != shape or (gates.ndim == 3 and gates.shape[0] != batch):
+        batch_ok = gates.ndim == 2 or (gates.ndim == 3 and gates.shape[0] == batch)
+        if not batch_ok or tuple(gates.shape[-2:]) != shape:
             raise ConfigError(
                 "gates", tuple(gates.shape), f"allowed shapes: {shape} or ({batch}, {shape[0]}, {shape[1]})"
             )

@@ -1,0 +1,268 @@
+"""The fast evaluator: exact loss and accuracy of many head masks on one evaluation set.
+
+Every scan, the pruning curves and the baseline run through `MaskEvaluator`. Each mask's result equals one plain
+forward pass per mask, `model(x, gates=mask, replacements=r)`, up to float rounding. Three kinds of reuse make it
+cheaper, all exact:
+
+- Prefix caching: one clean forward pass per eval batch caches the residual stream before every layer. A mask whose
+  first touched layer is f runs only layers f..L-1 from the cached stream; a mask that touches nothing costs nothing.
+- Clean attention at layer f: gates act on z, after attention, and layer f's input is the clean one, so its z is the
+  clean pass's z. A pass gates that z and runs only the output projection and the MLP of layer f, skipping its qkv
+  projection and attention.
+- Batched masks: P masks that share f run as one pass over the batch repeated P times (mask-major, row p*B + b) with
+  per-example gates (P*B, L, H). P is `masks_per_pass`, or as many as fit the memory budget.
+
+The unembedding runs only at the positions loss_mask marks as targets. Batches are the outer loop, so the clean pass
+is computed once per batch for all masks, and `MaskTotals` (per-mask sums over the batches done) is all an
+interrupted scan needs to resume.
+"""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from headcount.ablation.replacements import Replacements
+from headcount.model.transformer import Block, Transformer
+
+CPU_MEMORY_BUDGET = 256 * 2**20  # bytes; small passes stay in cache and run faster per mask on CPU (bench_scan.py)
+CUDA_FREE_MEMORY_SHARE = 0.5
+
+
+@dataclass
+class MaskTotals:
+    """Per-mask sums over the eval batches done so far."""
+
+    batches_done: Tensor  # (M,) int64: mask m has seen batches 0..batches_done[m]-1
+    nll_sum: Tensor  # (M,) float64
+    n_correct: Tensor  # (M,) float64
+    n_targets: Tensor  # (M,) int64
+
+    @classmethod
+    def empty(cls, n_masks: int) -> "MaskTotals":
+        zeros = torch.zeros(n_masks, dtype=torch.float64)
+        return cls(torch.zeros(n_masks, dtype=torch.int64), zeros, zeros.clone(), torch.zeros(n_masks, dtype=torch.int64))
+
+    def add(self, index: Tensor, nll_sum: Tensor, n_correct: Tensor, n_targets: int) -> None:
+        self.batches_done[index] += 1
+        self.nll_sum[index] += nll_sum.cpu()
+        self.n_correct[index] += n_correct.cpu()
+        self.n_targets[index] += n_targets
+
+    def loss(self) -> Tensor:
+        return self.nll_sum / self.n_targets
+
+    def acc(self) -> Tensor:
+        return self.n_correct / self.n_targets
+
+
+@dataclass
+class Targets:
+    """The positions a batch is scored on: target_BS[b, s] marks input_ids[b, s + 1], predicted at position s."""
+
+    target_BS: Tensor
+    ids_N: Tensor
+
+    @classmethod
+    def of(cls, batch: dict[str, Tensor]) -> "Targets":
+        target_BS = batch["loss_mask"][:, 1:].bool()
+        return cls(target_BS, batch["input_ids"][:, 1:][target_BS])
+
+
+@dataclass
+class CleanPass:
+    """One eval batch through the plain model: what every mask's pass on that batch starts from."""
+
+    resid_pre: list[Tensor]  # L + 1 entries (B, T, C): the stream before each layer, then the final stream
+    z: list[Tensor]  # L entries (B, T, H, D)
+    replacements: list[Tensor | None] | None
+    targets: Targets
+    nll_sum: Tensor  # (1,) float64
+    n_correct: Tensor  # (1,)
+
+
+class MaskEvaluator:
+    def __init__(
+        self,
+        model: Transformer,
+        batches: list[dict[str, Tensor]],
+        replacements: Replacements | None = None,
+        masks_per_pass: int | None = None,
+        memory_budget: int | None = None,
+        prefix_cache: bool = True,
+        clean_attention: bool = True,
+    ):
+        """batches: dicts of input_ids and loss_mask (B, T), plus source_ids (B, T) for resample, on the model's
+        device. memory_budget: bytes of activations per pass (default: 256 MiB on CPU, half the free CUDA memory).
+        prefix_cache and clean_attention switch the reuse off, for tests and benchmarks."""
+        self.model = model.eval()
+        self.batches = batches
+        self.replacements = replacements or Replacements("zero")
+        self.masks_per_pass = masks_per_pass
+        self.memory_budget = memory_budget
+        self.prefix_cache = prefix_cache
+        self.clean_attention = clean_attention
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        hpl = model.heads_per_layer
+        self.exists_LH = torch.arange(model.max_heads, device=self.device) < torch.tensor(hpl, device=self.device)[:, None]
+
+    @property
+    def gates_shape(self) -> tuple[int, int]:
+        return self.model.n_layers, self.model.max_heads
+
+    def baseline(self) -> dict[str, float]:
+        totals = self.accumulate(torch.ones(1, *self.gates_shape))
+        return {"loss": float(totals.loss()[0]), "acc": float(totals.acc()[0]), "n_targets": int(totals.n_targets[0])}
+
+    def evaluate(self, gates_MLH: Tensor, on_pass: Callable[[MaskTotals, int], None] | None = None) -> dict:
+        """dict(loss=(M,), acc=(M,)) float64 for gates (M, L, H): the callable pruning_curves takes."""
+        totals = self.accumulate(gates_MLH, on_pass=on_pass)
+        return {"loss": totals.loss(), "acc": totals.acc()}
+
+    @torch.no_grad()
+    def accumulate(
+        self,
+        gates_MLH: Tensor,
+        totals: MaskTotals | None = None,
+        on_pass: Callable[[MaskTotals, int], None] | None = None,
+    ) -> MaskTotals:
+        """Add to `totals` (fresh by default) every eval batch each mask has not seen, in batch order.
+        on_pass(totals, n_masks) runs after every pass: progress bars and partial saves hook in there."""
+        gates_MLH = gates_MLH.to(self.device, self.dtype)
+        totals = totals if totals is not None else MaskTotals.empty(len(gates_MLH))
+        start_M = self.start_layers(gates_MLH)
+        for b, batch in enumerate(self.batches):
+            todo = (totals.batches_done == b).nonzero().squeeze(1)
+            if not len(todo):
+                continue
+            clean = self.clean_pass(batch)
+            for start, index in self.passes(todo, start_M, batch["input_ids"].shape):
+                nll_sum, n_correct = self.masked_pass(clean, gates_MLH[index.to(self.device)], start)
+                totals.add(index, nll_sum, n_correct, len(clean.targets.ids_N))
+                if on_pass is not None:
+                    on_pass(totals, len(index))
+        return totals
+
+    def touched(self, gates_MLH: Tensor) -> Tensor:
+        """(M, L) bool: which layers a mask changes (a gate other than 1 on a head the layer has)."""
+        return ((gates_MLH != 1) & self.exists_LH).any(dim=-1)
+
+    def start_layers(self, gates_MLH: Tensor) -> Tensor:
+        """(M,) on CPU: the first layer each mask touches, L for none; 0 for all without prefix caching."""
+        touched_ML = self.touched(gates_MLH).cpu()
+        L = touched_ML.shape[1]
+        first_M = torch.where(touched_ML.any(1), touched_ML.int().argmax(1), L)
+        return first_M if self.prefix_cache else torch.zeros_like(first_M)
+
+    def passes(self, todo: Tensor, start_M: Tensor, shape_BT: torch.Size) -> Iterator[tuple[int, Tensor]]:
+        """(start layer, mask indices) per pass: masks grouped by start layer, at most pass_size per pass."""
+        starts = start_M[todo]
+        size = self.pass_size(*shape_BT)
+        for start in starts.unique().tolist():
+            yield from ((start, index) for index in todo[starts == start].split(size))
+
+    def pass_size(self, B: int, T: int) -> int:
+        if self.masks_per_pass is not None:
+            return self.masks_per_pass
+        per_example = activation_bytes_per_example(self.model, T, self.replacements.mode == "resample")
+        budget = self.memory_budget or default_memory_budget(self.device)
+        return max(1, budget // (B * per_example))
+
+    def clean_pass(self, batch: dict[str, Tensor]) -> CleanPass:
+        model, cache = self.model, {}
+        final_BTC = model.forward_layers(model.embed(batch["input_ids"]), 0, cache=cache)
+        targets = Targets.of(batch)
+        nll_sum, n_correct = self.target_sums(final_BTC[None], targets)
+        L = model.n_layers
+        return CleanPass(
+            resid_pre=[cache["resid_pre", layer] for layer in range(L)] + [final_BTC],
+            z=[cache["z", layer] for layer in range(L)],
+            replacements=self.replacements.for_batch(model, batch),
+            targets=targets,
+            nll_sum=nll_sum,
+            n_correct=n_correct,
+        )
+
+    def masked_pass(self, clean: CleanPass, gates_PLH: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        """Loss sum and correct count per mask (P,) for P masks whose first touched layer is `start` (or later)."""
+        P, L = len(gates_PLH), self.model.n_layers
+        if start == L:
+            return clean.nll_sum.expand(P), clean.n_correct.expand(P)
+        B, T, C = clean.resid_pre[0].shape
+        gates_XLH = gates_PLH.repeat_interleave(B, dim=0)
+        touched_L = self.touched(gates_PLH).any(dim=0)
+        replacements = repeated_replacements(clean.replacements, touched_L, P)
+        resid_XTC = clean.resid_pre[start].repeat(P, 1, 1)
+        if self.clean_attention:
+            z_XTHD = clean.z[start].repeat(P, 1, 1, 1)
+            gate_XH = gates_XLH[:, start, : z_XTHD.shape[2]]
+            replacement = None if replacements is None else replacements[start]
+            resid_XTC = finish_block(self.model.blocks[start], resid_XTC, gate_z(z_XTHD, gate_XH, replacement))
+            start += 1
+        if not touched_L[start:].any():
+            # Every later gate is 1: the plain layers give the same numbers without the gating arithmetic.
+            gates_XLH = replacements = None
+        final_XTC = self.model.forward_layers(resid_XTC, start, gates_XLH, replacements)
+        return self.target_sums(final_XTC.view(P, B, T, C), clean.targets)
+
+    def target_sums(self, final_PBTC: Tensor, targets: Targets) -> tuple[Tensor, Tensor]:
+        """Next-token loss sum (float64) and correct count per mask, unembedding only the target positions."""
+        P = final_PBTC.shape[0]
+        resid_PNC = final_PBTC[:, :, :-1][:, targets.target_BS]
+        logits_PNV = self.model.unembed(resid_PNC)
+        nll_PN = F.cross_entropy(logits_PNV.flatten(0, 1), targets.ids_N.repeat(P), reduction="none").view(P, -1)
+        correct_PN = logits_PNV.argmax(dim=-1) == targets.ids_N
+        return nll_PN.double().sum(dim=1), correct_PN.double().sum(dim=1)
+
+
+def gate_z(z_BTHD: Tensor, gate_BH: Tensor, replacement: Tensor | None) -> Tensor:
+    """z <- g z + (1 - g) r, written as MultiHeadAttention writes it so the numbers match."""
+    g_BTHD = gate_BH.view(-1, 1, gate_BH.shape[1], 1)
+    return g_BTHD * z_BTHD if replacement is None else g_BTHD * z_BTHD + (1 - g_BTHD) * replacement
+
+
+def finish_block(block: Block, resid_BTC: Tensor, z_BTHD: Tensor) -> Tensor:
+    """The rest of Block.forward once attention has produced z: combine heads, project, add, then the MLP."""
+    attn = block.attn
+    B, T, H, D = z_BTHD.shape
+    combined = z_BTHD.reshape(B, T, H * D) if attn.combine == "concat" else z_BTHD.sum(dim=2)
+    resid_BTC = resid_BTC + block.drop(attn.out(combined))
+    if block.mlp is not None:
+        resid_BTC = resid_BTC + block.mlp(block.ln_mlp(resid_BTC))
+    return resid_BTC
+
+
+def repeated_replacements(
+    replacements: list[Tensor | None] | None, touched_L: Tensor, P: int
+) -> list[Tensor | None] | None:
+    """Per-example replacements (B, T, H, D) repeated for P masks; none where no mask of the pass touches a layer
+    (a gate of 1 ignores its replacement)."""
+    if replacements is None:
+        return None
+    return [
+        None if not touched or r is None else r.repeat(P, 1, 1, 1) if r.ndim == 4 else r
+        for r, touched in zip(replacements, touched_L.tolist())
+    ]
+
+
+def activation_bytes_per_example(model: Transformer, seq_len: int, per_example_replacements: bool) -> int:
+    """A generous estimate of the activation memory one example of one mask holds during a pass: the stream and its
+    copies, LayerNorm output, qkv, z and its gated copy, attention scores, the MLP hidden before and after GELU, the
+    target logits, and the repeated resample replacements."""
+    cfg = model.cfg
+    HD = model.max_heads * model.head_dim
+    hidden = cfg.mlp_ratio * cfg.d_model if cfg.mlp else 0
+    floats = seq_len * (4 * cfg.d_model + 6 * HD + model.max_heads * seq_len + 2 * hidden + cfg.vocab_size)
+    if per_example_replacements:
+        floats += model.n_layers * seq_len * HD
+    return floats * next(model.parameters()).element_size()
+
+
+def default_memory_budget(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * CUDA_FREE_MEMORY_SHARE)
+    return CPU_MEMORY_BUDGET

@@ -1,0 +1,146 @@
+"""Head masks: which heads a scan switches off, by name, and as the (M, L, H) gates the model takes.
+
+A mask lists (layer, head) pairs to switch off; every other head keeps gate 1. Names are readable and unique within a
+scan: `L1H3` (one head), `L0` (a whole layer), `L1H3+L0H2` (a pair), `L2 keep H1` (layer 2 with only head 1 on).
+Custom masks come from a YAML or JSON file:
+
+    - [[0, 1], [1, 3]]                     # heads L0H1 and L1H3 off; named L0H1+L1H3
+    - {name: prev-token, heads: [[0, 2]]}  # a name of your own
+"""
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from torch import Tensor
+
+from headcount.errors import ConfigError
+
+Head = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class HeadMask:
+    name: str
+    heads_off: tuple[Head, ...]
+    layer: int = -1  # the layer the mask is about, where one is (single head, layer, leave-one-in)
+    head: int = -1  # the head it is about, where one is (single head, leave-one-in)
+
+
+def head_name(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def joined_name(heads: tuple[Head, ...]) -> str:
+    return "+".join(head_name(*h) for h in heads) or "none"
+
+
+def all_heads(heads_per_layer: list[int]) -> list[Head]:
+    return [(layer, head) for layer, n in enumerate(heads_per_layer) for head in range(n)]
+
+
+def baseline_masks() -> list[HeadMask]:
+    return [HeadMask("baseline", ())]
+
+
+def single_head_masks(heads_per_layer: list[int]) -> list[HeadMask]:
+    return [HeadMask(head_name(*h), (h,), *h) for h in all_heads(heads_per_layer)]
+
+
+def layer_masks(heads_per_layer: list[int]) -> list[HeadMask]:
+    return [
+        HeadMask(f"L{layer}", tuple((layer, h) for h in range(n)), layer) for layer, n in enumerate(heads_per_layer)
+    ]
+
+
+def leave_one_in_masks(heads_per_layer: list[int]) -> list[HeadMask]:
+    """Michel et al.'s "all but one": in one layer only head `keep` stays on; the other layers are untouched."""
+    return [
+        HeadMask(f"L{layer} keep H{keep}", tuple((layer, h) for h in range(n) if h != keep), layer, keep)
+        for layer, n in enumerate(heads_per_layer)
+        for keep in range(n)
+    ]
+
+
+def pair_masks(heads: list[Head]) -> list[HeadMask]:
+    """Every unordered pair of the given heads, off together."""
+    return [HeadMask(joined_name(pair), pair) for pair in itertools.combinations(sorted(heads), 2)]
+
+
+def most_important_heads(delta_LH: Tensor, heads_per_layer: list[int], k: int) -> list[Head]:
+    """The k heads whose single-head ablation raised the loss most; ties go to the lower (layer, head)."""
+    heads = all_heads(heads_per_layer)
+    deltas = torch.tensor([float(delta_LH[h]) for h in heads], dtype=torch.float64)
+    order = torch.sort(-deltas, stable=True).indices[:k]
+    return [heads[i] for i in order.tolist()]
+
+
+def load_custom_masks(path: str | Path, heads_per_layer: list[int], key: str) -> list[HeadMask]:
+    """Masks from a YAML/JSON file (JSON is YAML), validated against the model's heads; ConfigError names `key`."""
+    path = Path(path)
+    try:
+        entries = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ConfigError(key, str(path), f"cannot be read ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        reason = str(e).replace("\n", " ")
+        raise ConfigError(key, str(path), f"does not parse as YAML or JSON: {reason}") from None
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(key, str(path), "must hold a non-empty list of masks")
+    masks = [custom_mask(entry, i, heads_per_layer, f"{key} ({path}) entry {i}") for i, entry in enumerate(entries)]
+    names = [m.name for m in masks]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate is not None:
+        raise ConfigError(key, f"{path}: name {duplicate!r}", "every mask needs a distinct name")
+    return masks
+
+
+def custom_mask(entry, index: int, heads_per_layer: list[int], where: str) -> HeadMask:
+    allowed = "a list of [layer, head] pairs, or {name: ..., heads: [[layer, head], ...]}"
+    name = None
+    if isinstance(entry, dict):
+        if set(entry) - {"name", "heads"} or "heads" not in entry:
+            raise ConfigError(where, json.dumps(entry), allowed)
+        name, entry = entry.get("name"), entry["heads"]
+        if name is not None and not isinstance(name, (str, int)):
+            raise ConfigError(where, json.dumps(name), "a mask name must be a string")
+    if not isinstance(entry, list) or not all(is_pair(pair) for pair in entry):
+        raise ConfigError(where, json.dumps(entry), allowed)
+    heads = tuple(sorted({(pair[0], pair[1]) for pair in entry}))
+    for layer, head in heads:
+        check_head_exists(layer, head, heads_per_layer, where)
+    one = heads[0] if len(heads) == 1 else (-1, -1)
+    return HeadMask(str(name) if name is not None else joined_name(heads), heads, *one)
+
+
+def is_pair(pair) -> bool:
+    return isinstance(pair, list) and len(pair) == 2 and all(type(x) is int for x in pair)
+
+
+def check_head_exists(layer: int, head: int, heads_per_layer: list[int], key: str) -> None:
+    if not 0 <= layer < len(heads_per_layer):
+        raise ConfigError(key, [layer, head], f"layer must be in 0..{len(heads_per_layer) - 1}")
+    if not 0 <= head < heads_per_layer[layer]:
+        raise ConfigError(key, [layer, head], f"layer {layer} has heads 0..{heads_per_layer[layer] - 1}")
+
+
+def masks_to_gates(masks: list[HeadMask], heads_per_layer: list[int], dtype: torch.dtype = torch.float32) -> Tensor:
+    """(M, L, H) gates: 0 for each head a mask switches off, 1 elsewhere (H is the largest head count)."""
+    gates_MLH = torch.ones(len(masks), len(heads_per_layer), max(heads_per_layer), dtype=dtype)
+    for i, mask in enumerate(masks):
+        for layer, head in mask.heads_off:
+            gates_MLH[i, layer, head] = 0
+    return gates_MLH
+
+
+def gates_to_masks(gates_MLH: Tensor, heads_per_layer: list[int]) -> list[HeadMask]:
+    """The named masks behind 0/1 gates (what pruning hands over), so their results can be saved by name."""
+    exists_LH = torch.arange(gates_MLH.shape[2]) < torch.tensor(heads_per_layer).unsqueeze(1)
+    masks = []
+    for gates_LH in gates_MLH.cpu():
+        heads = tuple((int(layer), int(head)) for layer, head in ((gates_LH == 0) & exists_LH).nonzero())
+        masks.append(HeadMask(joined_name(heads), heads))
+    return masks

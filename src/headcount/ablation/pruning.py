@@ -1,0 +1,158 @@
+"""Masked pruning curves: remove heads in a chosen order, a fraction of all heads at a time, and record the loss.
+
+Orders (Michel et al. 2019 and baselines): `gradient` ranks heads once by gradient importance at the full model;
+`gradient_iterative` re-ranks the surviving heads under the current mask after every step; `single_head` removes first
+the heads whose removal alone raised the loss least; `random` draws `random_seeds` permutations. Every mask is known
+before any loss is, so all masks of all orders go to the evaluator in one call, each distinct mask once.
+Masks are (L, H) keep-gates: 1 keeps a head, 0 removes it; heads a pruned layer lacks stay 1 and are never counted.
+"""
+
+import logging
+import math
+from collections.abc import Callable
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from headcount.ablation.config import PRUNING_ORDERS, PruningConfig
+from headcount.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+CURVE_COLUMNS = ["order", "seed", "fraction", "n_pruned", "loss", "acc", "delta_loss"]
+
+
+def pruning_curves(
+    evaluate: Callable[[Tensor], dict],
+    importance_fn: Callable[[Tensor], Tensor],
+    single_head_delta: Tensor | None,
+    n_heads_per_layer: list[int],
+    cfg: PruningConfig,
+    seed: int,
+    baseline: dict,
+) -> pd.DataFrame:
+    """One row per (order, seed, fraction) for fractions 0, step, 2*step, ..., 1.0 of all existing heads, with
+    n_pruned = round(fraction * total). `evaluate(masks_MLH) -> dict(loss=(M,), acc=(M,))`; `importance_fn(mask_LH)
+    -> (L, H)`; `single_head_delta` (L, H) loss increase of each head removed alone (None skips that order);
+    `baseline` = dict(loss, acc) of the unmasked model. The seed column is `seed` for the deterministic orders and,
+    for random, the seed of that permutation (derived from `seed`: the same seed gives the same curves)."""
+    validate_pruning_config(cfg)
+    exists_LH = existing_heads(n_heads_per_layer)
+    fractions = step_fractions(cfg.step)
+    n_pruned = [round(f * int(exists_LH.sum())) for f in fractions]
+    curves: list[tuple[str, int, Tensor]] = []  # (order, seed, masks (F, L, H), one per fraction)
+    for order in cfg.orders:
+        if order == "gradient":
+            ranking = rank_ascending(importance_fn(torch.ones(exists_LH.shape)), exists_LH)
+            curves.append((order, seed, masks_removing_first(ranking, n_pruned, exists_LH)))
+        elif order == "gradient_iterative":
+            curves.append((order, seed, iterative_masks(importance_fn, n_pruned, exists_LH)))
+        elif order == "single_head" and single_head_delta is None:
+            log.warning("pruning order single_head skipped: it needs the single-head scan's loss deltas")
+        elif order == "single_head":
+            if tuple(single_head_delta.shape) != tuple(exists_LH.shape):
+                raise ValueError(f"single_head_delta has shape {tuple(single_head_delta.shape)}, not (L, H)")
+            ranking = rank_ascending(single_head_delta, exists_LH)
+            curves.append((order, seed, masks_removing_first(ranking, n_pruned, exists_LH)))
+        else:
+            for replicate in range(cfg.random_seeds):
+                random_seed = seed * cfg.random_seeds + replicate  # distinct across replicates and across run seeds
+                ranking = random_ranking(exists_LH, random_seed)
+                curves.append((order, random_seed, masks_removing_first(ranking, n_pruned, exists_LH)))
+    if not curves:
+        return pd.DataFrame(columns=CURVE_COLUMNS)
+    # Fraction 0 and 1.0 give the same mask in every order, and small models repeat counts: evaluate each mask once.
+    unique_MLH, index_N = torch.unique(torch.cat([masks for *_, masks in curves]), dim=0, return_inverse=True)
+    results = evaluate(unique_MLH)
+    loss_N, acc_N = (results[key].detach().double().cpu()[index_N] for key in ("loss", "acc"))
+    rows = [
+        (order, order_seed, fraction, count)
+        for order, order_seed, _ in curves
+        for fraction, count in zip(fractions, n_pruned)
+    ]
+    table = pd.DataFrame(rows, columns=CURVE_COLUMNS[:4])
+    table["loss"], table["acc"] = loss_N.numpy(), acc_N.numpy()
+    table["delta_loss"] = table["loss"] - float(baseline["loss"])
+    return table
+
+
+def prunable_fractions(curves: pd.DataFrame, baseline_loss: float, tolerance: float) -> dict[str, float]:
+    """Per order, the largest fraction f such that the loss (for random: its mean over seeds) stays within
+    baseline_loss * (1 + tolerance) at every fraction up to and including f.
+
+    This is the conservative, monotone reading: a curve that leaves the tolerance band and later dips back into it
+    does not count past its first exit: a lucky dip after a bad step is noise, not a safe amount of pruning.
+    An order whose loss already exceeds the band at fraction 0 gets 0.0 (nothing removed is the only safe choice)."""
+    if not tolerance >= 0:
+        raise ConfigError("ablation.pruning.tolerance", tolerance, "must be a non-negative number")
+    threshold = baseline_loss * (1 + tolerance)
+    prunable = {}
+    for order, curve in curves.groupby("order", sort=False):
+        mean_loss_F = curve.groupby("fraction")["loss"].mean().sort_index()
+        within_F = (mean_loss_F <= threshold).to_numpy()
+        n_within = len(within_F) if within_F.all() else int(within_F.argmin())  # steps before the first exit
+        prunable[order] = float(mean_loss_F.index[n_within - 1]) if n_within else 0.0
+    return prunable
+
+
+def validate_pruning_config(cfg: PruningConfig) -> None:
+    if not 0 < cfg.step <= 1:
+        raise ConfigError("ablation.pruning.step", cfg.step, "must be in (0, 1]: the fraction of heads per step")
+    for order in cfg.orders:
+        if order not in PRUNING_ORDERS:
+            raise ConfigError("ablation.pruning.orders", order, f"allowed: {', '.join(PRUNING_ORDERS)}")
+    if "random" in cfg.orders and cfg.random_seeds < 1:
+        raise ConfigError("ablation.pruning.random_seeds", cfg.random_seeds, "must be a positive integer")
+    if not cfg.tolerance >= 0:
+        raise ConfigError("ablation.pruning.tolerance", cfg.tolerance, "must be a non-negative number")
+
+
+def step_fractions(step: float) -> list[float]:
+    """0, step, 2*step, ... and always 1.0, rounded so that 0.1 * 3 prints as 0.3."""
+    n_steps = math.ceil(1 / step - 1e-9)
+    return [round(min(k * step, 1.0), 12) for k in range(n_steps + 1)]
+
+
+def existing_heads(n_heads_per_layer: list[int]) -> Tensor:
+    """(L, H) bool: which head slots exist; a pruned layer has fewer heads than the largest one."""
+    H = max(max(n_heads_per_layer), 1)
+    return torch.arange(H) < torch.tensor(n_heads_per_layer).unsqueeze(1)
+
+
+def rank_ascending(score_LH: Tensor, candidates_LH: Tensor) -> Tensor:
+    """Flat indices of the candidate heads, lowest score first; ties go to the lower index (deterministic)."""
+    candidates = candidates_LH.flatten().nonzero().squeeze(1)
+    order = torch.sort(score_LH.detach().cpu().flatten()[candidates], stable=True).indices
+    return candidates[order]
+
+
+def random_ranking(exists_LH: Tensor, seed: int) -> Tensor:
+    candidates = exists_LH.flatten().nonzero().squeeze(1)
+    return candidates[torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed))]
+
+
+def masks_removing_first(ranking: Tensor, n_pruned: list[int], exists_LH: Tensor) -> Tensor:
+    """(F, L, H): mask f removes the first n_pruned[f] heads of the ranking."""
+    masks_FLH = torch.ones(len(n_pruned), *exists_LH.shape)
+    for mask_LH, count in zip(masks_FLH, n_pruned):
+        mask_LH.view(-1)[ranking[:count]] = 0
+    return masks_FLH
+
+
+def iterative_masks(importance_fn: Callable[[Tensor], Tensor], n_pruned: list[int], exists_LH: Tensor) -> Tensor:
+    """(F, L, H): before each step, rank the surviving heads by importance under the current mask (Michel et al.)."""
+    mask_LH = torch.ones(exists_LH.shape)
+    masks = []
+    for count in n_pruned:
+        surviving_LH = exists_LH & (mask_LH == 1)
+        n_removed = int((exists_LH & (mask_LH == 0)).sum())
+        if count > n_removed:
+            # Removing every survivor needs no ranking; skip the gradient pass.
+            if count < int(exists_LH.sum()):
+                ranking = rank_ascending(importance_fn(mask_LH.clone()), surviving_LH)
+            else:
+                ranking = surviving_LH.flatten().nonzero().squeeze(1)
+            mask_LH.view(-1)[ranking[: count - n_removed]] = 0
+        masks.append(mask_LH.clone())
+    return torch.stack(masks)

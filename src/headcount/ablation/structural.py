@@ -1,0 +1,197 @@
+"""Structural pruning: a smaller Transformer without the removed heads, equal to the masked model.
+
+Removing head h of layer l deletes its q, k, v rows of `qkv` and, under concat, its D columns of W_o. Zero ablation
+needs nothing more. Mean ablation with position-averaged means replaces z_h by a constant r_h, whose contribution
+r_h W_o^h (concat) or r_h W_o (sum, shared W_o) is the same at every position, so it folds into the output bias.
+Per-position means and resample replacements change with the position or the input and cannot fold.
+Heads keep their order; a pruned model numbers its remaining heads 0..n-1 in each layer.
+"""
+
+import copy
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import lightning
+import torch
+from torch import Tensor
+
+from headcount.errors import ConfigError
+from headcount.model.transformer import Transformer
+
+WARMUP_PASSES = 3
+
+
+def prune_heads(model: Transformer, remove_LH: Tensor, replacements: list | None = None) -> Transformer:
+    """A new Transformer without the heads remove_LH marks (bool, (L, max_heads), True = remove), in the same dtype,
+    device and train/eval mode. `replacements` as in Transformer.forward: None (zero ablation) or one entry per layer,
+    None or a position-averaged mean broadcastable to (H, D), folded into the output bias."""
+    check_remove_mask(model, remove_LH)
+    remove_LH = remove_LH.cpu()
+    param = next(model.parameters())
+    if replacements is not None and len(replacements) != model.n_layers:
+        raise ValueError(f"replacements needs one entry per layer ({model.n_layers}), got {len(replacements)}")
+    folds = [
+        output_bias_fold(model, layer, remove_LH[layer], None if replacements is None else replacements[layer])
+        for layer in range(model.n_layers)
+    ]
+    cfg = copy.deepcopy(model.cfg)
+    cfg.heads_per_layer = [int((~remove_LH[l, :h]).sum()) for l, h in enumerate(model.heads_per_layer)]
+    cfg.attn.out_bias = cfg.attn.out_bias or any(fold_C is not None for fold_C in folds)
+    state = model.state_dict()
+    for layer, fold_C in enumerate(folds):
+        keep_H = ~remove_LH[layer, : model.heads_per_layer[layer]]
+        state.update(pruned_attention_state(model, layer, keep_H, fold_C, cfg.attn.out_bias))
+    # Building the new model draws random init values; keep the caller's random stream as it was.
+    with torch.random.fork_rng(devices=[]):
+        pruned = Transformer(cfg).to(device=param.device, dtype=param.dtype)
+    pruned.load_state_dict(state)
+    return pruned.train(model.training)
+
+
+def check_remove_mask(model: Transformer, remove_LH: Tensor) -> None:
+    """Masks index the heads the model has now; a pruned model's removed heads are gone for good."""
+    key, hpl = "ablation.prune.heads", model.heads_per_layer
+    shape = (model.n_layers, model.max_heads)
+    if remove_LH.dtype != torch.bool:
+        raise ConfigError(key, f"mask of dtype {remove_LH.dtype}", f"needs a bool {shape} mask, True = remove")
+    if tuple(remove_LH.shape) != shape:
+        raise ConfigError(
+            key,
+            f"mask of shape {tuple(remove_LH.shape)}",
+            f"needs shape {shape} for heads per layer {hpl}; a pruned checkpoint cannot be un-pruned, "
+            "so a mask indexes the heads it has left",
+        )
+    exists_LH = torch.arange(shape[1]) < torch.tensor(hpl).unsqueeze(1)
+    missing = (remove_LH.cpu() & ~exists_LH).nonzero()
+    if len(missing):
+        layer, head = missing[0].tolist()
+        raise ConfigError(
+            key,
+            [layer, head],
+            f"a pruned checkpoint cannot be un-pruned: layer {layer} has {hpl[layer]} heads left "
+            f"(heads per layer {hpl}), numbered from 0",
+        )
+
+
+def output_bias_fold(model: Transformer, layer: int, remove_H: Tensor, replacement: Tensor | None) -> Tensor | None:
+    """(C,): what the removed heads' constant replacements add to the layer's output, or None when nothing does."""
+    if replacement is None:
+        return None
+    attn = model.blocks[layer].attn
+    r_HD = position_constant(replacement, attn.n_heads, attn.head_dim)
+    if r_HD is None:
+        raise ConfigError(
+            "ablation.mode",
+            f"replacement of shape {tuple(replacement.shape)} in layer {layer}",
+            f"structural pruning folds only zero or position-averaged mean ablation (one ({attn.n_heads}, "
+            f"{attn.head_dim}) mean per layer) into the output bias; per-position means and resample vary with the "
+            "position or the input",
+        )
+    removed_H = remove_H[: attn.n_heads]
+    if not removed_H.any():
+        return None
+    W_HDC = attn.head_output_weights().detach()
+    removed_H = removed_H.to(W_HDC.device)
+    r_RD = r_HD.to(device=W_HDC.device, dtype=W_HDC.dtype)[removed_H]
+    return torch.einsum("rd,rdc->c", r_RD, W_HDC[removed_H])
+
+
+def position_constant(replacement: Tensor, H: int, D: int) -> Tensor | None:
+    """The replacement as (H, D) if it is the same at every position and for every input, else None."""
+    if replacement.ndim > 4 or any(size != 1 for size in replacement.shape[:-2]):
+        return None
+    r = replacement.reshape(replacement.shape[-2:]) if replacement.ndim > 2 else replacement
+    try:
+        return torch.broadcast_to(r, (H, D))
+    except RuntimeError:  # not broadcastable to this layer's heads at all
+        return None
+
+
+def pruned_attention_state(
+    model: Transformer, layer: int, keep_H: Tensor, fold_C: Tensor | None, out_bias: bool
+) -> dict:
+    """State-dict entries of one layer's attention with only the kept heads, and the fold added to the out bias."""
+    attn, prefix = model.blocks[layer].attn, f"blocks.{layer}.attn."
+    H, D = attn.n_heads, attn.head_dim
+    keep_H = keep_H.to(attn.qkv.weight.device)
+    # qkv rows are laid out (3, H, D): q of every head, then k, then v.
+    W_XC = attn.qkv.weight.detach()
+    C = W_XC.shape[1]  # spelt out, not -1: a layer already pruned to zero heads has empty weights
+    state = {prefix + "qkv.weight": W_XC.view(3, H, D, C)[:, keep_H].reshape(-1, C)}
+    if attn.qkv.bias is not None:
+        state[prefix + "qkv.bias"] = attn.qkv.bias.detach().view(3, H, D)[:, keep_H].reshape(-1)
+    W_CX = attn.out.weight.detach()
+    if attn.combine == "concat":
+        state[prefix + "out.weight"] = W_CX.view(C, H, D)[:, keep_H].reshape(C, -1)
+    if out_bias:
+        # A model without out biases gains them when any layer folds; the other layers' stay zero.
+        bias_C = attn.out.bias.detach() if attn.out.bias is not None else W_CX.new_zeros(C)
+        state[prefix + "out.bias"] = bias_C if fold_C is None else bias_C + fold_C
+    return state
+
+
+def save_pruned_checkpoint(model: Transformer, path: str | Path, meta: dict) -> None:
+    """Write `model` as a headcount Lightning checkpoint, atomically, so it loads everywhere a checkpoint loads
+    (run_dir.load_model, HeadcountModule.load_from_checkpoint). `meta` (plain JSON-like values, so that
+    weights-only loading accepts it) goes under "headcount_pruned"; training settings are the defaults."""
+    # Imported here: headcount.config imports the ablation package, which must not import it back at load time.
+    from headcount.config import OptimConfig, TrainerConfig
+
+    checkpoint = {
+        "state_dict": {f"model.{name}": tensor.detach().cpu() for name, tensor in model.state_dict().items()},
+        "hyper_parameters": {
+            "model": {**asdict(model.cfg), "heads_per_layer": list(model.heads_per_layer)},
+            "optim": asdict(OptimConfig()),
+            "max_steps": TrainerConfig().max_steps,
+            "compile": False,
+        },
+        "pytorch-lightning_version": lightning.__version__,
+        "headcount_pruned": json.loads(json.dumps(meta)),
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@torch.no_grad()
+def measure_speed(model: Transformer, batch_size: int, seq_len: int, device: str | torch.device, repeats: int) -> float:
+    """Forward-pass throughput in tokens/s on random tokens, after a few warmup passes. Moves the model to `device`
+    (and leaves it there); times in eval mode and restores the train/eval mode afterwards."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats}")
+    device = torch.device(device)
+    generator = torch.Generator().manual_seed(0)
+    idx_BT = torch.randint(0, model.cfg.vocab_size, (batch_size, seq_len), generator=generator).to(device)
+    was_training = model.training
+    model.to(device).eval()
+    try:
+        for _ in range(WARMUP_PASSES):
+            model(idx_BT)
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            model(idx_BT)
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    finally:
+        model.train(was_training)
+    return batch_size * seq_len * repeats / seconds
+
+
+def synchronize(device: torch.device) -> None:
+    """CUDA runs asynchronously: wait for queued kernels so the clock measures them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,141 @@
+"""Real text as byte-level examples: a local file or folder (text), this Python's standard library (pystdlib), or a
+Hugging Face Hub dataset (hub). Each is read through `datasets`, chunked by headcount.data.chunking and cached."""
+
+import hashlib
+import sys
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from datasets import Dataset, DatasetDict, Features, Value, load_dataset
+
+from headcount.data.cache import cache_root, fingerprint, load_or_build
+from headcount.data.chunking import (
+    SPLITS,
+    byte_chunks,
+    chunks_needed,
+    join_documents,
+    require_every_split,
+    split_by_fraction,
+    split_cap,
+)
+from headcount.data.config import DataConfig
+from headcount.data.examples import examples_dataset, language_model_mask
+from headcount.errors import ConfigError
+
+# pystdlib leaves out third-party code and the test suites (huge and repetitive: they would swamp the library itself).
+STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib"})
+
+
+def _read_files(paths: list[str]) -> Iterator[dict]:
+    for path in paths:
+        yield {"bytes": Path(path).read_bytes()}
+
+
+def _load_documents(paths: list[Path], scratch: Path) -> Dataset:
+    """Raw file bytes, one row per file: the exact bytes, with no newline translation or decoding on the way."""
+    return Dataset.from_generator(
+        _read_files,
+        features=Features({"bytes": Value("binary")}),
+        gen_kwargs={"paths": [str(path) for path in paths]},
+        cache_dir=str(scratch),
+    )
+
+
+def _to_dataset_dict(chunks: dict[str, np.ndarray], cfg: DataConfig) -> DatasetDict:
+    return DatasetDict(
+        {split: examples_dataset(ids, language_model_mask(len(ids), cfg.seq_len)) for split, ids in chunks.items()}
+    )
+
+
+def _config_fields(cfg: DataConfig) -> dict:
+    """The fields that shape every text source's splits (source-specific inputs are added by each source)."""
+    fields = ("source", "seq_len", "seed", "n_train", "n_val", "n_test", "val_fraction", "test_fraction")
+    return {field: getattr(cfg, field) for field in fields}
+
+
+def text_files(cfg: DataConfig) -> list[Path]:
+    """cfg.path (not None: validated first) itself, or every *.txt below it, sorted; ConfigError if nothing to read."""
+    root = Path(cfg.path).expanduser()
+    if root.is_file():
+        files = [root]
+    elif root.is_dir():
+        files = sorted(path for path in root.rglob("*.txt") if path.is_file())
+        if not files:
+            raise ConfigError("data.path", cfg.path, "no .txt files in this folder")
+    else:
+        raise ConfigError("data.path", cfg.path, "no such file or folder")
+    if all(path.stat().st_size == 0 for path in files):
+        raise ConfigError("data.path", cfg.path, "the text is empty")
+    return files
+
+
+def text_splits(cfg: DataConfig) -> DatasetDict:
+    files = text_files(cfg)
+    root = Path(cfg.path).expanduser()
+    identity = [(path.relative_to(root).as_posix(), hashlib.sha256(path.read_bytes()).hexdigest()) for path in files]
+    name = f"text-{fingerprint({**_config_fields(cfg), 'files': identity})}"
+
+    def build(scratch: Path) -> DatasetDict:
+        data = join_documents(_load_documents(files, scratch)["bytes"])
+        return _to_dataset_dict(split_by_fraction(byte_chunks(data, cfg.seq_len), cfg, "data.path", cfg.path), cfg)
+
+    return load_or_build(cache_root(cfg), name, build)
+
+
+def stdlib_files() -> tuple[Path, list[str]]:
+    """The stdlib folder and its *.py files (relative, POSIX, sorted) minus STDLIB_EXCLUDED_DIRS."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    relative = (path.relative_to(root) for path in root.rglob("*.py") if path.is_file())
+    return root, sorted(path.as_posix() for path in relative if not STDLIB_EXCLUDED_DIRS & set(path.parts[:-1]))
+
+
+def stdlib_split_of(relative_path: str, cfg: DataConfig) -> str:
+    """A file's split from a stable hash of its path (Python's hash() is salted per process), so it never moves."""
+    unit = int.from_bytes(hashlib.sha1(relative_path.encode()).digest()[:8], "big") / 2**64
+    if unit < cfg.test_fraction:
+        return "test"
+    return "val" if unit < cfg.test_fraction + cfg.val_fraction else "train"
+
+
+def pystdlib_splits(cfg: DataConfig) -> DatasetDict:
+    root, files = stdlib_files()
+    identity = [(path, (root / path).stat().st_size) for path in files]
+    name = f"pystdlib-{fingerprint({**_config_fields(cfg), 'python': sys.version, 'files': identity})}"
+
+    def build(scratch: Path) -> DatasetDict:
+        documents = _load_documents([root / path for path in files], scratch)
+        by_split: dict[str, list[bytes]] = {split: [] for split in SPLITS}
+        for path, content in zip(files, documents["bytes"]):
+            by_split[stdlib_split_of(path, cfg)].append(content)
+        chunks = {}
+        for index, split in enumerate(SPLITS):
+            all_chunks = byte_chunks(join_documents(by_split[split]), cfg.seq_len)
+            # A seeded order before the cap, so a capped split samples chunks from all of its files.
+            order = np.random.default_rng((cfg.seed, index)).permutation(len(all_chunks))
+            chunks[split] = all_chunks[order[: split_cap(cfg, split)]]
+        require_every_split(chunks, cfg, "data.seq_len", cfg.seq_len)
+        return _to_dataset_dict(chunks, cfg)
+
+    return load_or_build(cache_root(cfg), name, build)
+
+
+def hub_splits(cfg: DataConfig) -> DatasetDict:
+    """The Hub dataset's train split, streamed only as far as the capped splits need, then split like text."""
+    fields = {**_config_fields(cfg), "hub": [cfg.hub_name, cfg.hub_config, cfg.text_field]}
+    name = f"hub-{fingerprint(fields)}"
+
+    def documents() -> Iterator[bytes]:
+        for row in load_dataset(cfg.hub_name, cfg.hub_config, split="train", streaming=True):
+            if cfg.text_field not in row:
+                raise ConfigError("data.text_field", cfg.text_field, f"columns of {cfg.hub_name}: {', '.join(row)}")
+            yield (row[cfg.text_field] or "").encode("utf-8")
+
+    def build(scratch: Path) -> DatasetDict:
+        data = join_documents(documents(), max_bytes=chunks_needed(cfg) * cfg.seq_len)
+        return _to_dataset_dict(
+            split_by_fraction(byte_chunks(data, cfg.seq_len), cfg, "data.hub_name", cfg.hub_name), cfg
+        )
+
+    return load_or_build(cache_root(cfg), name, build)

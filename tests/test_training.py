@@ -1,0 +1,153 @@
+"""Training end to end: configs compose, loss falls, the run directory contract holds, bad input fails early."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from headcount.config import CONF_DIR, validate_train_config
+from headcount.run_dir import RunPaths, load_model
+from headcount.training import exit_on_config_error, run, train
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "data.n_train=64", "data.n_val=32", "data.n_test=32"]
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [f"{g}={o}" for g in ("model", "data", "trainer", "logger", "ablation") for o in group_options(g)],
+)
+def test_every_config_group_option_composes(compose_train, override):
+    cfg = compose_train([override])
+    assert cfg.model.n_layers >= 1
+    # Data sources with required inputs (a text path, a hub name) validate only once those are given.
+    if override not in ("data=text", "data=hub"):
+        validate_train_config(cfg)
+
+
+def test_misspelt_key_fails_at_compose_time(compose_train):
+    with pytest.raises(Exception, match="n_head"):
+        compose_train(["model.attn.n_head=3"])
+
+
+def test_wrong_type_fails_at_compose_time(compose_train):
+    with pytest.raises(Exception, match="n_heads"):
+        compose_train(["model.attn.n_heads=many"])
+
+
+def test_short_training_run_lowers_the_loss(compose_train, tmp_path):
+    cfg = compose_train(
+        [
+            "model=tiny",
+            "data=induction",
+            "trainer.max_steps=80",
+            "trainer.val_check_interval=80",
+            "trainer.progress_bar=false",
+        ]
+    )
+    metrics = train(cfg, tmp_path)
+    log = pd.read_csv(tmp_path / "logs" / "metrics.csv")
+    losses = log["train/loss"].dropna().to_numpy()
+    assert losses[-5:].mean() < losses[:5].mean() - 0.3
+    assert metrics["val/loss"] < math.log(256) - 1  # well below the uniform guess over the model's vocabulary
+    assert RunPaths(tmp_path).last_ckpt.exists()
+    assert (tmp_path / "checkpoints" / "best.ckpt").exists()
+
+
+def test_same_seed_same_numbers_bit_for_bit(compose_train, tmp_path):
+    cfg = compose_train(SMOKE + ["trainer.max_steps=6", "trainer.val_check_interval=6"])
+    results = []
+    for name in ("a", "b"):
+        metrics = train(cfg, tmp_path / name)
+        model = load_model(tmp_path / name / "checkpoints" / "last.ckpt")
+        results.append((metrics, model.state_dict()))
+    (m1, s1), (m2, s2) = results
+    assert all(m1[k] == m2[k] for k in m1 if "loss" in k or "acc" in k)
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)
+
+
+def test_interrupted_run_resumes_from_last_checkpoint(compose_train, tmp_path):
+    first = compose_train(SMOKE + ["trainer.max_steps=4", "trainer.val_check_interval=2"])
+    train(first, tmp_path)
+    resumed = compose_train(SMOKE + ["trainer.max_steps=8", "trainer.val_check_interval=2"])
+    metrics = train(resumed, tmp_path)
+    assert metrics["steps"] == 8
+
+
+def test_run_writes_the_run_directory_contract_through_the_cli(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train.py"), *SMOKE, f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    paths = RunPaths(run_dir)
+    assert paths.config.exists() and paths.last_ckpt.exists() and paths.done.exists()
+    metrics = json.loads(paths.metrics.read_text())
+    assert {"val/loss", "val/acc", "test/loss", "test/acc", "params", "flops_per_token"} <= metrics.keys()
+    assert not (tmp_path / "outputs").exists()  # nothing written outside the run directory
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.attn.n_heads=0"], "model.attn.n_heads=0"),
+        (["model.attn.n_heads=3"], "model.attn.n_heads=3"),
+        (["model.attn.combine=mean"], "model.attn.combine='mean'"),
+        (["data.seq_len=100", "model.n_ctx=64"], "data.seq_len=100"),
+        (["data=pystdlib", "model.vocab_size=64"], "model.vocab_size=64"),
+        (["data=text", "data.path=/no/such/file.txt"], "data.path='/no/such/file.txt'"),
+        (["trainer.precision=fp8"], "trainer.precision='fp8'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_with_nothing_finished(compose_train, tmp_path, capsys, overrides, message):
+    cfg = compose_train(SMOKE + overrides)
+    with pytest.raises(SystemExit) as exit_info:
+        exit_on_config_error(run)(cfg, tmp_path)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not RunPaths(tmp_path).done.exists() and not RunPaths(tmp_path).metrics.exists()
+
+
+def test_cli_exit_code_for_bad_input(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "headcount.training", "model.attn.n_heads=0", f"hydra.run.dir={tmp_path / 'r'}"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "model.attn.n_heads=0" in proc.stderr
+
+
+def test_nan_loss_stops_and_names_the_step(compose_train, tmp_path, capsys, monkeypatch):
+    import headcount.training as training
+
+    real = training.masked_loss_and_accuracy
+    calls = {"n": 0}
+
+    def poisoned(logits, ids, mask):
+        loss, acc = real(logits, ids, mask)
+        if torch.is_grad_enabled():  # count training steps only, not validation
+            calls["n"] += 1
+        return (loss * float("nan"), acc) if calls["n"] >= 3 else (loss, acc)
+
+    monkeypatch.setattr(training, "masked_loss_and_accuracy", poisoned)
+    cfg = compose_train(SMOKE + ["trainer.val_check_interval=100", "trainer.max_steps=10"])
+    with pytest.raises(SystemExit) as exit_info:
+        exit_on_config_error(run)(cfg, tmp_path)
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err
+    assert "at step 2" in err
+    assert not RunPaths(tmp_path).done.exists()
