@@ -57,11 +57,10 @@ def masked_mean_loss(logits_BTV: torch.Tensor, batch: dict) -> tuple[float, int]
 def hook_loop(model: Transformer, batches: list[dict]) -> torch.Tensor:
     """One forward per head; the hook zeroes that head's slice of z where it enters W_o."""
     losses = []
-    for layer, block in enumerate(model.blocks):
-        H, D = block.attn.n_heads, block.attn.head_dim
-        for head in range(H):
+    for block in model.blocks:
+        for head in range(block.attn.n_heads):
 
-            def zero_head(module, inputs, head=head):
+            def zero_head(module, inputs, head=head, H=block.attn.n_heads, D=block.attn.head_dim):
                 (z_BTX,) = inputs
                 z_BTHD = z_BTX.view(*z_BTX.shape[:2], H, D).clone()
                 z_BTHD[:, :, head] = 0

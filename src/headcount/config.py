@@ -74,6 +74,9 @@ class TrainConfig:
     ablation: AblationConfig = field(default_factory=AblationConfig)
     seed: int = 0
     experiment: str | None = None  # set by experiment=<name> files; names the W&B group and the report
+    # A multirun writes to outputs/multirun/<sweep_name>, default the experiment name, else "sweep": the same command
+    # finds the same folder again and skips finished jobs; a fresh sweep needs a new name (or hydra.sweep.dir=...).
+    sweep_name: str | None = None
 
 
 @dataclass

@@ -1,33 +1,216 @@
-"""Experiment loggers: CSV by default, W&B on request (offline unless an API key is set)."""
+"""Experiment loggers (CSV by default, W&B on request) and what a run sends to W&B.
 
+W&B never blocks a run: without an API key it logs offline; with a key it first checks within seconds that the server
+answers, and logs offline (saying so) when it does not. Offline runs upload later with
+`wandb sync <run>/wandb/offline-run-*`. The W&B run id is kept in `<run>/wandb_id.txt`, so a resumed job continues
+the same W&B run.
+"""
+
+import json
+import netrc
 import os
+import secrets
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
-from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+import pandas as pd
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from headcount.errors import ConfigError
+from headcount.io import atomic_write_text
+from headcount.run_dir import RunPaths
+from headcount.sweep import in_multirun
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
+DEFAULT_WANDB_URL = "https://api.wandb.ai"
+REACHABLE_TIMEOUT_S = 3.0
+
+if TYPE_CHECKING:
+    from lightning.pytorch.loggers import Logger
 
 
-def wandb_mode(requested: str) -> str:
-    """auto: online only when an API key is configured, so nothing hangs on a machine without W&B access."""
-    if requested != "auto":
-        return requested
-    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+def validate_wandb_project(project: str | None) -> None:
+    """The project names W&B refuses, caught before any job starts; raises ConfigError."""
+    project = project or ""
+    if not project or len(project) > 128 or any(c in project for c in WANDB_PROJECT_FORBIDDEN):
+        raise ConfigError(
+            "logger.wandb.project",
+            project,
+            f"W&B needs 1 to 128 characters, none of {' '.join(WANDB_PROJECT_FORBIDDEN)}",
+        )
 
 
-def make_logger(cfg: DictConfig, run_dir: Path) -> Logger | None:
+def validate_wandb_config(w: DictConfig) -> None:
+    validate_wandb_project(w.project)
+    if w.mode not in WANDB_MODES:
+        raise ConfigError("logger.wandb.mode", w.mode, f"allowed: {', '.join(WANDB_MODES)}")
+
+
+def has_api_key(base_url: str) -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:  # `wandb login` stores the key in ~/.netrc
+        return netrc.netrc().authenticators(urlparse(base_url).hostname or "") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def reachable(url: str, timeout: float = REACHABLE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the URL's host opens within `timeout` seconds."""
+    parts = urlparse(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wandb_mode(requested: str, console: Console | None = None) -> str:
+    """online | offline | disabled. auto: WANDB_MODE if set, else online with an API key, else offline. A run asked to
+    be online whose server does not answer within seconds goes offline and says so, rather than hanging."""
+    console = console or Console(stderr=True)
+    mode = requested
+    if requested == "auto":
+        mode = os.environ.get("WANDB_MODE") or ("online" if has_api_key(wandb_base_url()) else "offline")
+    if mode == "online" and not reachable(wandb_base_url()):
+        console.print(
+            f"[yellow]W&B: {wandb_base_url()} does not answer; logging offline (upload later with wandb sync)[/yellow]"
+        )
+        return "offline"
+    return mode
+
+
+def wandb_base_url() -> str:
+    return os.environ.get("WANDB_BASE_URL", DEFAULT_WANDB_URL)
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The run's W&B id from wandb_id.txt, created on first use, so a resumed job continues the same W&B run."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    path = run_dir / "wandb_id.txt"
+    if path.exists():
+        return path.read_text().strip()
+    run_id = secrets.token_hex(6)
+    if rank_zero_only.rank == 0:  # DDP children never start a W&B run
+        atomic_write_text(path, run_id + "\n")
+    return run_id
+
+
+def wandb_group(cfg: DictConfig) -> str | None:
+    """The sweep's folder name for the jobs of a multirun (the report and the run table then group alike), else the
+    experiment."""
+    if cfg.logger.wandb.group:
+        return cfg.logger.wandb.group
+    return Path(HydraConfig.get().sweep.dir).name if in_multirun() else cfg.experiment
+
+
+def wandb_run_name(cfg: DictConfig) -> str | None:
+    """The command-line overrides (`model.attn.n_heads=4,seed=1`): what sets this run apart from its sweep."""
+    if cfg.logger.wandb.name:
+        return cfg.logger.wandb.name
+    return (HydraConfig.get().job.override_dirname or None) if HydraConfig.initialized() else None
+
+
+def make_logger(cfg: DictConfig, run_dir: Path) -> "Logger | None":
+    # Lightning is imported here, not at the top: `headcount-report` uses this module and starts faster without it.
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
     if cfg.logger.kind == "none":
         return None
     if cfg.logger.kind == "csv":
         return CSVLogger(save_dir=run_dir, name="logs", version="")
     w = cfg.logger.wandb
+    console = Console(stderr=True)
+    mode = wandb_mode(w.mode, console)
+    if mode == "offline" and rank_zero_only.rank == 0:
+        console.print(
+            f"W&B offline: upload later with [bold]wandb sync {run_dir}/wandb/offline-run-*[/bold]", soft_wrap=True
+        )
     logger = WandbLogger(
         project=w.project,
         entity=w.entity,
-        group=w.group or cfg.experiment,
-        name=w.name,
+        group=wandb_group(cfg),
+        name=wandb_run_name(cfg),
         tags=list(w.tags),
         save_dir=str(run_dir),
-        mode=wandb_mode(w.mode),
+        id=wandb_run_id(run_dir),
+        mode=mode,
     )
     logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     return logger
+
+
+def summary_headline(summary: dict) -> dict[str, Any]:
+    """The numbers from ablation/summary.json that compare runs: baseline loss and accuracy, the prunable fraction per
+    pruning order, the most important head (the one whose removal alone raised the loss most)."""
+    headline = {key: summary[key] for key in ("baseline_loss", "baseline_acc") if key in summary}
+    for order, fraction in summary.get("prunable_fraction", {}).items():
+        headline[f"prunable_fraction/{order}"] = fraction
+    if top := summary.get("most_important_head"):
+        headline["most_important_head"] = top["mask"]
+        headline["most_important_head_delta_loss"] = top["delta_loss"]
+    return headline
+
+
+def log_ablation_results(run_dir: str | Path, wandb_run: Any) -> None:
+    """Send <run>/ablation/ to a W&B run: each CSV as a table, each figure as an image, the pruning curves as a line
+    plot with one series per order (mean over seeds), and summary.json's headline numbers into the run summary."""
+    import wandb
+
+    ablation = RunPaths(Path(run_dir)).ablation
+    if not ablation.is_dir():
+        return
+    logged: dict[str, Any] = {}
+    for csv in sorted(ablation.glob("*.csv")):
+        if not csv.name.endswith(".partial.csv"):
+            logged[f"ablation/table/{csv.stem}"] = wandb.Table(dataframe=pd.read_csv(csv))
+    for png in sorted(ablation.glob("*.png")):
+        logged[f"ablation/figure/{png.stem}"] = wandb.Image(str(png))
+    if (pruning := ablation / "pruning.csv").exists():
+        mean_loss = pd.read_csv(pruning).groupby(["order", "fraction"], sort=False)["loss"].mean()
+        orders = list(mean_loss.index.unique("order"))
+        logged["ablation/pruning_curves"] = wandb.plot.line_series(
+            xs=[mean_loss[order].index.tolist() for order in orders],
+            ys=[mean_loss[order].tolist() for order in orders],
+            keys=orders,
+            title="loss against the fraction of heads pruned (mean over seeds)",
+            xname="fraction of heads pruned",
+        )
+    if logged:
+        wandb_run.log(logged)
+    if (summary := ablation / "summary.json").exists():
+        headline = summary_headline(json.loads(summary.read_text()))
+        wandb_run.summary.update({f"ablation/{key}": value for key, value in headline.items()})
+
+
+def log_run_results(run_dir: Path, metrics: dict) -> None:
+    """Into this job's W&B run: the final metrics (with the parameter count) and the ablation results."""
+    import wandb
+
+    wandb.run.summary.update({key: value for key, value in metrics.items() if value is not None})
+    log_ablation_results(run_dir, wandb.run)
+
+
+@contextmanager
+def closing_wandb_run() -> Iterator[None]:
+    """Closes the job's W&B run, if it opened one, however the job ends, so the next job in the same process (the
+    basic launcher runs them all in one) starts its own. A job that never used W&B never imported it: no need to pay
+    for the import here."""
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        if "wandb" in sys.modules and (wandb := sys.modules["wandb"]).run is not None:
+            wandb.finish(exit_code=1 if failed else 0)

@@ -10,16 +10,20 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from headcount.config import CONF_DIR, register_configs, validate_train_config
+from headcount.ddp import ddp_confined_to_this_job
 from headcount.errors import ConfigError
+from headcount.gpus import own_gpu_in_a_sweep
 from headcount.io import atomic_write_json
 from headcount.metrics import masked_loss_and_accuracy
 from headcount.run_dir import RunPaths, is_done, mark_done, model_config_from_dict
-from headcount.tracking import make_logger
+from headcount.sweep import check_launcher_installed, register_resolvers
+from headcount.tracking import closing_wandb_run, log_run_results, make_logger, validate_wandb_config
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +52,10 @@ class HeadcountModule(L.LightningModule):
         logits_BTV = self.model(batch["input_ids"])
         loss, acc = masked_loss_and_accuracy(logits_BTV, batch["input_ids"], batch["loss_mask"])
         on_step = split == "train"
-        self.log(f"{split}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step)
-        self.log(f"{split}/acc", acc, prog_bar=split != "train", on_step=on_step, on_epoch=not on_step)
+        # Under DDP each process sees a shard of val/test: average the epoch metrics over processes.
+        when = dict(on_step=on_step, on_epoch=not on_step, sync_dist=not on_step)
+        self.log(f"{split}/loss", loss, prog_bar=True, **when)
+        self.log(f"{split}/acc", acc, prog_bar=split != "train", **when)
         return loss
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -161,23 +167,37 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     return metrics
 
 
+def validate_job(cfg: DictConfig) -> None:
+    """Everything about one job's config that can fail before training; a multirun runs it on every job first."""
+    validate_train_config(cfg)
+    if cfg.logger.kind == "wandb":
+        validate_wandb_config(cfg.logger.wandb)
+
+
 def run(cfg: DictConfig, run_dir: Path) -> None:
     """The whole job for one run directory: validate, train, ablate, mark DONE. Skips a run that is already DONE."""
     console = Console(stderr=True)
     if is_done(run_dir):
         console.print(f"[green]already finished:[/green] {run_dir} (delete DONE to rerun)")
         return
-    validate_train_config(cfg)
-    metrics = train(cfg, run_dir)
-    if cfg.ablation.scans:
-        from headcount.ablation import run_ablations
+    validate_job(cfg)
+    with closing_wandb_run(), own_gpu_in_a_sweep(cfg), ddp_confined_to_this_job():
+        metrics = train(cfg, run_dir)
+        if rank_zero_only.rank != 0:
+            return  # DDP children: rank 0 alone runs the ablations and writes the results and DONE
+        if cfg.ablation.scans:
+            from headcount.ablation import run_ablations
 
-        run_ablations(cfg, run_dir)
-    mark_done(run_dir)
+            run_ablations(cfg, run_dir)
+        if cfg.logger.kind == "wandb":
+            log_run_results(run_dir, metrics)
+        mark_done(run_dir)
     console.print(f"[bold]val/loss[/bold] {metrics['val/loss']:.4f}  [bold]test/loss[/bold] {metrics['test/loss']:.4f}")
     console.print(f"[green]wrote[/green] {run_dir}")
-    for path in sorted(p for p in run_dir.rglob("*") if p.suffix in {".json", ".csv", ".png", ".ckpt"}):
-        console.print(f"  {path.relative_to(run_dir)}")
+    written = (p for p in run_dir.rglob("*") if p.suffix in {".json", ".csv", ".png", ".ckpt"})
+    for path in sorted(p.relative_to(run_dir) for p in written):
+        if path.parts[0] != "wandb":  # W&B's own files are many; `wandb sync` reads them
+            console.print(f"  {path}")
 
 
 def exit_on_config_error(fn):
@@ -194,12 +214,19 @@ def exit_on_config_error(fn):
 
 
 register_configs()
+register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 @exit_on_config_error
-def main(cfg: DictConfig) -> None:
+def train_job(cfg: DictConfig) -> None:
     run(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+def main() -> None:
+    """`headcount-train [-m] <overrides>`: a missing launcher plugin is reported before Hydra reads any config."""
+    exit_on_config_error(check_launcher_installed)(sys.argv[1:])
+    train_job()
 
 
 if __name__ == "__main__":

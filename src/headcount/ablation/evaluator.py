@@ -10,7 +10,9 @@ cheaper, all exact:
   clean pass's z. A pass gates that z and runs only the output projection and the MLP of layer f, skipping its qkv
   projection and attention.
 - Batched masks: P masks that share f run as one pass over the batch repeated P times (mask-major, row p*B + b) with
-  per-example gates (P*B, L, H). P is `masks_per_pass`, or as many as fit the memory budget.
+  per-example gates (P*B, L, H). P is `masks_per_pass`, or as many as fit the memory budget; when not even one mask
+  of a whole batch fits, batches are split instead. On CPU the default budget is small on purpose: passes of about a
+  thousand tokens stay in cache and run ~30% faster per token than passes of eight thousand (scripts/bench_scan.py).
 
 The unembedding runs only at the positions loss_mask marks as targets. Batches are the outer loop, so the clean pass
 is computed once per batch for all masks, and `MaskTotals` (per-mask sums over the batches done) is all an
@@ -27,7 +29,7 @@ from torch import Tensor
 from headcount.ablation.replacements import Replacements
 from headcount.model.transformer import Block, Transformer
 
-CPU_MEMORY_BUDGET = 256 * 2**20  # bytes; small passes stay in cache and run faster per mask on CPU (bench_scan.py)
+CPU_MEMORY_BUDGET = 32 * 2**20  # bytes of activations per pass
 CUDA_FREE_MEMORY_SHARE = 0.5
 
 
@@ -43,7 +45,9 @@ class MaskTotals:
     @classmethod
     def empty(cls, n_masks: int) -> "MaskTotals":
         zeros = torch.zeros(n_masks, dtype=torch.float64)
-        return cls(torch.zeros(n_masks, dtype=torch.int64), zeros, zeros.clone(), torch.zeros(n_masks, dtype=torch.int64))
+        return cls(
+            torch.zeros(n_masks, dtype=torch.int64), zeros, zeros.clone(), torch.zeros(n_masks, dtype=torch.int64)
+        )
 
     def add(self, index: Tensor, nll_sum: Tensor, n_correct: Tensor, n_targets: int) -> None:
         self.batches_done[index] += 1
@@ -95,19 +99,33 @@ class MaskEvaluator:
         clean_attention: bool = True,
     ):
         """batches: dicts of input_ids and loss_mask (B, T), plus source_ids (B, T) for resample, on the model's
-        device. memory_budget: bytes of activations per pass (default: 256 MiB on CPU, half the free CUDA memory).
-        prefix_cache and clean_attention switch the reuse off, for tests and benchmarks."""
+        device, all of one size but the last. masks_per_pass: P, keeping the batches as they are; None sizes passes
+        (and if need be batches) to memory_budget, bytes of activations per pass (default: 32 MiB on CPU, half the free
+        CUDA memory). prefix_cache and clean_attention switch the reuse off, for tests and benchmarks."""
         self.model = model.eval()
-        self.batches = batches
         self.replacements = replacements or Replacements("zero")
-        self.masks_per_pass = masks_per_pass
-        self.memory_budget = memory_budget
         self.prefix_cache = prefix_cache
         self.clean_attention = clean_attention
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        B, T = batches[0]["input_ids"].shape
+        if masks_per_pass is None:
+            budget = memory_budget or default_memory_budget(self.device)
+            resample = self.replacements.mode == "resample"
+            clean, per_mask = clean_bytes_per_example(model, T, resample), mask_bytes_per_example(model, T, resample)
+            B = max(1, min(B, budget // (clean + per_mask)))
+            masks_per_pass = max(1, (budget - B * clean) // (B * per_mask))
+        self.masks_per_pass = masks_per_pass
+        self.batch_size = B  # examples per pass and per resume step
+        self.batches = [
+            {key: v[i : i + B] for key, v in batch.items()}
+            for batch in batches
+            for i in range(0, len(batch["input_ids"]), B)
+        ]
         hpl = model.heads_per_layer
-        self.exists_LH = torch.arange(model.max_heads, device=self.device) < torch.tensor(hpl, device=self.device)[:, None]
+        self.exists_LH = (
+            torch.arange(model.max_heads, device=self.device) < torch.tensor(hpl, device=self.device)[:, None]
+        )
 
     @property
     def gates_shape(self) -> tuple[int, int]:
@@ -139,7 +157,7 @@ class MaskEvaluator:
             if not len(todo):
                 continue
             clean = self.clean_pass(batch)
-            for start, index in self.passes(todo, start_M, batch["input_ids"].shape):
+            for start, index in self.passes(todo, start_M):
                 nll_sum, n_correct = self.masked_pass(clean, gates_MLH[index.to(self.device)], start)
                 totals.add(index, nll_sum, n_correct, len(clean.targets.ids_N))
                 if on_pass is not None:
@@ -157,19 +175,11 @@ class MaskEvaluator:
         first_M = torch.where(touched_ML.any(1), touched_ML.int().argmax(1), L)
         return first_M if self.prefix_cache else torch.zeros_like(first_M)
 
-    def passes(self, todo: Tensor, start_M: Tensor, shape_BT: torch.Size) -> Iterator[tuple[int, Tensor]]:
-        """(start layer, mask indices) per pass: masks grouped by start layer, at most pass_size per pass."""
+    def passes(self, todo: Tensor, start_M: Tensor) -> Iterator[tuple[int, Tensor]]:
+        """(start layer, mask indices) per pass: masks grouped by start layer, masks_per_pass at most."""
         starts = start_M[todo]
-        size = self.pass_size(*shape_BT)
         for start in starts.unique().tolist():
-            yield from ((start, index) for index in todo[starts == start].split(size))
-
-    def pass_size(self, B: int, T: int) -> int:
-        if self.masks_per_pass is not None:
-            return self.masks_per_pass
-        per_example = activation_bytes_per_example(self.model, T, self.replacements.mode == "resample")
-        budget = self.memory_budget or default_memory_budget(self.device)
-        return max(1, budget // (B * per_example))
+            yield from ((start, index) for index in todo[starts == start].split(self.masks_per_pass))
 
     def clean_pass(self, batch: dict[str, Tensor]) -> CleanPass:
         model, cache = self.model, {}
@@ -248,16 +258,24 @@ def repeated_replacements(
     ]
 
 
-def activation_bytes_per_example(model: Transformer, seq_len: int, per_example_replacements: bool) -> int:
-    """A generous estimate of the activation memory one example of one mask holds during a pass: the stream and its
+def mask_bytes_per_example(model: Transformer, seq_len: int, resample: bool) -> int:
+    """A generous estimate of the activations one example of one mask holds during a pass: the stream and its
     copies, LayerNorm output, qkv, z and its gated copy, attention scores, the MLP hidden before and after GELU, the
-    target logits, and the repeated resample replacements."""
+    target logits, and for resample the repeated replacements."""
     cfg = model.cfg
     HD = model.max_heads * model.head_dim
     hidden = cfg.mlp_ratio * cfg.d_model if cfg.mlp else 0
     floats = seq_len * (4 * cfg.d_model + 6 * HD + model.max_heads * seq_len + 2 * hidden + cfg.vocab_size)
-    if per_example_replacements:
+    if resample:
         floats += model.n_layers * seq_len * HD
+    return floats * next(model.parameters()).element_size()
+
+
+def clean_bytes_per_example(model: Transformer, seq_len: int, resample: bool) -> int:
+    """What the clean pass keeps per example for the masks of its batch: the stream before each layer and each
+    layer's z, and for resample the sources' z."""
+    HD = model.max_heads * model.head_dim
+    floats = model.n_layers * seq_len * (model.cfg.d_model + HD * (2 if resample else 1))
     return floats * next(model.parameters()).element_size()
 
 

@@ -90,7 +90,7 @@ def load_custom_masks(path: str | Path, heads_per_layer: list[int], key: str) ->
         raise ConfigError(key, str(path), f"does not parse as YAML or JSON: {reason}") from None
     if not isinstance(entries, list) or not entries:
         raise ConfigError(key, str(path), "must hold a non-empty list of masks")
-    masks = [custom_mask(entry, i, heads_per_layer, f"{key} ({path}) entry {i}") for i, entry in enumerate(entries)]
+    masks = [custom_mask(entry, f"{path} entry {i}", heads_per_layer, key) for i, entry in enumerate(entries)]
     names = [m.name for m in masks]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate is not None:
@@ -98,20 +98,21 @@ def load_custom_masks(path: str | Path, heads_per_layer: list[int], key: str) ->
     return masks
 
 
-def custom_mask(entry, index: int, heads_per_layer: list[int], where: str) -> HeadMask:
-    allowed = "a list of [layer, head] pairs, or {name: ..., heads: [[layer, head], ...]}"
+def custom_mask(entry, where: str, heads_per_layer: list[int], key: str) -> HeadMask:
+    """One entry of a masks file; `where` (file and entry number) goes into the error with the entry."""
+    allowed = "each mask is a list of [layer, head] pairs, or {name: ..., heads: [[layer, head], ...]}"
     name = None
     if isinstance(entry, dict):
         if set(entry) - {"name", "heads"} or "heads" not in entry:
-            raise ConfigError(where, json.dumps(entry), allowed)
+            raise ConfigError(key, f"{where}: {json.dumps(entry)}", allowed)
         name, entry = entry.get("name"), entry["heads"]
-        if name is not None and not isinstance(name, (str, int)):
-            raise ConfigError(where, json.dumps(name), "a mask name must be a string")
+        if not isinstance(name, (str, int, type(None))):
+            raise ConfigError(key, f"{where}: name {json.dumps(name)}", "a mask name must be a string")
     if not isinstance(entry, list) or not all(is_pair(pair) for pair in entry):
-        raise ConfigError(where, json.dumps(entry), allowed)
+        raise ConfigError(key, f"{where}: {json.dumps(entry)}", allowed)
     heads = tuple(sorted({(pair[0], pair[1]) for pair in entry}))
     for layer, head in heads:
-        check_head_exists(layer, head, heads_per_layer, where)
+        check_head_exists(layer, head, heads_per_layer, key, where)
     one = heads[0] if len(heads) == 1 else (-1, -1)
     return HeadMask(str(name) if name is not None else joined_name(heads), heads, *one)
 
@@ -120,11 +121,12 @@ def is_pair(pair) -> bool:
     return isinstance(pair, list) and len(pair) == 2 and all(type(x) is int for x in pair)
 
 
-def check_head_exists(layer: int, head: int, heads_per_layer: list[int], key: str) -> None:
+def check_head_exists(layer: int, head: int, heads_per_layer: list[int], key: str, where: str = "") -> None:
+    value = f"{where}: [{layer}, {head}]" if where else [layer, head]
     if not 0 <= layer < len(heads_per_layer):
-        raise ConfigError(key, [layer, head], f"layer must be in 0..{len(heads_per_layer) - 1}")
+        raise ConfigError(key, value, f"no such layer: the model has layers 0..{len(heads_per_layer) - 1}")
     if not 0 <= head < heads_per_layer[layer]:
-        raise ConfigError(key, [layer, head], f"layer {layer} has heads 0..{heads_per_layer[layer] - 1}")
+        raise ConfigError(key, value, f"no such head: layer {layer} has heads 0..{heads_per_layer[layer] - 1}")
 
 
 def masks_to_gates(masks: list[HeadMask], heads_per_layer: list[int], dtype: torch.dtype = torch.float32) -> Tensor:

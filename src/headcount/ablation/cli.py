@@ -1,0 +1,61 @@
+"""`headcount-ablate run_dir=<run> ablation=<scan> ablation.mode=<mode>`: ablation scans on a finished run.
+
+The run's .hydra/config.yaml supplies the data and the seed (the checkpoint supplies the model). Its ablation section
+is the base; each `ablation.*` key typed on the command line overrides it, and the scans are the ones selected here
+(`ablation=single_head` by default, `ablation=[single_head,layer,pruning]` for several). Hydra's own files go to
+<run>/ablation/logs/, so nothing lands in the working directory.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from headcount.ablation.config import AblationConfig
+from headcount.ablation.runner import run_ablations
+from headcount.config import CONF_DIR, register_configs
+from headcount.run_dir import load_run_config
+from headcount.training import exit_on_config_error
+
+
+def ablate(cfg: DictConfig, typed_keys: Sequence[str] = ()) -> list[Path]:
+    """Run the scans of a composed ablate config (run_dir, ablation) on its run; typed_keys are the dotted
+    `ablation.*` keys to take from cfg over the run's own settings. Returns the files written."""
+    run_cfg = load_run_config(cfg.run_dir)
+    base = OmegaConf.to_container(run_cfg.get("ablation") or OmegaConf.create({}))
+    base.pop("scans", None)
+    ablation = OmegaConf.merge(OmegaConf.structured(AblationConfig), base)
+    for key in typed_keys:
+        OmegaConf.update(ablation, key.removeprefix("ablation."), OmegaConf.select(cfg, key), merge=True)
+    ablation.scans = cfg.ablation.scans
+    run_cfg.ablation = ablation
+    return run_ablations(run_cfg, Path(cfg.run_dir))
+
+
+def typed_ablation_keys(overrides: Sequence[str]) -> list[str]:
+    """The `ablation.*` keys of command-line overrides, scans aside (they come from the selected scan configs)."""
+    keys = [override.split("=", 1)[0].lstrip("+~") for override in overrides]
+    return [key for key in keys if key.startswith("ablation.") and not key.startswith("ablation.scans")]
+
+
+def print_written(paths: list[Path]) -> None:
+    console = Console(stderr=True)
+    console.print("[green]wrote[/green]")
+    for path in dict.fromkeys(paths):
+        console.print(f"  {path}", highlight=False, soft_wrap=True)
+
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="ablate")
+@exit_on_config_error
+def main(cfg: DictConfig) -> None:
+    print_written(ablate(cfg, typed_ablation_keys(HydraConfig.get().overrides.task)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Learned L0 head gates (Voita et al. 2019): which heads does a trained model need?
+
+Each head gets one learnable log_alpha; its gate is a hard-concrete variable (Louizos et al. 2018): with u ~ U(0, 1),
+s = sigmoid((log u - log(1 - u) + log_alpha) / beta), gate = clamp(s (zeta - gamma) + gamma, 0, 1). Stretching to
+(gamma, zeta) and clamping gives exact 0s and 1s with positive probability, and P(gate > 0) = sigmoid(log_alpha -
+beta log(-gamma / zeta)) is differentiable, so the expected number of open heads (expected L0) can join the loss.
+
+Unlike Voita, who fine-tunes the whole model with the gates, the model's weights stay frozen here: the gates then
+measure which heads the trained model itself needs, not which heads a model retrained around the gates could live
+with. The gates act on z through the model's own gate interface, one sample per example, so a closed head takes its
+replacement: zero (Voita) or, when `replacements` is given, e.g. its mean.
+
+The penalty weight lambda on the expected L0 is either
+- fixed: loss = task + lambda * expected_L0 (Voita's objective), or
+- steered to a target of k heads: loss = task + lambda (E - k_t) + lambda2 (E - k_t)^2 with E the expected L0,
+  minimised over log_alpha while lambda and lambda2 rise by dual ascent, lambda += penalty_lr (E - k_t) and
+  lambda2 += penalty_lr (E - k_t)^2, after every step (the Lagrangian of Wang et al. 2020 and Xia et al. 2022).
+  The target k_t moves linearly from all heads to k over the first `target_warmup` of the steps, then stays: a
+  target that jumps to k at once lets lambda overshoot and close heads that the frozen gates never reopen (a closed
+  head's gradient vanishes). The constraint is an equality, so lambda may turn negative and push heads back open.
+At the end a head is kept when its gate is more likely open than closed, P(gate > 0) > 1/2: the same event the
+expected L0 counts, so a run steered to k heads keeps about k. In terms of Louizos's deterministic test-time gate,
+clamp(sigmoid(log_alpha) (zeta - gamma) + gamma, 0, 1), that is a threshold of about 0.1 rather than 0.5 (with the
+defaults); the 0.5 threshold would drop the marginal head that the constraint leaves half open, one head short of k.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pandas as pd
+import torch
+from rich.progress import track
+from torch import Tensor
+
+from headcount.errors import ConfigError
+from headcount.metrics import masked_loss_and_accuracy
+from headcount.model.transformer import Transformer
+
+# Where the scan config nests L0GatesConfig. Only light imports in this module: headcount.ablation.config imports it.
+KEY = "ablation.scans.l0_gates.l0"
+
+
+@dataclass
+class L0GatesConfig:
+    steps: int = 500  # optimiser steps, cycling through the batches
+    lr: float = 0.1  # Adam on log_alpha
+    n_batches: int | None = None  # train on the first n of the given batches (None: all)
+    beta: float = 2 / 3  # hard-concrete temperature
+    gamma: float = -0.1  # lower stretch limit, < 0
+    zeta: float = 1.1  # upper stretch limit, > 1
+    penalty: float | None = 0.05  # fixed lambda per expected open head; with target_heads, lambda's start (null: 0)
+    # Heads to keep: an int, a list (one run per target: the loss-against-heads-kept curve) or null (fixed penalty).
+    # Any, not a Union: OmegaConf structured configs accept no list-or-int type.
+    target_heads: Any = None
+    penalty_lr: float = 0.002  # dual-ascent step on lambda per head of constraint violation
+    target_warmup: float = 0.5  # fraction of the steps over which the target falls from all heads to target_heads
+    log_alpha_init: float = 3.0  # sigmoid(3) (zeta - gamma) + gamma = 1.04: every gate starts open
+    seed: int = 0  # the hard-concrete noise
+
+
+@dataclass
+class L0Result:
+    log_alpha: Tensor  # (L, H); -inf for heads a pruned layer lacks
+    gate_LH: Tensor  # (L, H) Louizos's deterministic test-time gate; 0 for heads a pruned layer lacks
+    keep_LH: Tensor  # (L, H) bool: P(gate > 0) > 1/2
+    n_kept: int
+    history: list[dict]  # per step: step, task_loss, expected_l0, penalty_weight, quadratic_weight, target
+    target_heads: int | None
+
+
+def l0_targets(cfg: L0GatesConfig) -> list[int | None]:
+    """The runs a config asks for: one per target, or a single fixed-penalty run (None)."""
+    if cfg.target_heads is None:
+        return [None]
+    return [cfg.target_heads] if isinstance(cfg.target_heads, int) else list(cfg.target_heads)
+
+
+def validate_l0_config(cfg: L0GatesConfig, n_heads: int | None = None, key: str = KEY) -> None:
+    """ConfigError for values training cannot use; given n_heads (the model's heads), every target must fit in it."""
+    if not (isinstance(cfg.steps, int) and cfg.steps >= 1):
+        raise ConfigError(f"{key}.steps", cfg.steps, "must be a positive integer")
+    if cfg.n_batches is not None and not (isinstance(cfg.n_batches, int) and cfg.n_batches >= 1):
+        raise ConfigError(f"{key}.n_batches", cfg.n_batches, "must be a positive integer or null (all batches)")
+    for name in ("lr", "beta", "penalty_lr"):
+        if not getattr(cfg, name) > 0:
+            raise ConfigError(f"{key}.{name}", getattr(cfg, name), "must be a positive number")
+    if not 0 <= cfg.target_warmup <= 1:
+        raise ConfigError(f"{key}.target_warmup", cfg.target_warmup, "must be in [0, 1]: a fraction of the steps")
+    if not cfg.gamma < 0:
+        raise ConfigError(f"{key}.gamma", cfg.gamma, "must be negative: gates reach exactly 0 only if gamma < 0")
+    if not cfg.zeta > 1:
+        raise ConfigError(f"{key}.zeta", cfg.zeta, "must be above 1: gates reach exactly 1 only if zeta > 1")
+    if cfg.penalty is None and cfg.target_heads is None:
+        raise ConfigError(f"{key}.penalty", None, f"set a fixed penalty weight or {key}.target_heads (heads to keep)")
+    if cfg.penalty is not None and not cfg.penalty >= 0:
+        raise ConfigError(f"{key}.penalty", cfg.penalty, "must be a non-negative number or null")
+    targets = l0_targets(cfg)
+    upper = n_heads if n_heads is not None else float("inf")
+    if not targets or not all(t is None or (isinstance(t, int) and 0 <= t <= upper) for t in targets):
+        allowed = "integers in 0.." + (f"{n_heads} (the model's heads)" if n_heads is not None else "n_heads")
+        raise ConfigError(f"{key}.target_heads", cfg.target_heads, f"needs one of {allowed}, a list of them or null")
+
+
+def sample_gates(log_alpha_LH: Tensor, batch: int, cfg: L0GatesConfig, generator: torch.Generator) -> Tensor:
+    """(B, L, H) hard-concrete samples, one per example, in [0, 1] with exact 0s and 1s."""
+    # Keep u off 0 and 1: log(0) would turn the whole step into NaN.
+    tiny = torch.finfo(log_alpha_LH.dtype).eps
+    u_BLH = torch.rand(
+        (batch, *log_alpha_LH.shape), generator=generator, dtype=log_alpha_LH.dtype, device=log_alpha_LH.device
+    ).clamp(tiny, 1 - tiny)
+    s_BLH = torch.sigmoid((u_BLH.log() - (-u_BLH).log1p() + log_alpha_LH) / cfg.beta)
+    return (s_BLH * (cfg.zeta - cfg.gamma) + cfg.gamma).clamp(0, 1)
+
+
+def expected_open(log_alpha_LH: Tensor, cfg: L0GatesConfig) -> Tensor:
+    """(L, H) P(gate > 0), whose sum is the expected L0 norm of the gates."""
+    return torch.sigmoid(log_alpha_LH - cfg.beta * math.log(-cfg.gamma / cfg.zeta))
+
+
+def deterministic_gates(log_alpha_LH: Tensor, cfg: L0GatesConfig) -> Tensor:
+    """(L, H) the test-time gate of Louizos et al.: the stretched sigmoid without noise."""
+    return (torch.sigmoid(log_alpha_LH) * (cfg.zeta - cfg.gamma) + cfg.gamma).clamp(0, 1)
+
+
+def train_l0_gates(
+    model: Transformer,
+    batches: list[dict],
+    cfg: L0GatesConfig,
+    target_heads: int | None,
+    replacements: list | None = None,
+    progress: bool = True,
+) -> L0Result:
+    """Train one log_alpha per head on the frozen model for cfg.steps steps: with target_heads None, under the fixed
+    penalty cfg.penalty; else steered toward target_heads kept heads (module docstring). Batches are dicts of
+    input_ids and loss_mask (B, T), cycled; `replacements` as in Transformer.forward. Heads a pruned layer lacks stay
+    off and are not counted. The model's requires_grad flags and train/eval mode are restored afterwards."""
+    n_heads = sum(model.heads_per_layer)
+    # This run is the config with this one target: the other targets of cfg are other runs.
+    validate_l0_config(replace(cfg, target_heads=target_heads), n_heads)
+    if not batches:
+        raise ConfigError(f"{KEY}.n_batches", 0, "L0 gate training needs at least one batch")
+    param = next(model.parameters())
+    # Which head slots exist: a pruned layer has fewer heads than model.max_heads.
+    exists_LH = (
+        torch.arange(model.max_heads, device=param.device)
+        < torch.tensor(model.heads_per_layer).to(param.device)[:, None]
+    )
+    # At least float32: half-precision log_alpha would round Adam's small steps away.
+    dtype = torch.promote_types(param.dtype, torch.float32)
+    log_alpha_LH = torch.full(exists_LH.shape, cfg.log_alpha_init, dtype=dtype, device=param.device)
+    log_alpha_LH.requires_grad_(True)
+    optimizer = torch.optim.Adam([log_alpha_LH], lr=cfg.lr)
+    generator = torch.Generator(device=param.device).manual_seed(cfg.seed)
+    penalty_weight, quadratic_weight = cfg.penalty or 0.0, 0.0
+    warmup_steps = max(1, round(cfg.target_warmup * cfg.steps))
+    used_batches = batches[: cfg.n_batches]
+    history = []
+    requires_grad = [p.requires_grad for p in model.parameters()]
+    was_training = model.training
+    model.requires_grad_(False).eval()
+    try:
+        for step in track(range(cfg.steps), description="L0 gates", disable=not progress):
+            batch = used_batches[step % len(used_batches)]
+            input_ids_BT = batch["input_ids"].to(param.device)
+            gates_BLH = sample_gates(log_alpha_LH, len(input_ids_BT), cfg, generator) * exists_LH
+            logits_BTV = model(input_ids_BT, gates=gates_BLH.to(param.dtype), replacements=replacements)
+            task_loss, _ = masked_loss_and_accuracy(logits_BTV, input_ids_BT, batch["loss_mask"].to(param.device))
+            expected_l0 = (expected_open(log_alpha_LH, cfg) * exists_LH).sum()
+            if target_heads is None:
+                target_now, penalty = None, penalty_weight * expected_l0
+            else:
+                target_now = n_heads + (target_heads - n_heads) * min(1.0, (step + 1) / warmup_steps)
+                violation = expected_l0 - target_now
+                penalty = penalty_weight * violation + quadratic_weight * violation**2
+            optimizer.zero_grad()
+            (task_loss + penalty).backward()
+            optimizer.step()
+            history.append(
+                dict(
+                    step=step,
+                    task_loss=task_loss.item(),
+                    expected_l0=expected_l0.item(),
+                    penalty_weight=penalty_weight,
+                    quadratic_weight=quadratic_weight,
+                    target=target_now,
+                )
+            )
+            if target_heads is not None:
+                penalty_weight += cfg.penalty_lr * violation.item()
+                quadratic_weight += cfg.penalty_lr * violation.item() ** 2
+    finally:
+        for p, flag in zip(model.parameters(), requires_grad):
+            p.requires_grad_(flag)
+        model.train(was_training)
+    log_alpha_LH = log_alpha_LH.detach().masked_fill(~exists_LH, float("-inf")).cpu()
+    keep_LH = expected_open(log_alpha_LH, cfg) > 0.5
+    return L0Result(
+        log_alpha_LH, deterministic_gates(log_alpha_LH, cfg), keep_LH, int(keep_LH.sum()), history, target_heads
+    )
+
+
+def l0_gates_table(results: list[L0Result], evaluate: Callable[[Tensor], dict]) -> pd.DataFrame:
+    """Long format, one row per (run, existing head): target_heads, n_kept, penalty_weight (lambda at the last step:
+    the fixed penalty, or where dual ascent arrived), layer, head, kept, log_alpha, gate (the deterministic test-time
+    gate), and the exact loss and acc of the run's binary mask, `evaluate(masks_MLH) -> dict(loss=(M,), acc=(M,))`."""
+    masks_MLH = torch.stack([result.keep_LH.float() for result in results])
+    scores = evaluate(masks_MLH)
+    loss_M, acc_M = (scores[key].detach().double().cpu() for key in ("loss", "acc"))
+    rows = [
+        dict(
+            target_heads=result.target_heads,
+            n_kept=result.n_kept,
+            penalty_weight=result.history[-1]["penalty_weight"],
+            layer=layer,
+            head=head,
+            kept=bool(result.keep_LH[layer, head]),
+            log_alpha=float(result.log_alpha[layer, head]),
+            gate=float(result.gate_LH[layer, head]),
+            loss=float(loss_M[m]),
+            acc=float(acc_M[m]),
+        )
+        for m, result in enumerate(results)
+        for layer, head in result.log_alpha.isfinite().nonzero().tolist()  # -inf marks heads a layer lacks
+    ]
+    return pd.DataFrame(rows)

@@ -1,0 +1,53 @@
+"""What each head attends to, read off its attention pattern (Olsson et al. 2022).
+
+- previous-token score: the mean attention a position pays to the position just before it;
+- induction score: the mean attention a position pays to tokens whose *previous* token equals its own token (where an
+  induction head looks: "the token after the last time I saw this token"), over positions that have such an earlier
+  occurrence.
+Both lie in [0, 1]; a head that does the job puts most of its attention there.
+"""
+
+import pandas as pd
+import torch
+
+from headcount.model import Transformer
+
+
+@torch.no_grad()
+def head_pattern_scores(model: Transformer, batches: list[dict]) -> pd.DataFrame:
+    """One row per head: layer, head, prev_token_score, induction_score."""
+    model.eval()
+    device = next(model.parameters()).device
+    L, H = model.n_layers, model.max_heads
+    prev_sum, induction_sum = torch.zeros(L, H, dtype=torch.float64), torch.zeros(L, H, dtype=torch.float64)
+    prev_count = induction_count = 0
+    for batch in batches:
+        ids_BT = batch["input_ids"].to(device)
+        cache: dict = {}
+        model(ids_BT, cache=cache, need_patterns=True)
+        B, T = ids_BT.shape
+        # induction_BTS[b, t, s]: the token before s equals the token at t, s <= t.
+        same_BTS = ids_BT[:, :, None] == ids_BT[:, None, :]
+        induction_BTS = torch.zeros_like(same_BTS)
+        induction_BTS[:, :, 1:] = same_BTS[:, :, :-1]
+        induction_BTS &= torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        has_earlier_BT = induction_BTS.any(dim=-1)
+        induction_count += int(has_earlier_BT.sum())
+        prev_count += B * (T - 1)
+        for layer in range(L):
+            pattern_BHTT = cache["pattern", layer].double()
+            h = pattern_BHTT.shape[1]
+            prev_sum[layer, :h] += pattern_BHTT.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=(0, 2)).cpu()
+            on_target_BHT = (pattern_BHTT * induction_BTS[:, None].double()).sum(-1)
+            induction_sum[layer, :h] += (on_target_BHT * has_earlier_BT[:, None]).sum(dim=(0, 2)).cpu()
+    rows = [
+        {
+            "layer": layer,
+            "head": head,
+            "prev_token_score": float(prev_sum[layer, head] / max(prev_count, 1)),
+            "induction_score": float(induction_sum[layer, head] / max(induction_count, 1)),
+        }
+        for layer in range(L)
+        for head in range(model.heads_per_layer[layer])
+    ]
+    return pd.DataFrame(rows)

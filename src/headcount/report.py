@@ -1,0 +1,227 @@
+"""`headcount-report <multirun dir>`: compare the runs of a sweep, from their run directories alone.
+
+Writes <multirun dir>/report/: runs.csv (a row per run: its overrides, parameter count, final metrics, the ablation
+headline numbers, finished or not), report.md with the tables and figures (report_figures.py), and with --wandb the
+same to a W&B run (offline unless an API key is set). Runs without DONE are marked unfinished and left out of the
+means and figures; nothing about them fails the report.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from headcount import report_figures
+from headcount.errors import ConfigError
+from headcount.io import atomic_write_text
+from headcount.run_dir import RunPaths, is_done
+from headcount.tracking import summary_headline, validate_wandb_project, wandb_mode
+
+FINAL_METRICS = ["val/loss", "val/acc", "test/loss", "test/acc"]
+REPLICATE_KEYS = ["seed"]  # swept for spread, not compared
+
+
+def find_runs(sweep_dir: Path) -> list[Path]:
+    """Every run directory below sweep_dir: the folders Hydra saved a job's overrides in."""
+    return sorted(p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml"))
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def run_overrides(run_dir: Path) -> dict:
+    """The job's overrides as key -> value (`model.attn.n_heads=4` -> 4, `model=tiny` -> "tiny")."""
+    parsed = OverridesParser.create().parse_overrides(list(OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")))
+    return {o.key_or_group: o.value() for o in parsed if not o.is_delete()}
+
+
+def run_row(run_dir: Path, sweep_dir: Path, overrides: dict) -> dict:
+    paths = RunPaths(run_dir)
+    metrics = read_json(paths.metrics)
+    return {
+        "run": str(run_dir.relative_to(sweep_dir)),
+        "status": "finished" if is_done(run_dir) else "unfinished",
+        **overrides,
+        "params": metrics.get("params"),
+        **{name: metrics.get(name) for name in FINAL_METRICS},
+        **summary_headline(read_json(paths.ablation / "summary.json")),
+    }
+
+
+def collect_runs(sweep_dir: Path) -> tuple[pd.DataFrame, list[str]]:
+    """The runs table and the keys swept in it (override keys whose value differs between runs)."""
+    run_dirs = find_runs(sweep_dir)
+    if not run_dirs:
+        raise ConfigError("sweep_dir", str(sweep_dir), "holds no headcount runs (no */.hydra/overrides.yaml below it)")
+    overrides = [run_overrides(run_dir) for run_dir in run_dirs]
+    runs = pd.DataFrame([run_row(run_dir, sweep_dir, o) for run_dir, o in zip(run_dirs, overrides)])
+    override_keys = {key for o in overrides for key in o}
+    swept = [k for k in runs.columns if k in override_keys and runs[k].astype(str).nunique() > 1]
+    return runs, swept
+
+
+def compared_metrics(runs: pd.DataFrame) -> list[str]:
+    candidates = ["test/loss", "test/acc"] + [c for c in runs.columns if c.startswith("prunable_fraction/")]
+    return [c for c in candidates if c in runs and runs[c].notna().any()]
+
+
+def mean_over_seeds(runs: pd.DataFrame, configs: list[str], metrics: list[str]) -> pd.DataFrame:
+    """A row per configuration: how many finished runs it has and each metric as mean ± standard deviation."""
+    if not configs:
+        runs = runs.assign(configuration="all runs")
+        configs = ["configuration"]
+    grouped = runs.groupby(configs, dropna=False, sort=True)
+    table = grouped.size().rename("runs").to_frame()
+    for metric in ["params", *metrics]:
+        stats = grouped[metric].agg(["mean", "std"])
+        table[metric] = [format_value(m) + ("" if pd.isna(s) else f" ± {s:.2g}") for m, s in stats.to_numpy()]
+    return table.reset_index()
+
+
+def format_value(value) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """A GitHub markdown table (pandas' to_markdown would need the tabulate package for this alone)."""
+
+    def cell(value) -> str:
+        return format_value(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + " --- |" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def draw_figures(finished: pd.DataFrame, sweep_dir: Path, out: Path, swept: list[str]) -> dict[str, Path]:
+    """Section title -> figure path, for the figures this sweep has data for."""
+    configs = [k for k in swept if k not in REPLICATE_KEYS]
+    metrics = compared_metrics(finished)
+    figures: dict[str, Path | None] = {}
+    for key in configs if metrics else []:
+        others = [k for k in configs if k != key]
+        path = out / f"metrics_vs_{key}.png"
+        figures[f"Metrics against {key}"] = report_figures.metrics_against(finished, key, others, metrics, path)
+    figures["Pruning curves"] = report_figures.pruning_curves(finished, sweep_dir, configs, out / "pruning_curves.png")
+    figures["Single-head ablation (loss increase with each head off alone)"] = report_figures.single_head_grid(
+        finished, sweep_dir, configs, out / "single_head_heatmaps.png"
+    )
+    return {title: path for title, path in figures.items() if path is not None}
+
+
+def report_markdown(sweep_dir: Path, runs: pd.DataFrame, swept: list[str], figures: dict[str, Path]) -> str:
+    finished = runs[runs["status"] == "finished"]
+    configs = [k for k in swept if k not in REPLICATE_KEYS]
+    swept_text = ", ".join(
+        f"`{k}` ({', '.join(map(str, sorted(runs[k].dropna().unique(), key=report_figures.sort_key)))})" for k in swept
+    )
+    lines = [
+        f"# Sweep report: {sweep_dir.name}",
+        "",
+        f"`{sweep_dir}`: {len(runs)} runs, {len(finished)} finished, {len(runs) - len(finished)} unfinished.",
+        f"Swept: {swept_text or 'nothing (the runs share all their overrides)'}.",
+        "",
+    ]
+    if len(finished):
+        lines += [
+            "## Mean over seeds (finished runs)",
+            "",
+            markdown_table(mean_over_seeds(finished, configs, compared_metrics(finished))),
+            "",
+        ]
+    lines += [
+        "## Runs",
+        "",
+        markdown_table(runs.drop(columns=[c for c in runs if c not in report_columns(runs, swept)])),
+        "",
+    ]
+    for title, path in figures.items():
+        lines += [f"## {title}", "", f"![{title}]({path.name})", ""]
+    return "\n".join(lines)
+
+
+def report_columns(runs: pd.DataFrame, swept: list[str]) -> list[str]:
+    """What the markdown runs table shows: the run, its status, the swept values and the results (runs.csv has all)."""
+    results = ["params", *FINAL_METRICS, "baseline_loss", "most_important_head"]
+    results += [c for c in runs.columns if c.startswith("prunable_fraction/")]
+    return ["run", "status", *swept, *(c for c in results if c in runs)]
+
+
+def write_report(sweep_dir: Path) -> tuple[Path, pd.DataFrame, dict[str, Path]]:
+    """Write <sweep_dir>/report/; returns the folder, the runs table and the figures."""
+    runs, swept = collect_runs(sweep_dir)
+    out = sweep_dir / "report"
+    finished = runs[runs["status"] == "finished"]
+    figures = draw_figures(finished, sweep_dir, out, swept) if len(finished) else {}
+    atomic_write_text(out / "runs.csv", runs.to_csv(index=False))
+    atomic_write_text(out / "report.md", report_markdown(sweep_dir, runs, swept, figures))
+    return out, runs, figures
+
+
+def wandb_project_of(runs: pd.DataFrame, sweep_dir: Path) -> str:
+    """The W&B project the sweep's runs were configured with (the first run's), else headcount's default."""
+    config = OmegaConf.load(RunPaths(sweep_dir / runs["run"].iloc[0]).config)
+    return OmegaConf.select(config, "logger.wandb.project", default=None) or "headcount"
+
+
+def push_to_wandb(out: Path, runs: pd.DataFrame, figures: dict[str, Path], project: str, group: str) -> None:
+    """The runs table and the figures as one W&B run of job type `report`, in the sweep's group."""
+    import wandb
+
+    run = wandb.init(
+        project=project, group=group, job_type="report", name=f"report {group}", dir=out, mode=wandb_mode("auto")
+    )
+    try:
+        table = runs.astype({c: str for c in runs.columns if runs[c].dtype == object})  # W&B wants one type a column
+        run.log(
+            {"report/runs": wandb.Table(dataframe=table)}
+            | {f"report/{p.stem}": wandb.Image(str(p)) for p in figures.values()}
+        )
+    finally:
+        wandb.finish()
+
+
+def print_summary(out: Path, runs: pd.DataFrame) -> None:
+    console = Console(stderr=True)
+    table = Table("run", "status", "test/loss", title=f"{len(runs)} runs")
+    for _, row in runs.iterrows():
+        status = "[green]finished[/green]" if row["status"] == "finished" else "[yellow]unfinished[/yellow]"
+        table.add_row(escape(row["run"]), status, format_value(row["test/loss"]))
+    console.print(table)
+    console.print(f"[green]wrote[/green] {out / 'report.md'}, {out / 'runs.csv'} and the figures beside them")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="headcount-report", description="Compare the runs of a sweep (a multirun folder)."
+    )
+    parser.add_argument("sweep_dir", type=Path, help="a multirun folder, e.g. outputs/multirun/<sweep_name>")
+    parser.add_argument(
+        "--wandb", action="store_true", help="also log the report to W&B (offline unless an API key is set)"
+    )
+    parser.add_argument("--project", help="W&B project (default: the one the runs were logged to)")
+    args = parser.parse_args(argv)
+    try:
+        out, runs, figures = write_report(args.sweep_dir)
+        print_summary(out, runs)
+        if args.wandb:
+            project = args.project or wandb_project_of(runs, args.sweep_dir)
+            validate_wandb_project(project)
+            push_to_wandb(out, runs, figures, project, group=args.sweep_dir.resolve().name)
+    except ConfigError as e:
+        Console(stderr=True).print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

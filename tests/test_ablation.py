@@ -1,0 +1,395 @@
+"""Ablation end to end: masks and custom files, the run-directory layout, resume, bad input, figures, the CLI."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from datasets import Dataset
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from headcount import plots
+from headcount.ablation import runner, scans
+from headcount.ablation.cli import ablate, typed_ablation_keys
+from headcount.ablation.evaluator import MaskEvaluator
+from headcount.ablation.examples import split_examples
+from headcount.ablation.masks import (
+    all_heads,
+    gates_to_masks,
+    layer_masks,
+    leave_one_in_masks,
+    load_custom_masks,
+    masks_to_gates,
+    most_important_heads,
+    pair_masks,
+    single_head_masks,
+)
+from headcount.ablation.replacements import resample_sources
+from headcount.ablation.scans import SCAN_COLUMNS
+from headcount.config import CONF_DIR
+from headcount.errors import ConfigError
+from headcount.run_dir import RunPaths, load_model
+from headcount.training import run
+
+SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "logger=none"]
+SMOKE += ["data.n_train=64", "data.n_val=24", "data.n_test=16", "data.seq_len=32"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors run fastest on one thread, which also keeps them fast when other processes share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def compose_config(name: str, overrides: list[str]):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        return compose(name, overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A smoke-trained run whose training config asked for the single_head scan, with the .hydra/config.yaml that a
+    `headcount-train` run leaves."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    cfg = compose_config("train", SMOKE + ["ablation=single_head", "ablation.progress=false"])
+    run(cfg, run_dir)
+    RunPaths(run_dir).config.parent.mkdir()
+    OmegaConf.save(cfg, RunPaths(run_dir).config)
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(trained_run, tmp_path) -> Path:
+    """A fresh copy of the trained run, without its ablation results."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy)
+    shutil.rmtree(copy / "ablation")
+    return copy
+
+
+def ablate_with(run_dir: Path, *overrides: str) -> list[Path]:
+    overrides = [f"run_dir={run_dir}", "ablation.progress=false", *overrides]
+    cfg = compose_config("ablate", overrides)
+    return ablate(cfg, typed_ablation_keys(overrides))
+
+
+# --- masks ------------------------------------------------------------------------------------------------------
+
+
+def test_built_in_masks_have_readable_unique_names():
+    hpl = [3, 2]
+    assert [m.name for m in single_head_masks(hpl)] == ["L0H0", "L0H1", "L0H2", "L1H0", "L1H1"]
+    assert [(m.name, m.heads_off) for m in layer_masks(hpl)][1] == ("L1", ((1, 0), (1, 1)))
+    keep = leave_one_in_masks(hpl)
+    assert keep[1].name == "L0 keep H1" and keep[1].heads_off == ((0, 0), (0, 2))
+    pairs = pair_masks(all_heads(hpl))
+    assert len(pairs) == 10 and pairs[0].name == "L0H0+L0H1"
+    gates = masks_to_gates(pairs, hpl)
+    assert gates.shape == (10, 2, 3) and int((gates == 0).sum()) == 20
+    assert [m.name for m in gates_to_masks(gates, hpl)] == [m.name for m in pairs]
+
+
+def test_pairs_among_top_k_heads_by_single_head_delta():
+    delta_LH = torch.tensor([[0.1, 0.5, 0.0], [0.3, 0.2, 9.0]])  # head L1H2 does not exist
+    assert most_important_heads(delta_LH, [3, 2], 2) == [(0, 1), (1, 0)]
+
+
+def test_custom_masks_parse_in_both_forms(tmp_path):
+    path = tmp_path / "masks.yaml"
+    path.write_text("- [[0, 1], [1, 0]]\n- {name: prev-token, heads: [[1, 1]]}\n- []\n")
+    masks = load_custom_masks(path, [2, 2], "ablation.scans.custom.masks_file")
+    assert [(m.name, m.heads_off, m.layer, m.head) for m in masks] == [
+        ("L0H1+L1H0", ((0, 1), (1, 0)), -1, -1),
+        ("prev-token", ((1, 1),), 1, 1),
+        ("none", (), -1, -1),
+    ]
+    json_path = tmp_path / "masks.json"
+    json_path.write_text(json.dumps([[[0, 0]], {"name": "x", "heads": [[1, 1], [0, 1]]}]))
+    assert [m.name for m in load_custom_masks(json_path, [2, 2], "k")] == ["L0H0", "x"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("- [[0, 5]]\n", "no such head: layer 0 has heads 0..1"),
+        ("- [[3, 0]]\n", "no such layer"),
+        ("- [[0, 1]]\n- [0, 1]\n", "entry 1"),
+        ("- {heads: [[0, 1]], colour: red}\n", "colour"),
+        ("- [[0, 1]\n", "does not parse"),
+        ("{}\n", "non-empty list"),
+        ("- {name: a, heads: [[0, 0]]}\n- {name: a, heads: [[0, 1]]}\n", "distinct name"),
+    ],
+)
+def test_bad_custom_masks_name_the_key_and_entry(tmp_path, text, message):
+    path = tmp_path / "masks.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as error:
+        load_custom_masks(path, [2, 2], "ablation.scans.mine.masks_file")
+    assert error.value.key == "ablation.scans.mine.masks_file"
+    assert "\n" not in str(error.value)
+
+
+def test_resample_pairing_is_seeded_and_never_pairs_an_example_with_itself():
+    a, b = resample_sources(10, 10, seed=3, same_split=True), resample_sources(10, 10, seed=3, same_split=True)
+    assert torch.equal(a, b) and not (a == torch.arange(10)).any()
+    cycled = resample_sources(7, 3, seed=0, same_split=False)
+    assert torch.equal(cycled[:3], cycled[3:6]) and set(cycled.tolist()) == {0, 1, 2}
+
+
+def test_empty_reference_split_is_a_config_error():
+    splits = {"train": Dataset.from_dict({"input_ids": [], "loss_mask": []})}
+    with pytest.raises(ConfigError, match="has no examples") as error:
+        split_examples(splits, "train", 16, "ablation.reference_split")
+    assert error.value.key == "ablation.reference_split"
+
+
+def test_command_line_keys_that_override_the_run_settings():
+    overrides = ["run_dir=x", "ablation=[layer,pairs]", "ablation.mode=mean", "+ablation.n_eval=8"]
+    overrides += ["ablation.scans.pairs.top_k=3"]
+    assert typed_ablation_keys(overrides) == ["ablation.mode", "ablation.n_eval"]
+
+
+# --- figures ----------------------------------------------------------------------------------------------------
+
+
+def scan_frame(kind: str, masks) -> pd.DataFrame:
+    values = np.linspace(-0.5, 1.0, len(masks))
+    return pd.DataFrame(
+        {
+            "scan": kind,
+            "mask": [m.name for m in masks],
+            "layer": [m.layer for m in masks],
+            "head": [m.head for m in masks],
+            "mode": "zero",
+            "delta_loss": values,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "kind, masks",
+    [
+        ("single_head", single_head_masks([4, 3])),
+        ("single_head", single_head_masks([20] * 20)),  # too big to write values in
+        ("leave_one_in", leave_one_in_masks([4, 4])),
+        ("layer", layer_masks([4, 4, 4])),
+        ("pairs", pair_masks(all_heads([3, 3]))),
+        ("custom", pair_masks(all_heads([2, 2]))),
+    ],
+)
+def test_scan_figures_are_written(tmp_path, kind, masks):
+    path = plots.scan_figure(scan_frame(kind, masks), kind, tmp_path / f"{kind}.png")
+    assert path.exists() and path.stat().st_size > 1000
+
+
+def test_pruning_figure_is_written(tmp_path):
+    rows = [
+        (order, seed, f, f * 0.5 + seed * 0.01 + (order == "random"))
+        for order, seeds in (("gradient", [0]), ("random", [0, 1, 2]))
+        for seed in seeds
+        for f in (0.0, 0.5, 1.0)
+    ]
+    curves = pd.DataFrame(rows, columns=["order", "seed", "fraction", "loss"])
+    path = plots.pruning_figure(curves, tmp_path / "pruning.png", baseline_loss=1.0, tolerance=0.05, title="t")
+    assert path.exists() and path.stat().st_size > 1000
+
+
+# --- end to end -------------------------------------------------------------------------------------------------
+
+
+def test_training_runs_the_scans_its_config_lists(trained_run):
+    out = RunPaths(trained_run).ablation
+    table = pd.read_csv(out / "single_head.csv")
+    assert list(table.columns) == SCAN_COLUMNS and len(table) == 8
+    assert (out / "single_head.png").stat().st_size > 1000
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["most_important_head"]["mask"] == table.loc[table["delta_loss"].idxmax(), "mask"]
+    assert RunPaths(trained_run).done.exists()
+
+
+def test_ablate_writes_every_scan_kind_in_the_run_layout(run_copy, tmp_path):
+    masks_file = tmp_path / "masks.yaml"
+    masks_file.write_text("- {name: both-L0H0-L1H1, heads: [[0, 0], [1, 1]]}\n- [[1, 2]]\n")
+    written = ablate_with(
+        run_copy,
+        "ablation=[baseline,layer,leave_one_in,pairs,custom,importance,pruning]",
+        "ablation.mode=mean",
+        "ablation.scans.pairs.top_k=3",
+        f"ablation.scans.custom.masks_file={masks_file}",
+        "ablation.pruning.step=0.25",
+        "ablation.prune.export=true",
+    )
+    out = RunPaths(run_copy).ablation
+    for scan, rows in (("baseline", 1), ("layer", 2), ("leave_one_in", 8), ("pairs", 3), ("custom", 2)):
+        table = pd.read_csv(out / f"{scan}.csv")
+        assert list(table.columns) == SCAN_COLUMNS and len(table) == rows, scan
+        assert (table["mode"] == "mean").all()
+        assert not (out / f"{scan}.partial.csv").exists()
+        assert scan == "baseline" or (out / f"{scan}.png").stat().st_size > 1000
+    assert pd.read_csv(out / "custom.csv")["mask"].tolist() == ["both-L0H0-L1H1", "L1H2"]
+    importance = pd.read_csv(out / "importance.csv")
+    assert list(importance.columns) == ["layer", "head", "grad_importance", "single_head_delta"]  # pairs ran it
+    curves = pd.read_csv(out / "pruning.csv")
+    assert set(curves["order"]) == {"gradient", "gradient_iterative", "single_head", "random"}
+    assert (out / "pruning.png").stat().st_size > 1000 and (out / "replacements_mean.pt").exists()
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mode"] == "mean" and summary["baseline_loss"] > 0
+    assert set(summary["prunable_fraction"]) == set(curves["order"])
+    assert {"single_head", "pairs", "pruning", "importance"} <= set(summary["scans"])
+    pruned = summary["pruned"]
+    assert abs(pruned["loss_pruned"] - pruned["loss_masked"]) < 1e-5
+    assert pruned["tokens_per_s_full"] > 0 and pruned["tokens_per_s_pruned"] > 0
+    model = load_model(out / "pruned.ckpt")
+    assert sum(model.heads_per_layer) == 8 - pruned["n_heads_removed"]
+    assert set(written) >= {out / "summary.json", out / "pruned.ckpt", out / "pairs.csv", out / "pruning.png"}
+
+
+def test_rerun_reads_up_to_date_results_back(run_copy, monkeypatch):
+    ablate_with(run_copy, "ablation=[layer,pairs]")
+    before = pd.read_csv(RunPaths(run_copy).ablation / "pairs.csv")
+    calls = []
+    real = MaskEvaluator.accumulate
+    monkeypatch.setattr(MaskEvaluator, "accumulate", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    ablate_with(run_copy, "ablation=[layer,pairs]")
+    assert len(calls) == 1  # the baseline only
+    pd.testing.assert_frame_equal(pd.read_csv(RunPaths(run_copy).ablation / "pairs.csv"), before)
+
+
+def test_ablate_inherits_the_run_settings_under_typed_keys(run_copy, monkeypatch):
+    config = OmegaConf.load(RunPaths(run_copy).config)
+    config.ablation.n_eval = 8
+    OmegaConf.save(config, RunPaths(run_copy).config)
+    summary = RunPaths(run_copy).ablation / "summary.json"
+    ablate_with(run_copy, "ablation=layer")
+    assert json.loads(summary.read_text())["settings"]["n_eval"] == 8
+    ablate_with(run_copy, "ablation=layer", "ablation.n_eval=12")
+    assert json.loads(summary.read_text())["settings"]["n_eval"] == 12
+
+
+def test_cli_finds_the_training_scans_up_to_date(trained_run, monkeypatch):
+    calls = []
+    real = MaskEvaluator.accumulate
+    monkeypatch.setattr(MaskEvaluator, "accumulate", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    ablate_with(trained_run, "ablation=single_head")
+    assert len(calls) == 1  # the baseline only
+
+
+def test_interrupted_ablation_resumes_to_the_same_csv(run_copy, monkeypatch):
+    out = RunPaths(run_copy).ablation
+    ablate_with(run_copy, "ablation=single_head", "ablation.masks_per_pass=2")
+    uninterrupted = (out / "single_head.csv").read_text()
+    shutil.rmtree(out)
+
+    monkeypatch.setattr(scans, "SAVE_INTERVAL_S", 0.0)
+    real_pass, passes = MaskEvaluator.masked_pass, []
+
+    def interrupted_pass(self, clean, gates_PLH, start):
+        if start < self.model.n_layers:  # not the baseline, which the clean pass gives
+            if len(passes) == 2:
+                raise KeyboardInterrupt
+            passes.append(len(gates_PLH))
+        return real_pass(self, clean, gates_PLH, start)
+
+    monkeypatch.setattr(MaskEvaluator, "masked_pass", interrupted_pass)
+    with pytest.raises(KeyboardInterrupt):
+        ablate_with(run_copy, "ablation=single_head", "ablation.masks_per_pass=2")
+    assert (out / "single_head.partial.csv").exists() and not (out / "single_head.csv").exists()
+
+    resumed = []
+
+    def counted_pass(self, clean, gates_PLH, start):
+        resumed.extend([len(gates_PLH)] if start < self.model.n_layers else [])
+        return real_pass(self, clean, gates_PLH, start)
+
+    monkeypatch.setattr(MaskEvaluator, "masked_pass", counted_pass)
+    ablate_with(run_copy, "ablation=single_head", "ablation.masks_per_pass=2")
+    assert resumed == [2, 2]  # one batch of 24: 8 heads in 4 passes of 2, 2 of them saved before the interruption
+    assert not (out / "single_head.partial.csv").exists()
+    assert (out / "single_head.csv").read_text() == uninterrupted
+
+
+def test_resample_sources_are_saved_and_reused(run_copy, monkeypatch):
+    ablate_with(run_copy, "ablation=layer", "ablation.mode=resample", "ablation.reference_split=val")
+    out = RunPaths(run_copy).ablation
+    assert (out / "replacements_resample.pt").exists()
+
+    def not_again(*args):
+        raise AssertionError("the saved pairing should have been reused")
+
+    monkeypatch.setattr(runner, "resample_sources", not_again)
+    ablate_with(run_copy, "ablation=single_head", "ablation.mode=resample", "ablation.reference_split=val")
+    table = pd.read_csv(out / "single_head.csv")
+    assert (table["mode"] == "resample").all() and table["delta_loss"].abs().max() > 0
+
+
+def test_cli_writes_inside_the_run_and_prints_the_paths(run_copy, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parents[1] / "scripts" / "ablate.py"), f"run_dir={run_copy}"]
+        + ["ablation=[baseline,layer]", "ablation.progress=false"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = RunPaths(run_copy).ablation
+    assert str(out / "layer.csv") in proc.stderr and (out / "layer.png").exists()
+    assert list((out / "logs").iterdir())  # Hydra's files stay inside the run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(run_copy, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "headcount.ablation.cli", f"run_dir={run_copy}", "ablation.mode=median"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "ablation.mode='median'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["ablation.mode=median"], "ablation.mode"),
+        (["ablation.scans.single_head.kind=triples"], "ablation.scans.single_head.kind"),
+        (["ablation.mode=mean", "ablation.n_reference=0"], "ablation.n_reference"),
+        (["ablation.mode=resample", "ablation.reference_split=dev"], "ablation.reference_split"),
+        (["ablation=custom"], "ablation.scans.custom.masks_file"),
+        (["ablation=custom", "ablation.scans.custom.masks_file=BAD_MASKS"], "ablation.scans.custom.masks_file"),
+        (["ablation=custom", "ablation.scans.custom.masks_file=NO_SUCH_FILE"], "ablation.scans.custom.masks_file"),
+        (["ablation.prune.export=true", "ablation.prune.heads=[[0,9]]"], "ablation.prune.heads"),
+        (["ablation.prune.export=true", "ablation.mode=resample"], "ablation.prune.export"),
+        (["ablation.device=tpu"], "ablation.device"),
+    ],
+)
+def test_bad_input_names_the_key_and_writes_no_results(run_copy, tmp_path, overrides, key):
+    bad_masks = tmp_path / "bad.yaml"
+    bad_masks.write_text("- [[0, 0]]\n- [[7, 0]]\n")
+    overrides = [
+        o.replace("BAD_MASKS", str(bad_masks)).replace("NO_SUCH_FILE", str(tmp_path / "x.yaml")) for o in overrides
+    ]
+    with pytest.raises(ConfigError) as error:
+        ablate_with(run_copy, *overrides)
+    assert error.value.key == key and "\n" not in str(error.value)
+    assert not list(RunPaths(run_copy).ablation.glob("*.csv"))
+
+
+def test_run_dir_without_a_finished_checkpoint_is_refused(run_copy):
+    (RunPaths(run_copy).metrics).unlink()
+    with pytest.raises(ConfigError, match="no finished training run") as error:
+        ablate_with(run_copy)
+    assert error.value.key == "run_dir"
+    assert not list(RunPaths(run_copy).ablation.glob("*.csv"))

@@ -1,0 +1,114 @@
+"""Sweep reports from files alone: a hand-made sweep of 2 configurations x 2 seeds, one run left unfinished."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from headcount.report import main, write_report
+from headcount.run_dir import RunPaths
+
+COLUMNS = ["scan", "mask", "layer", "head", "mode", "loss", "acc", "delta_loss", "delta_acc", "n_heads_off"]
+
+
+def make_run(sweep: Path, n_heads: int, seed: int, finished: bool = True) -> Path:
+    """A run directory as training and the ablation engine leave it (checkpoints aside)."""
+    overrides = ["model=tiny", f"model.attn.n_heads={n_heads}", f"seed={seed}"]
+    run_dir = sweep / ",".join(sorted(overrides))
+    paths = RunPaths(run_dir)
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"logger": {"wandb": {"project": "heads"}}}))
+    loss = 2.0 - 0.1 * n_heads + 0.01 * seed
+    metrics = {"val/loss": loss, "val/acc": 0.5, "test/loss": loss, "test/acc": 0.5, "params": 1000 + n_heads}
+    paths.metrics.write_text(json.dumps(metrics))
+    paths.ablation.mkdir()
+    rows = [
+        ("single_head", f"L{l}H{h}", l, h, "zero", loss + 0.1, 0.4, 0.1 * h, -0.1, 1)
+        for l in range(2)
+        for h in range(n_heads)
+    ]
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(paths.ablation / "single_head.csv", index=False)
+    curves = [("gradient", seed, f, round(f * 2 * n_heads), loss + f, 0.5, f) for f in (0.0, 0.5, 1.0)]
+    columns = ["order", "seed", "fraction", "n_pruned", "loss", "acc", "delta_loss"]
+    pd.DataFrame(curves, columns=columns).to_csv(paths.ablation / "pruning.csv", index=False)
+    summary = {
+        "baseline_loss": loss,
+        "baseline_acc": 0.5,
+        "prunable_fraction": {"gradient": 0.25 * n_heads},
+        "most_important_head": {"mask": f"L1H{n_heads - 1}", "layer": 1, "head": n_heads - 1, "delta_loss": 0.3},
+    }
+    (paths.ablation / "summary.json").write_text(json.dumps(summary))
+    if finished:
+        paths.done.write_text("")
+    return run_dir
+
+
+@pytest.fixture
+def sweep(tmp_path) -> Path:
+    sweep = tmp_path / "multirun" / "heads"
+    for n_heads in (1, 2):
+        for seed in (0, 1):
+            make_run(sweep, n_heads, seed, finished=(n_heads, seed) != (2, 1))
+    (sweep / ".submitit" / "123").mkdir(parents=True)  # launcher files are not runs
+    return sweep
+
+
+def test_report_tables_and_figures(sweep):
+    out, runs, figures = write_report(sweep)
+    assert out == sweep / "report"
+    table = pd.read_csv(out / "runs.csv")
+    assert len(table) == 4
+    assert {"model.attn.n_heads", "seed", "params", "test/loss", "prunable_fraction/gradient", "status"} <= set(table)
+    assert table["status"].value_counts().to_dict() == {"finished": 3, "unfinished": 1}
+    unfinished = table[table["status"] == "unfinished"].iloc[0]
+    assert (unfinished["model.attn.n_heads"], unfinished["seed"]) == (2, 1)
+    names = {p.name for p in figures.values()}
+    assert names == {"metrics_vs_model.attn.n_heads.png", "pruning_curves.png", "single_head_heatmaps.png"}
+    assert all((out / name).stat().st_size > 0 for name in names)
+    markdown = (out / "report.md").read_text()
+    assert "4 runs, 3 finished, 1 unfinished" in markdown
+    assert "`model.attn.n_heads` (1, 2), `seed` (0, 1)" in markdown
+    assert all(f"]({name})" in markdown for name in names)
+    # Means over seeds leave the unfinished run out: n_heads=2 has one finished run, loss 2.0 - 0.2.
+    means = markdown.split("## Mean over seeds")[1].split("## Runs")[0]
+    assert "| 1 | 2 | 1001 ± 0 | 1.905 ± 0.0071 | 0.5 ± 0 | 0.25 ± 0 |" in means
+    assert "| 2 | 1 | 1002 | 1.8 | 0.5 | 0.5 |" in means
+
+
+def test_cli_prints_a_summary_and_rerun_overwrites(sweep, capsys):
+    main([str(sweep)])
+    first = (sweep / "report" / "runs.csv").read_text()
+    main([str(sweep)])
+    assert (sweep / "report" / "runs.csv").read_text() == first
+    assert "4 runs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("folder", ["empty", "missing"])
+def test_a_folder_without_runs_is_one_line_and_exit_2(tmp_path, capsys, folder):
+    path = tmp_path / folder
+    if folder == "empty":
+        path.mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds no headcount runs" in err and len(err.splitlines()) == 1, err
+    assert not (path / "report").exists()
+
+
+def test_report_to_wandb_offline(sweep, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    main([str(sweep), "--wandb"])
+    (offline_run,) = (sweep / "report" / "wandb").glob("offline-run-*")
+    assert list((offline_run / "files" / "media" / "table" / "report").glob("runs_*.table.json"))
+    assert list((offline_run / "files" / "media" / "images" / "report").glob("pruning_curves_*.png"))
+
+
+def test_bad_wandb_project_for_the_report(sweep, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(sweep), "--wandb", "--project", "a/b"])
+    assert exit_info.value.code == 2
+    assert "logger.wandb.project='a/b'" in capsys.readouterr().err
