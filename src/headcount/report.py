@@ -22,7 +22,7 @@ from headcount import report_figures
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text
 from headcount.run_dir import RunPaths, is_done
-from headcount.tracking import summary_headline, validate_wandb_project, wandb_mode
+from headcount.tracking import closing_wandb_run, summary_headline, validate_wandb_project, wandb_mode
 
 FINAL_METRICS = ["val/loss", "val/acc", "test/loss", "test/acc"]
 REPLICATE_KEYS = ["seed"]  # swept for spread, not compared
@@ -38,9 +38,11 @@ def read_json(path: Path) -> dict:
 
 
 def run_overrides(run_dir: Path) -> dict:
-    """The job's overrides as key -> value (`model.attn.n_heads=4` -> 4, `model=tiny` -> "tiny")."""
+    """The job's overrides as key -> value (`model.attn.n_heads=4` -> 4, `model=tiny` -> "tiny"); lists and mappings
+    (`ablation=[single_head,pruning]`) as written, so that they group and sort like the other values."""
     parsed = OverridesParser.create().parse_overrides(list(OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")))
-    return {o.key_or_group: o.value() for o in parsed if not o.is_delete()}
+    values = {o.key_or_group: (o, o.value()) for o in parsed if not o.is_delete()}
+    return {k: o.get_value_element_as_str() if isinstance(v, list | dict) else v for k, (o, v) in values.items()}
 
 
 def run_row(run_dir: Path, sweep_dir: Path, overrides: dict) -> dict:
@@ -103,9 +105,14 @@ def markdown_table(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def configuration_keys(swept: list[str]) -> list[str]:
+    """The swept keys that tell configurations apart; the others (seeds) replicate a configuration."""
+    return [k for k in swept if k not in REPLICATE_KEYS]
+
+
 def draw_figures(finished: pd.DataFrame, sweep_dir: Path, out: Path, swept: list[str]) -> dict[str, Path]:
     """Section title -> figure path, for the figures this sweep has data for."""
-    configs = [k for k in swept if k not in REPLICATE_KEYS]
+    configs = configuration_keys(swept)
     metrics = compared_metrics(finished)
     figures: dict[str, Path | None] = {}
     for key in configs if metrics else []:
@@ -121,7 +128,7 @@ def draw_figures(finished: pd.DataFrame, sweep_dir: Path, out: Path, swept: list
 
 def report_markdown(sweep_dir: Path, runs: pd.DataFrame, swept: list[str], figures: dict[str, Path]) -> str:
     finished = runs[runs["status"] == "finished"]
-    configs = [k for k in swept if k not in REPLICATE_KEYS]
+    configs = configuration_keys(swept)
     swept_text = ", ".join(
         f"`{k}` ({', '.join(map(str, sorted(runs[k].dropna().unique(), key=report_figures.sort_key)))})" for k in swept
     )
@@ -178,17 +185,12 @@ def push_to_wandb(out: Path, runs: pd.DataFrame, figures: dict[str, Path], proje
     """The runs table and the figures as one W&B run of job type `report`, in the sweep's group."""
     import wandb
 
-    run = wandb.init(
-        project=project, group=group, job_type="report", name=f"report {group}", dir=out, mode=wandb_mode("auto")
-    )
-    try:
+    mode = wandb_mode("auto")
+    with closing_wandb_run():
+        run = wandb.init(project=project, group=group, job_type="report", name=f"report {group}", dir=out, mode=mode)
         table = runs.astype({c: str for c in runs.columns if runs[c].dtype == object})  # W&B wants one type a column
-        run.log(
-            {"report/runs": wandb.Table(dataframe=table)}
-            | {f"report/{p.stem}": wandb.Image(str(p)) for p in figures.values()}
-        )
-    finally:
-        wandb.finish()
+        images = {f"report/{path.stem}": wandb.Image(str(path)) for path in figures.values()}
+        run.log({"report/runs": wandb.Table(dataframe=table), **images})
 
 
 def print_summary(out: Path, runs: pd.DataFrame) -> None:
@@ -198,7 +200,9 @@ def print_summary(out: Path, runs: pd.DataFrame) -> None:
         status = "[green]finished[/green]" if row["status"] == "finished" else "[yellow]unfinished[/yellow]"
         table.add_row(escape(row["run"]), status, format_value(row["test/loss"]))
     console.print(table)
-    console.print(f"[green]wrote[/green] {out / 'report.md'}, {out / 'runs.csv'} and the figures beside them")
+    console.print(
+        f"[green]wrote[/green] {out / 'report.md'}, {out / 'runs.csv'} and the figures beside them", soft_wrap=True
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,11 +1,13 @@
-"""What a multirun checks before its first job starts, so bad input fails in seconds rather than at job 17.
+"""What headcount adds to Hydra's multirun: checks that make bad input fail before the first job rather than at job
+17, and the resolvers that name a sweep's folder and size the parallel launcher.
 
 - `check_launcher_installed`: a `hydra/launcher=<name>` whose plugin package is missing names the package to install
   (Hydra alone says only that the config was not found).
 - `ValidateJobsFirst` (a Hydra callback, listed in conf/train.yaml): composes every job of the sweep and validates it.
   Hydra's basic sweeper does compose each job up front, but reports a misspelt key as a multi-line trace with exit 1,
   and checks across sections (heads that do not divide the width, a bad W&B project) would only fail inside the job.
-- `sweep_folder_name`: the resolver behind `hydra.sweep.dir`, so the same command finds the same folder again.
+  Jobs are expanded with the basic sweeper's own function (a hydra-core internal), so they match its jobs exactly.
+- `sweep_folder_name`: behind `hydra.sweep.dir`, so the same command finds the same folder again.
 """
 
 import sys

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
+from urllib.request import getproxies
 
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
@@ -64,8 +65,9 @@ def has_api_key(base_url: str) -> bool:
 
 
 def reachable(url: str, timeout: float = REACHABLE_TIMEOUT_S) -> bool:
-    """Whether a TCP connection to the URL's host opens within `timeout` seconds."""
-    parts = urlparse(url)
+    """Whether a TCP connection to the URL's host (or to the proxy configured for its scheme, the way W&B's own
+    requests will go) opens within `timeout` seconds."""
+    parts = urlparse(getproxies().get(urlparse(url).scheme) or url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         with socket.create_connection((parts.hostname, port), timeout=timeout):
@@ -204,9 +206,10 @@ def log_run_results(run_dir: Path, metrics: dict) -> None:
 
 @contextmanager
 def closing_wandb_run() -> Iterator[None]:
-    """Closes the job's W&B run, if it opened one, however the job ends, so the next job in the same process (the
-    basic launcher runs them all in one) starts its own. A job that never used W&B never imported it: no need to pay
-    for the import here."""
+    """Finishes the job's W&B run, if it opened one, however the job ends, so the next job in the same process (the
+    basic launcher runs them all in one) starts its own; then stops W&B's service process, which writes the run's files
+    after finish() returns: the job ends with them complete on disk, even in a launcher worker whose exit hooks may
+    not run. A job that never used W&B never imported it: no need to pay for the import here."""
     failed = True
     try:
         yield
@@ -214,3 +217,4 @@ def closing_wandb_run() -> Iterator[None]:
     finally:
         if "wandb" in sys.modules and (wandb := sys.modules["wandb"]).run is not None:
             wandb.finish(exit_code=1 if failed else 0)
+            wandb.teardown()

@@ -11,8 +11,8 @@ cheaper, all exact:
   projection and attention.
 - Batched masks: P masks that share f run as one pass over the batch repeated P times (mask-major, row p*B + b) with
   per-example gates (P*B, L, H). P is `masks_per_pass`, or as many as fit the memory budget; when not even one mask
-  of a whole batch fits, batches are split instead. On CPU the default budget is small on purpose: passes of about a
-  thousand tokens stay in cache and run ~30% faster per token than passes of eight thousand (scripts/bench_scan.py).
+  of a whole batch fits, batches are split instead. On CPU the default budget is small on purpose: passes of one or
+  two thousand tokens stay in cache and run ~20-30% faster per token than passes of eight thousand (bench_scan.py).
 
 The unembedding runs only at the positions loss_mask marks as targets. Batches are the outer loop, so the clean pass
 is computed once per batch for all masks, and `MaskTotals` (per-mask sums over the batches done) is all an
@@ -29,7 +29,7 @@ from torch import Tensor
 from headcount.ablation.replacements import Replacements
 from headcount.model.transformer import Block, Transformer
 
-CPU_MEMORY_BUDGET = 32 * 2**20  # bytes of activations per pass
+CPU_MEMORY_BUDGET = 64 * 2**20  # bytes of activations per pass
 CUDA_FREE_MEMORY_SHARE = 0.5
 
 
@@ -100,7 +100,7 @@ class MaskEvaluator:
     ):
         """batches: dicts of input_ids and loss_mask (B, T), plus source_ids (B, T) for resample, on the model's
         device, all of one size but the last. masks_per_pass: P, keeping the batches as they are; None sizes passes
-        (and if need be batches) to memory_budget, bytes of activations per pass (default: 32 MiB on CPU, half the free
+        (and if need be batches) to memory_budget, bytes of activations per pass (default: 64 MiB on CPU, half the free
         CUDA memory). prefix_cache and clean_attention switch the reuse off, for tests and benchmarks."""
         self.model = model.eval()
         self.replacements = replacements or Replacements("zero")

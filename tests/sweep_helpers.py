@@ -1,0 +1,55 @@
+"""Running headcount-train as a user would, for the sweep and launcher tests: in a subprocess or in this process."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
+
+from headcount import training
+from headcount.config import CONF_DIR
+from headcount.report import write_report
+
+SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "data.n_train=64", "data.n_val=32", "data.n_test=32"]
+
+
+def run_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`python <args>` from cwd, one thread per process (the machine's cores are shared); it must succeed."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def run_dirs(sweep: Path) -> list[Path]:
+    """The run directories of a multirun folder."""
+    return sorted(p.parent.parent for p in sweep.glob("*/.hydra/overrides.yaml"))
+
+
+def train_in_process(monkeypatch, cwd: Path, args: list[str]) -> int:
+    """headcount-train <args> in this process, from cwd; returns its exit code."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["headcount-train", *args])
+    GlobalHydra.instance().clear()
+    try:
+        training.main()
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def compose_with_hydra(overrides: list[str]) -> DictConfig:
+    """The train config with its hydra node, as `headcount-train <overrides>` composes it."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        return compose("train", overrides=overrides, return_hydra_config=True)
+
+
+def report_rows(sweep: Path) -> pd.DataFrame:
+    """runs.csv of a fresh report on the sweep."""
+    write_report(sweep)
+    return pd.read_csv(sweep / "report" / "runs.csv")
