@@ -228,7 +228,7 @@ def main() -> None:
         results[name] = (seconds, losses, flops)
     seconds, losses = best_time(lambda: transformer_lens_scan(model, batches), args.repeats, args.device)
     if losses is None:
-        print("(c) TransformerLens: not installed, skipped")
+        print("(c) TransformerLens: HookedTransformer not importable (not installed, or 4.x without it), skipped")
     else:
         results["(c) TransformerLens, hook_z"] = (seconds, losses, per_mask_flops(model, batches))
 

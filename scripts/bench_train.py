@@ -111,10 +111,10 @@ def main() -> None:
     print(f"device: {device_name}; torch {torch.__version__}; dtype {args.dtype}; compile {args.compile}")
     print(f"model: {L} layers x {H} heads, width {p['d_model']}, batch {B} x {T} tokens; {ref.num_params():,} params")
     base = statistics.median(times["plain attention (no gate code)"])
-    print(f"{'variant':34s} {'tokens/s':>12s} {'vs plain':>9s}" + (f" {'MFU':>6s}" if peak else ""))
+    print(f"{'variant':34s} {'tokens/s':>12s} {'time vs plain':>14s}" + (f" {'MFU':>6s}" if peak else ""))
     for name, ts in times.items():
         t = statistics.median(ts)
-        row = f"{name:34s} {B * T / t:12,.0f} {100 * (t / base - 1):+8.1f}%"
+        row = f"{name:34s} {B * T / t:12,.0f} {100 * (t / base - 1):+13.1f}%"
         print(row + (f" {100 * flops / t / peak:5.1f}%" if peak else ""))
 
 

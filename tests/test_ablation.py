@@ -393,3 +393,35 @@ def test_run_dir_without_a_finished_checkpoint_is_refused(run_copy):
         ablate_with(run_copy)
     assert error.value.key == "run_dir"
     assert not list(RunPaths(run_copy).ablation.glob("*.csv"))
+
+
+# --- learned gates and pattern scores ---------------------------------------------------------------------------
+
+
+def test_l0_gates_and_head_scores_scans_write_their_results(run_copy):
+    ablate_with(
+        run_copy,
+        "ablation=[l0_gates,head_scores]",
+        "ablation.scans.l0_gates.l0.steps=200",
+        "ablation.scans.l0_gates.l0.target_heads=[2,6]",
+        "ablation.n_reference=64",
+    )
+    out = RunPaths(run_copy).ablation
+    gates = pd.read_csv(out / "l0_gates.csv")
+    assert set(gates["target_heads"]) == {2, 6}
+    kept = gates.groupby("target_heads")["kept"].sum()
+    assert (kept == gates.groupby("target_heads")["n_kept"].first()).all()
+    assert kept[2] < kept[6] <= 8
+    summary = json.loads((out / "summary.json").read_text())
+    assert [run["target_heads"] for run in summary["l0_gates"]] == [2, 6]
+    scores = pd.read_csv(out / "head_scores.csv")
+    assert (
+        (
+            (scores[["prev_token_score", "induction_score"]] >= 0)
+            & (scores[["prev_token_score", "induction_score"]] <= 1)
+        )
+        .all()
+        .all()
+    )
+    for name in ("l0_gates.png", "head_scores_prev_token_score.png", "head_scores_induction_score.png"):
+        assert (out / name).stat().st_size > 0

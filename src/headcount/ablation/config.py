@@ -2,8 +2,21 @@
 
 from dataclasses import dataclass, field
 
+from headcount.ablation.l0_gates import L0GatesConfig
+
 MODES = ("zero", "mean", "resample")
-SCAN_KINDS = ("baseline", "single_head", "layer", "leave_one_in", "pairs", "custom", "importance", "pruning")
+SCAN_KINDS = (
+    "baseline",
+    "single_head",
+    "layer",
+    "leave_one_in",
+    "pairs",
+    "custom",
+    "importance",
+    "pruning",
+    "l0_gates",
+    "head_scores",
+)
 PRUNING_ORDERS = ("gradient", "gradient_iterative", "single_head", "random")
 
 
@@ -12,6 +25,7 @@ class ScanConfig:
     kind: str = "single_head"  # one of SCAN_KINDS
     top_k: int | None = None  # pairs: only pairs among the k most important heads (None: all pairs)
     masks_file: str | None = None  # custom: YAML/JSON list of masks
+    l0: L0GatesConfig = field(default_factory=L0GatesConfig)  # l0_gates: the hard-concrete gate training
 
 
 @dataclass

@@ -83,6 +83,7 @@ class AblationSession:
 
         data = HeadcountDataModule(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), cfg.data)))
         data.setup()
+        self.splits = data.splits
         examples = split_examples(data.splits, s.split, s.n_eval, "ablation.split")
         data_key = {k: v for k, v in OmegaConf.to_container(cfg.data).items() if k not in DATA_KEYS_IGNORED}
         self.settings_record = {
@@ -148,6 +149,10 @@ class AblationSession:
             self.importance_scan(name)
         elif scan.kind == "pruning":
             self.pruning_scan(name)
+        elif scan.kind == "l0_gates":
+            self.l0_gates_scan(name, scan)
+        elif scan.kind == "head_scores":
+            self.head_scores_scan(name)
         else:
             self.mask_scan(name, scan)
 
@@ -271,6 +276,58 @@ class AblationSession:
         self._prunable = prunable_fractions(curves, self.baseline["loss"], p.tolerance)
         self.update_summary({"prunable_fraction": self._prunable})
         return self._prunable
+
+    def l0_gates_scan(self, name: str, scan: ScanConfig) -> None:
+        """Voita et al.'s learned hard-concrete gates, trained on reference_split, their binary masks evaluated
+        exactly on the eval split like every other mask."""
+        from headcount.ablation.l0_gates import l0_gates_table, l0_targets, train_l0_gates, validate_l0_config
+
+        s, l0 = self.settings, scan.l0
+        validate_l0_config(l0, sum(self.heads_per_layer), f"ablation.scans.{name}.l0")
+        key = fingerprint(self.key, "l0_gates", asdict(l0), s.reference_split, s.n_reference)
+        csv_path = self.out / f"{name}.csv"
+        if self.up_to_date(name, key, csv_path) is not None:
+            self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False)
+            return
+        start = time.perf_counter()
+        reference = split_examples(self.splits, s.reference_split, s.n_reference, "ablation.reference_split")
+        batches = to_batches(reference, s.batch_size, self.device)
+        replacements = self.replacements.for_batch(self.model, batches[0]) if s.mode == "mean" else None
+        results = [train_l0_gates(self.model, batches, l0, t, replacements, s.progress) for t in l0_targets(l0)]
+
+        table = l0_gates_table(results, lambda gates_MLH: self.evaluator.evaluate(gates_MLH.to(self.device)))
+        write_csv(csv_path, table)
+        runs = table.drop_duplicates("target_heads" if l0.target_heads is not None else "n_kept")
+        self.update_summary(
+            {
+                "l0_gates": [
+                    {"target_heads": r.target_heads, "n_kept": int(r.n_kept), "loss": float(r.loss)}
+                    for r in runs.itertuples()
+                ]
+            }
+        )
+        kept = table.groupby(["layer", "head"], as_index=False)["kept"].mean().rename(columns={"kept": "kept_share"})
+        title = f"{name}: share of L0 runs that keep each head ({len(results)} run(s))"
+        figure = plots.head_heatmap(kept, self.out / f"{name}.png", "kept_share", title)
+        self.record(name, "l0_gates", key, [csv_path, figure], time.perf_counter() - start, len(table))
+
+    def head_scores_scan(self, name: str) -> None:
+        """Previous-token and induction scores of every head, read off its attention pattern on the eval split."""
+        from headcount.analysis import head_pattern_scores
+
+        key = fingerprint(self.key, "head_scores")
+        csv_path = self.out / f"{name}.csv"
+        if self.up_to_date(name, key, csv_path) is not None:
+            self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False)
+            return
+        start = time.perf_counter()
+        table = head_pattern_scores(self.model, self.batches)
+        write_csv(csv_path, table)
+        figures = [
+            plots.head_heatmap(table, self.out / f"{name}_{score}.png", score, f"{name}: {score.replace('_', ' ')}")
+            for score in ("prev_token_score", "induction_score")
+        ]
+        self.record(name, "head_scores", key, [csv_path, *figures], time.perf_counter() - start, len(table))
 
     # --- structural export --------------------------------------------------------------------------------------
 
