@@ -42,15 +42,6 @@ SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "logger=none"]
 SMOKE += ["data.n_train=64", "data.n_val=24", "data.n_test=16", "data.seq_len=32"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors run fastest on one thread, which also keeps them fast when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def compose_config(name: str, overrides: list[str]):
     GlobalHydra.instance().clear()
     with initialize_config_dir(CONF_DIR, version_base="1.3"):

@@ -25,15 +25,6 @@ MODES = ["zero", "mean", "mean_per_position", "resample"]
 HEADS_PER_LAYER = [4, 3, 4]  # uneven, as after structural pruning
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors run fastest on one thread, which also keeps them fast when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_model(dtype=torch.float64, combine="concat", mlp=True) -> Transformer:
     torch.manual_seed(0)
     cfg = ModelConfig(

@@ -173,9 +173,7 @@ class AblationSession:
         masks, key = self.masks_and_key(name, scan)
         csv_path = self.out / f"{name}.csv"
         table = self.up_to_date(name, key, csv_path)
-        if table is not None:
-            self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False)
-        else:
+        if table is None:
             start = time.perf_counter()
             partial = self.out / f"{name}.partial.csv"
             totals = evaluate_resumably(self.evaluator, masks, partial, key, f"{name} ({mode})", self.settings.progress)
@@ -205,7 +203,7 @@ class AblationSession:
         if self._single_head_delta is None:
             scan = ScanConfig(kind="single_head")
             _, key = self.masks_and_key("single_head", scan)
-            if compute or self.up_to_date("single_head", key, self.out / "single_head.csv") is not None:
+            if compute or self.up_to_date("single_head", key, self.out / "single_head.csv", announce=False) is not None:
                 self.mask_scan("single_head", scan)
         return self._single_head_delta
 
@@ -214,7 +212,6 @@ class AblationSession:
         key = fingerprint(self.key, "importance", s.normalize_importance)
         csv_path = self.out / f"{name}.csv"
         if self.up_to_date(name, key, csv_path) is not None:
-            self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False)
             return
         start = time.perf_counter()
         importance_LH = self.importance(torch.ones(self.model.n_layers, self.model.max_heads)).cpu()
@@ -255,9 +252,7 @@ class AblationSession:
         key = fingerprint(self.key, "pruning", asdict(p), s.normalize_importance, s.seed)
         csv_path = self.out / f"{name}.csv"
         curves = self.up_to_date(name, key, csv_path)
-        if curves is not None:
-            self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False)
-        else:
+        if curves is None:
             start = time.perf_counter()
             partial = self.out / f"{name}.partial.csv"
 
@@ -287,7 +282,6 @@ class AblationSession:
         key = fingerprint(self.key, "l0_gates", asdict(l0), s.reference_split, s.n_reference)
         csv_path = self.out / f"{name}.csv"
         if self.up_to_date(name, key, csv_path) is not None:
-            self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False)
             return
         start = time.perf_counter()
         reference = split_examples(self.splits, s.reference_split, s.n_reference, "ablation.reference_split")
@@ -318,7 +312,6 @@ class AblationSession:
         key = fingerprint(self.key, "head_scores")
         csv_path = self.out / f"{name}.csv"
         if self.up_to_date(name, key, csv_path) is not None:
-            self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False)
             return
         start = time.perf_counter()
         table = head_pattern_scores(self.model, self.batches)
@@ -366,11 +359,13 @@ class AblationSession:
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
 
-    def up_to_date(self, name: str, key: str, csv_path: Path) -> pd.DataFrame | None:
+    def up_to_date(self, name: str, key: str, csv_path: Path, announce: bool = True) -> pd.DataFrame | None:
         """The scan's table if summary.json says it was computed under this fingerprint and its CSV is there."""
         entry = read_summary(self.summary_path, self.key).get("scans", {}).get(name, {})
         if entry.get("fingerprint") != key or not csv_path.exists():
             return None
+        if announce:
+            self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False)
         return pd.read_csv(csv_path, keep_default_na=False, dtype={"mask": str})
 
     def record(self, name: str, kind: str, key: str, files: list[Path | None], seconds: float, rows: int) -> None:

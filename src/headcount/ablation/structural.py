@@ -9,8 +9,6 @@ Heads keep their order; a pruned model numbers its remaining heads 0..n-1 in eac
 
 import copy
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -20,6 +18,7 @@ import torch
 from torch import Tensor
 
 from headcount.errors import ConfigError
+from headcount.io import atomic_write
 from headcount.model.transformer import Transformer
 
 WARMUP_PASSES = 3
@@ -152,18 +151,7 @@ def save_pruned_checkpoint(model: Transformer, path: str | Path, meta: dict) -> 
         "pytorch-lightning_version": lightning.__version__,
         "headcount_pruned": json.loads(json.dumps(meta)),
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: torch.save(checkpoint, f), binary=True)
 
 
 @torch.no_grad()
