@@ -416,3 +416,10 @@ def test_l0_gates_and_head_scores_scans_write_their_results(run_copy):
     )
     for name in ("l0_gates.png", "head_scores_prev_token_score.png", "head_scores_induction_score.png"):
         assert (out / name).stat().st_size > 0
+
+
+def test_run_dir_with_override_characters_is_quoted_for_hydra():
+    from headcount.ablation.cli import quote_run_dir
+
+    args = quote_run_dir(["run_dir=out/a=[x,y],seed=0", "ablation=pruning", "run_dir='kept'"])
+    assert args == ["run_dir='out/a=[x,y],seed=0'", "ablation=pruning", "run_dir='kept'"]

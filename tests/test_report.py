@@ -112,3 +112,15 @@ def test_bad_wandb_project_for_the_report(sweep, capsys):
         main([str(sweep), "--wandb", "--project", "a/b"])
     assert exit_info.value.code == 2
     assert "logger.wandb.project='a/b'" in capsys.readouterr().err
+
+
+def test_ablate_logs_inside_a_run_are_not_runs(tmp_path):
+    from headcount.report import find_runs
+
+    for run in ("a=1", "a=2"):
+        (tmp_path / run / ".hydra").mkdir(parents=True)
+        (tmp_path / run / ".hydra" / "overrides.yaml").write_text("- a=1\n")
+        logs = tmp_path / run / "ablation" / "logs" / "2026-01-01_00-00-00" / ".hydra"
+        logs.mkdir(parents=True)
+        (logs / "overrides.yaml").write_text("- run_dir=x\n")
+    assert find_runs(tmp_path) == [tmp_path / "a=1", tmp_path / "a=2"]

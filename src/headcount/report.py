@@ -29,8 +29,10 @@ REPLICATE_KEYS = ["seed"]  # swept for spread, not compared
 
 
 def find_runs(sweep_dir: Path) -> list[Path]:
-    """Every run directory below sweep_dir: the folders Hydra saved a job's overrides in."""
-    return sorted(p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml"))
+    """Every run directory below sweep_dir: the folders Hydra saved a job's overrides in, less those inside another
+    run (the logs of `headcount-ablate` on that run, under its ablation/ folder)."""
+    found = sorted(p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml"))
+    return [run for run in found if not any(other in run.parents for other in found)]
 
 
 def read_json(path: Path) -> dict:

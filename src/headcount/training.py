@@ -14,6 +14,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 
 from headcount.config import CONF_DIR, register_configs, validate_train_config
 from headcount.ddp import ddp_confined_to_this_job
@@ -193,7 +194,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
             log_run_results(run_dir, metrics)
         mark_done(run_dir)
     console.print(f"[bold]val/loss[/bold] {metrics['val/loss']:.4f}  [bold]test/loss[/bold] {metrics['test/loss']:.4f}")
-    console.print(f"[green]wrote[/green] {run_dir}")
+    console.print(f"[green]wrote[/green] {escape(str(run_dir))}")
     written = (p for p in run_dir.rglob("*") if p.suffix in {".json", ".csv", ".png", ".ckpt"})
     for path in sorted(p.relative_to(run_dir) for p in written):
         if path.parts[0] != "wandb":  # W&B's own files are many; `wandb sync` reads them

@@ -6,6 +6,7 @@ is the base; each `ablation.*` key typed on the command line overrides it, and t
 <run>/ablation/logs/, so nothing lands in the working directory.
 """
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,16 +46,34 @@ def print_written(paths: list[Path]) -> None:
     console = Console(stderr=True)
     console.print("[green]wrote[/green]")
     for path in dict.fromkeys(paths):
-        console.print(f"  {path}", highlight=False, soft_wrap=True)
+        console.print(f"  {path}", highlight=False, soft_wrap=True, markup=False)  # sweep paths hold [ ]
 
 
 register_configs()
 
 
+def quote_run_dir(args: list[str]) -> list[str]:
+    """Sweep run directories are named after their overrides (`model.attn.n_heads=4,seed=0`), which Hydra's override
+    grammar would parse as a sweep; quote an unquoted run_dir value so any path can be passed as typed."""
+    quoted = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if key == "run_dir" and sep and value[:1] not in ("'", '"'):
+            arg = "run_dir='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        quoted.append(arg)
+    return quoted
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="ablate")
 @exit_on_config_error
-def main(cfg: DictConfig) -> None:
+def ablate_job(cfg: DictConfig) -> None:
     print_written(ablate(cfg, typed_ablation_keys(HydraConfig.get().overrides.task)))
+
+
+def main() -> None:
+    """`headcount-ablate run_dir=<run> [ablation=<scan>] [ablation.*=...]`."""
+    sys.argv[1:] = quote_run_dir(sys.argv[1:])
+    ablate_job()
 
 
 if __name__ == "__main__":

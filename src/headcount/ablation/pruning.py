@@ -83,16 +83,19 @@ def prunable_fractions(curves: pd.DataFrame, baseline_loss: float, tolerance: fl
 
     This is the conservative, monotone reading: a curve that leaves the tolerance band and later dips back into it
     does not count past its first exit: a lucky dip after a bad step is noise, not a safe amount of pruning.
-    An order whose loss already exceeds the band at fraction 0 gets 0.0 (nothing removed is the only safe choice)."""
+    An order whose loss already exceeds the band at fraction 0 gets 0.0 (nothing removed is the only safe choice).
+    The fraction reported is the share of heads that step really removed (n_pruned / all heads), not its nominal
+    fraction: with few heads, a 10% step rounds to zero heads, and "0.2 prunable" must not mean "none removed"."""
     if not tolerance >= 0:
         raise ConfigError("ablation.pruning.tolerance", tolerance, "must be a non-negative number")
     threshold = baseline_loss * (1 + tolerance)
     prunable = {}
     for order, curve in curves.groupby("order", sort=False):
-        mean_loss_F = curve.groupby("fraction")["loss"].mean().sort_index()
-        within_F = (mean_loss_F <= threshold).to_numpy()
-        n_within = len(within_F) if within_F.all() else int(within_F.argmin())  # steps before the first exit
-        prunable[order] = float(mean_loss_F.index[n_within - 1]) if n_within else 0.0
+        steps = curve.groupby("fraction").agg(loss=("loss", "mean"), n_pruned=("n_pruned", "first")).sort_index()
+        within = (steps["loss"] <= threshold).to_numpy()
+        n_within = len(within) if within.all() else int(within.argmin())  # steps before the first exit
+        n_heads = steps["n_pruned"].max()
+        prunable[order] = float(steps["n_pruned"].iloc[n_within - 1] / n_heads) if n_within and n_heads else 0.0
     return prunable
 
 
