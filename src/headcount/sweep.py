@@ -26,6 +26,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
+from rich.markup import escape
 
 from headcount.config import CONF_DIR
 from headcount.errors import ConfigError
@@ -118,3 +119,21 @@ def first_lines(error: BaseException) -> str:
     +key=value to append`) that do not apply to typed configs."""
     causes = [error] if error.__cause__ is None else [error, error.__cause__]
     return " ".join(str(e).strip().splitlines()[0] for e in causes if str(e).strip())
+
+
+class ReportAndCheckFinding(Callback):
+    """After the last job of an experiment's sweep: the sweep report, then the experiment's finding on it (a finding
+    that reads single runs is checked inside each job instead)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from headcount.findings import check_finding, reads_sweep
+        from headcount.report import print_summary, write_report
+
+        finding = config.get("finding")
+        if finding is None or not reads_sweep(finding):
+            return
+        sweep_dir = Path(config.hydra.sweep.dir)
+        out, runs, _ = write_report(sweep_dir)
+        print_summary(out, runs)
+        written = check_finding(finding, sweep_dir)
+        Console(stderr=True).print(f"[green]wrote[/green] {escape(str(written))}", soft_wrap=True)

@@ -19,6 +19,7 @@ from rich.markup import escape
 from headcount.config import CONF_DIR, register_configs, validate_train_config
 from headcount.ddp import ddp_confined_to_this_job
 from headcount.errors import ConfigError
+from headcount.findings import check_finding, reads_sweep, validate_finding
 from headcount.gpus import own_gpu_in_a_sweep
 from headcount.io import atomic_write_json
 from headcount.metrics import masked_loss_and_accuracy
@@ -171,6 +172,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 def validate_job(cfg: DictConfig) -> None:
     """Everything about one job's config that can fail before training; a multirun runs it on every job first."""
     validate_train_config(cfg)
+    validate_finding(cfg.finding)
     if cfg.logger.kind == "wandb":
         validate_wandb_config(cfg.logger.wandb)
 
@@ -221,7 +223,11 @@ register_resolvers()
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 @exit_on_config_error
 def train_job(cfg: DictConfig) -> None:
-    run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run(cfg, run_dir)
+    if cfg.finding is not None and not reads_sweep(cfg.finding) and rank_zero_only.rank == 0:
+        written = check_finding(cfg.finding, run_dir)
+        Console(stderr=True).print(f"[green]wrote[/green] {escape(str(written))}", soft_wrap=True)
 
 
 def main() -> None:

@@ -1,0 +1,65 @@
+"""A finding as a list of claims, each a paper's sentence beside what we measured and a plain verdict; written as
+findings.json (numbers for tests and tables) and findings.md (for people), and printed as a table."""
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from headcount.io import atomic_write_json, atomic_write_text
+
+VERDICTS = ("reproduced", "partly", "not reproduced")
+
+
+@dataclass
+class Claim:
+    claim: str  # the paper's claim, as our experiment tests it
+    measured: str  # what we found, with the numbers
+    verdict: str  # one of VERDICTS
+
+
+@dataclass
+class Finding:
+    experiment: str
+    paper: str
+    claims: list[Claim]
+    numbers: dict  # every number the verdicts rest on, by name
+    figures: list[Path] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        verdicts = {claim.verdict for claim in self.claims}
+        return verdicts.pop() if len(verdicts) == 1 else "partly"
+
+
+def verdict(holds: bool, partly: bool = False) -> str:
+    return "reproduced" if holds else "partly" if partly else "not reproduced"
+
+
+def write_finding(finding: Finding, out: Path) -> Path:
+    """out/findings.json and out/findings.md; prints the verdicts. Returns the markdown path."""
+    out.mkdir(parents=True, exist_ok=True)
+    figures = [str(path.relative_to(out)) for path in finding.figures]
+    record = {**asdict(finding), "figures": figures, "verdict": finding.verdict}
+    atomic_write_json(out / "findings.json", record)
+    lines = [
+        f"# {finding.experiment}: {finding.verdict}",
+        "",
+        f"Paper: {finding.paper}",
+        "",
+        "| claim | measured | verdict |",
+        "| --- | --- | --- |",
+        *(f"| {c.claim} | {c.measured} | **{c.verdict}** |" for c in finding.claims),
+        "",
+        *(f"![{name}]({name})" for name in figures),
+    ]
+    atomic_write_text(out / "findings.md", "\n".join(lines) + "\n")
+    table = Table(title=f"{finding.experiment} ({finding.paper}): {finding.verdict}", show_lines=True)
+    for column in ("claim", "measured", "verdict"):
+        table.add_column(column)
+    for c in finding.claims:
+        table.add_row(escape(c.claim), escape(c.measured), c.verdict)
+    Console(stderr=True).print(table)
+    return out / "findings.md"

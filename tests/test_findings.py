@@ -1,0 +1,139 @@
+"""The finding checkers: their verdicts on results with known answers, the reduced induction_heads experiment end to
+end, and every experiment from the command line at smoke size."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+from sweep_helpers import run_python
+
+from headcount.errors import ConfigError
+from headcount.findings import check_finding, validate_finding
+from headcount.findings.claims import VERDICTS
+from headcount.run_dir import RunPaths
+from headcount.training import run
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fake_run(sweep: Path, overrides: dict, params: int, test_loss: float, prunable: float = 0.0) -> None:
+    """A finished run directory as the report reads it: overrides, metrics.json, summary.json and DONE."""
+    name = ",".join(f"{k}={v}" for k, v in overrides.items())
+    run_dir = sweep / name
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(OmegaConf.to_yaml([f"{k}={v}" for k, v in overrides.items()]))
+    (run_dir / "metrics.json").write_text(json.dumps({"params": params, "test/loss": test_loss}))
+    (run_dir / "ablation").mkdir()
+    summary = {"baseline_loss": test_loss, "prunable_fraction": {"gradient": prunable}}
+    (run_dir / "ablation" / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "DONE").touch()
+
+
+def verdicts(directory: Path) -> list[str]:
+    return [claim["verdict"] for claim in json.loads((directory / "findings" / "findings.json").read_text())["claims"]]
+
+
+def test_head_count_verdicts(tmp_path):
+    # offset_diff: U-shaped at flat cost, fixed width helps; pystdlib: monotone, fixed width does not help
+    flat = {
+        "offset_diff": {1: 2.0, 2: 1.0, 4: 1.1, 8: 1.2, 16: 1.5},
+        "pystdlib": {1: 2.0, 2: 1.9, 4: 1.8, 8: 1.7, 16: 1.6},
+    }
+    for data, losses in flat.items():
+        for heads, loss in losses.items():
+            for seed in (0, 1):
+                common = {"data": data, "model.attn.n_heads": heads, "seed": seed}
+                fake_run(tmp_path, {**common, "model.attn.head_dim": "null"}, 1000, loss + 0.01 * seed)
+                fixed = loss - 0.2 if data == "offset_diff" else loss + 0.2
+                fake_run(tmp_path, {**common, "model.attn.head_dim": 16}, 1000 * heads, fixed)
+    check_finding("head_count", tmp_path)
+    assert verdicts(tmp_path) == ["reproduced", "reproduced", "partly", "partly"]
+    assert (tmp_path / "findings" / "head_count.png").stat().st_size > 0
+
+
+def test_concat_vs_sum_verdicts(tmp_path):
+    losses = {  # (combine, head_dim) -> loss; summed heads lose at equal width on both, the gap closes on one
+        "offset_diff": {("concat", 8): 1.0, ("concat", 10): 0.9, ("sum", 8): 2.0, ("sum", 10): 1.2},
+        "pystdlib": {("concat", 8): 1.0, ("concat", 10): 0.9, ("sum", 8): 1.1, ("sum", 10): 1.5},
+    }
+    for data, table in losses.items():
+        for (combine, width), loss in table.items():
+            overrides = {"data": data, "model.attn.combine": combine, "model.attn.head_dim": width, "seed": 0}
+            fake_run(tmp_path, overrides, 100 * width, loss, prunable=0.25)
+    check_finding("concat_vs_sum", tmp_path)
+    assert verdicts(tmp_path) == ["reproduced", "partly"]
+    numbers = json.loads((tmp_path / "findings" / "findings.json").read_text())["numbers"]
+    assert numbers["test_loss"]["offset_diff"]["sum"]["8"] == 2.0
+
+
+def test_unknown_finding_is_one_line():
+    with pytest.raises(ConfigError, match="finding='nope': allowed: induction_heads"):
+        validate_finding("nope")
+
+
+def test_reduced_induction_heads_finding(compose_train, tmp_path):
+    """induction_heads cut to 2500 steps (about a minute on 2 cores): the model copies in context, layer 0's
+    previous-token head carries it, layer 1's induction heads carry it together, most heads matter little, and the
+    heads the ablation singles out are the heads the patterns single out."""
+    cfg = compose_train(
+        [
+            "experiment=induction_heads",
+            "trainer.max_steps=2500",
+            "trainer.progress_bar=false",
+            "ablation.progress=false",
+        ]
+    )
+    run(cfg, tmp_path)
+    check_finding("induction_heads", tmp_path)
+    finding = json.loads((tmp_path / "findings" / "findings.json").read_text())
+    numbers = finding["numbers"]
+    assert numbers["repeated_part_loss"] < 0.25 * numbers["context_free_guess_loss"]
+    assert numbers["prev_token_head_delta"] > 1.0
+    assert numbers["induction_heads_joint_delta"] > 1.0
+    assert numbers["share_of_heads_under_1_nat"] > 0.5
+    assert numbers["critical_heads_singled_out_by_patterns"] == len(numbers["critical_heads"]) >= 1
+    single = pd.read_csv(RunPaths(tmp_path).ablation / "single_head.csv")
+    assert len(numbers["critical_heads"]) == (single.delta_loss > 1.0).sum()
+    assert [c["verdict"] for c in finding["claims"]][:2] == ["reproduced", "reproduced"]
+    assert all(c["verdict"] in VERDICTS for c in finding["claims"])
+    assert (tmp_path / "findings" / "induction_heads.png").stat().st_size > 0
+
+
+def test_every_experiment_from_the_command_line_at_smoke_size(tmp_path):
+    """`headcount-train -m experiment=glob(*) trainer=smoke`: each experiment a single smoke job; the ones whose
+    finding reads one run check it."""
+    smoke = ["data.n_train=64", "data.n_val=32", "data.n_test=32", "ablation.n_eval=32", "ablation.n_reference=32"]
+    args = ["-m", "experiment=glob(*)", "trainer=smoke", *smoke, "ablation.progress=false"]
+    args.append(f"hydra.sweep.dir={tmp_path}/${{experiment}}")  # as the default folder does: one per experiment
+    run_python([str(REPO / "scripts" / "train.py"), *args], cwd=tmp_path)
+    experiments = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+    done = sorted(p.parent for p in tmp_path.glob("**/DONE"))
+    assert len(done) == len(experiments)
+    checked = sorted(p.relative_to(tmp_path).parts[0] for p in tmp_path.glob("**/findings/findings.md"))
+    assert checked == ["induction_heads", "sixteen_heads", "voita_gates"]  # the findings that read single runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "experiment, figures",
+    [
+        ("induction_heads", ["induction_heads.png"]),
+        ("sixteen_heads", ["sixteen_heads.png", "pruning.png"]),
+        ("voita_gates", ["voita_gates.png"]),
+        ("head_count", ["head_count.png"]),
+        ("concat_vs_sum", ["concat_vs_sum.png"]),
+    ],
+)
+def test_experiment_as_documented(tmp_path, experiment, figures):
+    """The command docs/REPRODUCTIONS.md gives, into a fresh folder: its finding files, figures and verdicts."""
+    where = "hydra.sweep.dir" if experiment in ("head_count", "concat_vs_sum") else "hydra.run.dir"
+    args = [f"experiment={experiment}", "trainer.progress_bar=false", "ablation.progress=false", f"{where}={tmp_path}"]
+    run_python([str(REPO / "scripts" / "train.py"), *args], cwd=tmp_path)
+    finding = json.loads((tmp_path / "findings" / "findings.json").read_text())
+    assert finding["experiment"] == experiment and finding["claims"]
+    assert all(c["verdict"] in VERDICTS for c in finding["claims"])
+    assert sorted(finding["figures"]) == sorted(figures)
+    assert all((tmp_path / "findings" / name).stat().st_size > 0 for name in figures)
+    assert (tmp_path / "findings" / "findings.md").read_text().startswith(f"# {experiment}: ")
