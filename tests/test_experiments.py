@@ -12,6 +12,7 @@ from headcount.training import run
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
 SMOKE = ["trainer=smoke", "data.n_train=64", "data.n_val=32", "data.n_test=32", "ablation.progress=false"]
+SMOKE += ["ablation.n_eval=32", "ablation.n_reference=32"]  # small L0 gate and scan batches
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
@@ -20,6 +21,20 @@ def test_experiment_runs_at_smoke_size(compose_train, tmp_path, experiment):
     validate_train_config(cfg)
     run(cfg, tmp_path)
     assert RunPaths(tmp_path).done.exists()
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_gpu_size_composes_and_validates(compose_train, experiment):
+    cfg = compose_train([f"experiment={experiment}", "size=gpu"])
+    validate_train_config(cfg)
+    assert cfg.size == "gpu" and cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+    cpu = compose_train([f"experiment={experiment}"])
+    assert cfg.trainer.max_steps > cpu.trainer.max_steps or experiment == "heads_vs_combine"
+
+
+def test_unknown_size_names_the_choices(compose_train):
+    with pytest.raises(Exception, match="size"):
+        compose_train(["experiment=induction_heads", "size=huge"])
 
 
 @pytest.mark.slow

@@ -74,28 +74,21 @@ def test_unknown_finding_is_one_line():
 
 
 def test_reduced_induction_heads_finding(compose_train, tmp_path):
-    """induction_heads cut to 2500 steps (about a minute on 2 cores): the model copies in context, layer 0's
-    previous-token head carries it, layer 1's induction heads carry it together, most heads matter little, and the
-    heads the ablation singles out are the heads the patterns single out."""
-    cfg = compose_train(
-        [
-            "experiment=induction_heads",
-            "trainer.max_steps=2500",
-            "trainer.progress_bar=false",
-            "ablation.progress=false",
-        ]
-    )
+    """induction_heads cut to 2500 steps (about 1.5 minutes on one core): the model copies in context; zeroing layer
+    0's previous-token head (by pattern) costs more than 1 nat on the repeated part, and so does zeroing layer 1's
+    induction heads (by pattern); the files agree with the scans they were computed from."""
+    quiet = ["trainer.progress_bar=false", "ablation.progress=false"]
+    cfg = compose_train(["experiment=induction_heads", "trainer.max_steps=2500", *quiet])
     run(cfg, tmp_path)
     check_finding("induction_heads", tmp_path)
     finding = json.loads((tmp_path / "findings" / "findings.json").read_text())
     numbers = finding["numbers"]
     assert numbers["repeated_part_loss"] < 0.25 * numbers["context_free_guess_loss"]
     assert numbers["prev_token_head_delta"] > 1.0
+    assert numbers["top_induction_head_score"] > 0.5
     assert numbers["induction_heads_joint_delta"] > 1.0
-    assert numbers["share_of_heads_under_1_nat"] > 0.5
-    assert numbers["critical_heads_singled_out_by_patterns"] == len(numbers["critical_heads"]) >= 1
     single = pd.read_csv(RunPaths(tmp_path).ablation / "single_head.csv")
-    assert len(numbers["critical_heads"]) == (single.delta_loss > 1.0).sum()
+    assert numbers["critical_heads"] == [f"L{r.layer}H{r.head}" for r in single.itertuples() if r.delta_loss > 1.0]
     assert [c["verdict"] for c in finding["claims"]][:2] == ["reproduced", "reproduced"]
     assert all(c["verdict"] in VERDICTS for c in finding["claims"])
     assert (tmp_path / "findings" / "induction_heads.png").stat().st_size > 0

@@ -1,8 +1,10 @@
 """What a finding needs from a finished run beyond its CSVs: the model and its evaluation batches."""
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -10,7 +12,7 @@ from headcount.ablation.evaluator import MaskEvaluator
 from headcount.ablation.examples import split_examples, to_batches
 from headcount.data.config import DataConfig
 from headcount.model import Transformer
-from headcount.run_dir import finished_checkpoint, load_model, load_run_config
+from headcount.run_dir import RunPaths, finished_checkpoint, load_model, load_run_config
 
 
 @dataclass
@@ -37,3 +39,10 @@ class FinishedRun:
         if loss_mask is not None:
             batches = [{**batch, "loss_mask": loss_mask(batch["loss_mask"])} for batch in batches]
         return MaskEvaluator(self.model, batches)
+
+
+def scan_results(run_dir: Path, scans: list[str]) -> tuple[dict, list[pd.DataFrame]]:
+    """A finished run's ablation/summary.json and the CSVs of the named scans."""
+    ablation = RunPaths(run_dir).ablation
+    summary = json.loads((ablation / "summary.json").read_text())
+    return summary, [pd.read_csv(ablation / f"{scan}.csv") for scan in scans]

@@ -2,13 +2,11 @@
 cost; (b) pruning in gradient-importance order removes a good share of heads (20-40% in their models) before the loss
 moves, far more than a random order; (c) in many layers all heads but one can go."""
 
-import json
 from pathlib import Path
-
-import pandas as pd
 
 from headcount.findings import figures
 from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.run_data import scan_results
 from headcount.run_dir import RunPaths
 
 PAPER = "Michel et al. 2019, Are Sixteen Heads Really Better than One?"
@@ -18,11 +16,8 @@ NEARLY = 0.05  # "partly" for all-but-one: within 5%
 
 
 def check(run_dir: Path, out: Path) -> Finding:
-    ablation = RunPaths(run_dir).ablation
-    summary = json.loads((ablation / "summary.json").read_text())
+    summary, (single, keep_one) = scan_results(run_dir, ["single_head", "leave_one_in"])
     baseline = summary["baseline_loss"]
-    single = pd.read_csv(ablation / "single_head.csv")
-    keep_one = pd.read_csv(ablation / "leave_one_in.csv")
     single_rel = single.delta_loss / baseline
     best_keep_one = keep_one.groupby("layer").delta_loss.min() / baseline  # the best head to keep, per layer
     prunable = summary["prunable_fraction"]
@@ -66,7 +61,8 @@ def check(run_dir: Path, out: Path) -> Finding:
         ),
     ]
     figure = figures.sixteen_heads_panels(single_rel, best_keep_one, LITTLE, out / "sixteen_heads.png")
-    return Finding("sixteen_heads", PAPER, claims, numbers, [figure, *copied(ablation, out, ["pruning.png"])])
+    pruning = copied(RunPaths(run_dir).ablation, out, ["pruning.png"])
+    return Finding("sixteen_heads", PAPER, claims, numbers, [figure, *pruning])
 
 
 def copied(ablation: Path, out: Path, names: list[str]) -> list[Path]:

@@ -2,7 +2,6 @@
 subset of heads at little cost, doing better than pruning by an importance order at equal heads, and the heads they
 keep are the important ones."""
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -10,35 +9,36 @@ import pandas as pd
 
 from headcount.findings import figures
 from headcount.findings.claims import Claim, Finding, verdict
-from headcount.run_dir import RunPaths
+from headcount.findings.run_data import scan_results
 
 PAPER = "Voita et al. 2019, Analyzing Multi-Head Self-Attention"
 CLOSE = 0.05  # "little cost": L0 gates' loss within 5% of the full model's
 
 
 def check(run_dir: Path, out: Path) -> Finding:
-    ablation = RunPaths(run_dir).ablation
-    summary = json.loads((ablation / "summary.json").read_text())
+    summary, (gates, curves, importance) = scan_results(run_dir, ["l0_gates", "pruning", "importance"])
     baseline = summary["baseline_loss"]
-    gates = pd.read_csv(ablation / "l0_gates.csv")
-    curves = pd.read_csv(ablation / "pruning.csv")
-    importance = pd.read_csv(ablation / "importance.csv")
     n_heads = len(importance)
 
     runs = gates.drop_duplicates("target_heads")[["target_heads", "n_kept", "loss"]].reset_index(drop=True)
     gradient = curves[curves.order == "gradient"].assign(kept=lambda c: n_heads - c.n_pruned).sort_values("kept")
     runs["gradient_loss"] = np.interp(runs.n_kept, gradient.kept, gradient.loss)
-    ranked = importance.sort_values("grad_importance", ascending=False)
-    runs["overlap_with_top_importance"] = [
-        overlap(gates[(gates.target_heads == t) & gates.kept], ranked.head(k))
-        for t, k in zip(runs.target_heads, runs.n_kept)
-    ]
+    # "Important" two ways: the cost of removing the head alone, and Michel's layer-normalised gradient importance
+    for column, score in [
+        ("overlap_with_top_ablation", "single_head_delta"),
+        ("overlap_with_top_gradient", "grad_importance"),
+    ]:
+        ranked = importance.sort_values(score, ascending=False)
+        runs[column] = [
+            overlap(gates[(gates.target_heads == t) & gates.kept], ranked.head(k))
+            for t, k in zip(runs.target_heads, runs.n_kept)
+        ]
     runs["chance_overlap"] = runs.n_kept / n_heads
 
     close = runs[runs.loss <= (1 + CLOSE) * baseline]
     fewest = int(close.n_kept.min()) if len(close) else None
     better = int((runs.loss <= runs.gradient_loss).sum())
-    above_chance = runs.overlap_with_top_importance > runs.chance_overlap
+    above_chance = runs.overlap_with_top_ablation > runs.chance_overlap
     numbers = {
         "baseline_loss": baseline,
         "n_heads": n_heads,
@@ -47,9 +47,7 @@ def check(run_dir: Path, out: Path) -> Finding:
         "runs_at_or_below_gradient_curve": better,
     }
     rows = "; ".join(
-        f"{r.n_kept} heads: loss {r.loss:.3f} (gradient order {r.gradient_loss:.3f}), overlap "
-        f"{r.overlap_with_top_importance:.0%} (chance {r.chance_overlap:.0%})"
-        for r in runs.itertuples()
+        f"{r.n_kept} heads: loss {r.loss:.3f} (gradient order {r.gradient_loss:.3f})" for r in runs.itertuples()
     )
     claims = [
         Claim(
@@ -65,10 +63,14 @@ def check(run_dir: Path, out: Path) -> Finding:
         ),
         Claim(
             "The heads the gates keep are the important ones",
-            "share of kept heads among the top heads by gradient importance: "
-            + ", ".join(f"{r.overlap_with_top_importance:.0%}" for r in runs.itertuples()),
+            "share of the kept heads among as many top heads by single-head ablation cost: "
+            + ", ".join(f"{r.overlap_with_top_ablation:.0%}" for r in runs.itertuples())
+            + "; by layer-normalised gradient importance: "
+            + ", ".join(f"{r.overlap_with_top_gradient:.0%}" for r in runs.itertuples())
+            + "; by chance: "
+            + ", ".join(f"{r.chance_overlap:.0%}" for r in runs.itertuples()),
             verdict(
-                bool(above_chance.all()) and bool((runs.overlap_with_top_importance >= 0.5).all()),
+                bool(above_chance.all()) and bool((runs.overlap_with_top_ablation >= 0.5).all()),
                 partly=bool(above_chance.any()),
             ),
         ),
