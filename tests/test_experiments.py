@@ -11,8 +11,7 @@ from headcount.run_dir import RunPaths
 from headcount.training import run
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
-SMOKE = ["trainer=smoke", "data.n_train=64", "data.n_val=32", "data.n_test=32", "ablation.progress=false"]
-SMOKE += ["ablation.n_eval=32", "ablation.n_reference=32"]  # small L0 gate and scan batches
+SMOKE = ["size=smoke"]
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)

@@ -95,10 +95,9 @@ def test_reduced_induction_heads_finding(compose_train, tmp_path):
 
 
 def test_every_experiment_from_the_command_line_at_smoke_size(tmp_path):
-    """`headcount-train -m experiment=glob(*) trainer=smoke`: each experiment a single smoke job; the ones whose
+    """`headcount-train -m experiment=glob(*) size=smoke`: each experiment a single smoke job; the ones whose
     finding reads one run check it."""
-    smoke = ["data.n_train=64", "data.n_val=32", "data.n_test=32", "ablation.n_eval=32", "ablation.n_reference=32"]
-    args = ["-m", "experiment=glob(*)", "trainer=smoke", *smoke, "ablation.progress=false"]
+    args = ["-m", "experiment=glob(*)", "size=smoke"]
     args.append(f"hydra.sweep.dir={tmp_path}/${{experiment}}")  # as the default folder does: one per experiment
     run_python([str(REPO / "scripts" / "train.py"), *args], cwd=tmp_path)
     experiments = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))

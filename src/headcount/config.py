@@ -77,7 +77,7 @@ class TrainConfig:
     # A multirun writes to outputs/multirun/<sweep_name>, default the experiment name, else "sweep": the same command
     # finds the same folder again and skips finished jobs; a fresh sweep needs a new name (or hydra.sweep.dir=...).
     sweep_name: str | None = None
-    size: str = "cpu"  # cpu | gpu: which size of an experiment runs (conf/size/)
+    size: str = "cpu"  # cpu | gpu | smoke: which size of an experiment runs (conf/size/)
     finding: str | None = None  # set by experiment files: the published finding checked on the results
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from headcount.findings import figures
 from headcount.findings.claims import Claim, Finding, verdict
-from headcount.findings.sweep_runs import finished_runs, mean_over_seeds
+from headcount.findings.sweep_runs import finished_runs, mean_over_seeds, seed_noise
 
 PAPER = "Vaswani et al. 2017 (Table 3 A); Michel et al. 2019"
 HEADS, WIDTH, LOSS = "model.attn.n_heads", "model.attn.head_dim", "test/loss"
@@ -26,11 +26,18 @@ def check(sweep_dir: Path, out: Path) -> Finding:
         "test_loss": {d: {w: loss[d][w].to_dict() for w in ("flat", fixed_width)} for d in datasets},
         "params": {d: {w: params[d][w].to_dict() for w in ("flat", fixed_width)} for d in datasets},
     }
+    noise = seed_noise(runs, ["data", "heads", HEADS], LOSS)
+    numbers["seed_noise"] = noise.to_dict()
     most = max(flat[datasets[0]].index)
-    more_better = [d for d in datasets if flat[d][most] < flat[d][1]]
-    one_worse = [d for d in datasets if flat[d][1] > flat[d].min()]
-    too_many = [d for d in datasets if flat[d][most] > flat[d].min()]
-    wider_better = [d for d in datasets if fixed[d][most] < flat[d][most]]
+
+    def lower(d: str, a: float, b: float) -> bool:
+        """a is lower than b by more than the seed-to-seed spread on dataset d."""
+        return a + noise[d] < b
+
+    more_better = [d for d in datasets if lower(d, flat[d][most], flat[d][1])]
+    one_worse = [d for d in datasets if lower(d, flat[d].min(), flat[d][1])]
+    too_many = [d for d in datasets if lower(d, flat[d].min(), flat[d][most])]
+    wider_better = [d for d in datasets if lower(d, fixed[d][most], flat[d][most])]
 
     def each(values: dict) -> str:
         return "; ".join(f"{d}: " + ", ".join(f"{n}h {v:.3f}" for n, v in values[d].items()) for d in datasets)
@@ -41,7 +48,8 @@ def check(sweep_dir: Path, out: Path) -> Finding:
     claims = [
         Claim(
             f"{most} heads are better than one at the same attention width",
-            f"test loss at flat cost, mean over seeds: {each(flat)}",
+            f"test loss at flat cost, mean over seeds: {each(flat)}; a difference counts when larger than the "
+            "seed-to-seed spread: " + ", ".join(f"{d} {noise[d]:.3f}" for d in datasets),
             share(more_better),
         ),
         Claim(

@@ -14,3 +14,9 @@ def finished_runs(sweep_dir: Path) -> pd.DataFrame:
 
 def mean_over_seeds(runs: pd.DataFrame, keys: list[str], metric: str) -> pd.Series:
     return runs.groupby(keys)[metric].mean()
+
+
+def seed_noise(runs: pd.DataFrame, keys: list[str], metric: str) -> pd.Series:
+    """Per dataset, the largest standard deviation over seeds of any configuration: a difference between two
+    configurations counts only when it is larger than this (0 with a single seed)."""
+    return runs.groupby(keys)[metric].std().fillna(0.0).groupby(level="data").max()
