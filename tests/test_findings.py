@@ -7,13 +7,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
-from sweep_helpers import run_python
+from sweep_helpers import run_python, train_in_process
 
 from headcount.errors import ConfigError
 from headcount.findings import check_finding, validate_finding
 from headcount.findings.claims import VERDICTS
 from headcount.run_dir import RunPaths
-from headcount.training import run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,14 +72,13 @@ def test_unknown_finding_is_one_line():
         validate_finding("nope")
 
 
-def test_reduced_induction_heads_finding(compose_train, tmp_path):
-    """induction_heads cut to 2500 steps (about 1.5 minutes on one core): the model copies in context; zeroing layer
-    0's previous-token head (by pattern) costs more than 1 nat on the repeated part, and so does zeroing layer 1's
-    induction heads (by pattern); the files agree with the scans they were computed from."""
+def test_reduced_induction_heads_finding(monkeypatch, tmp_path):
+    """`headcount-train experiment=induction_heads` cut to 2500 steps (about a minute on one core): the model copies
+    in context; zeroing layer 0's previous-token head (by pattern) costs more than 1 nat on the repeated part, and so
+    does zeroing layer 1's induction heads (by pattern); the files agree with the scans they were computed from."""
+    args = ["experiment=induction_heads", "trainer.max_steps=2500", f"hydra.run.dir={tmp_path}"]
     quiet = ["trainer.progress_bar=false", "ablation.progress=false"]
-    cfg = compose_train(["experiment=induction_heads", "trainer.max_steps=2500", *quiet])
-    run(cfg, tmp_path)
-    check_finding("induction_heads", tmp_path)
+    assert train_in_process(monkeypatch, tmp_path, [*args, *quiet]) == 0
     finding = json.loads((tmp_path / "findings" / "findings.json").read_text())
     numbers = finding["numbers"]
     assert numbers["repeated_part_loss"] < 0.25 * numbers["context_free_guess_loss"]

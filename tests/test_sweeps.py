@@ -37,9 +37,10 @@ def test_grid_from_an_experiment_file_finishes_four_runs_and_a_report(grid_sweep
     sweep, _ = grid_sweep
     runs = run_dirs(sweep)
     # A job's folder is its overrides (Hydra's override_dirname) less those that only name or display things
-    # (experiment, trainer, ablation.progress): the same command finds the same folders.
+    # (experiment, ablation.progress): the same command finds the same folders. The trainer changes what a run
+    # computes, so it stays in: trainer=smoke and trainer=cpu runs of one config do not share a folder.
     folder = "ablation=single_head,data.n_test=32,data.n_train=64,data.n_val=32,data=induction,"
-    folder += "model.attn.n_heads={},model=tiny,seed={}"
+    folder += "model.attn.n_heads={},model=tiny,seed={},trainer=smoke"
     assert [r.name for r in runs] == [folder.format(h, seed) for h in (1, 2) for seed in (0, 1)]
     for run_dir in runs:
         paths = RunPaths(run_dir)
