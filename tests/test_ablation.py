@@ -363,6 +363,17 @@ def test_cli_bad_input_is_one_line_and_exit_2(run_copy, tmp_path):
         (["ablation=custom", "ablation.scans.custom.masks_file=NO_SUCH_FILE"], "ablation.scans.custom.masks_file"),
         (["ablation.prune.export=true", "ablation.prune.heads=[[0,9]]"], "ablation.prune.heads"),
         (["ablation.prune.export=true", "ablation.mode=resample"], "ablation.prune.export"),
+        (["ablation.prune.export=true", "ablation.prune.order=l0"], "ablation.prune.order"),
+        (["ablation.prune.export=true", "ablation.prune.order=l0_gates"], "ablation.prune.order"),
+        (
+            ["ablation.prune.export=true", "ablation.prune.order=l0_gates", "ablation.prune.fraction=0.5"],
+            "ablation.prune.fraction",
+        ),
+        (
+            ["ablation=l0_gates", "ablation.scans.l0_gates.l0.target_heads=[2,6]"]
+            + ["ablation.prune.export=true", "ablation.prune.order=l0_gates"],
+            "ablation.prune.l0_target_heads",
+        ),
         (["ablation.device=tpu"], "ablation.device"),
     ],
 )
@@ -416,6 +427,23 @@ def test_l0_gates_and_head_scores_scans_write_their_results(run_copy):
     )
     for name in ("l0_gates.png", "head_scores_prev_token_score.png", "head_scores_induction_score.png"):
         assert (out / name).stat().st_size > 0
+
+
+def test_l0_gates_mask_exports_as_a_smaller_model(run_copy):
+    """order=l0_gates: the pruned checkpoint keeps exactly the heads the chosen target's gates kept, and its loss is
+    the loss the scan measured for that mask."""
+    l0 = ["ablation.scans.l0_gates.l0.steps=200", "ablation.scans.l0_gates.l0.target_heads=[2,6]"]
+    export = ["ablation.prune.export=true", "ablation.prune.order=l0_gates", "ablation.prune.l0_target_heads=2"]
+    ablate_with(run_copy, "ablation=l0_gates", "ablation.n_reference=64", *l0, *export)
+    out = RunPaths(run_copy).ablation
+    gates = pd.read_csv(out / "l0_gates.csv").query("target_heads == 2")
+    pruned = json.loads((out / "summary.json").read_text())["pruned"]
+    assert pruned["chosen_by"] == "l0_gates" and pruned["target_heads"] == 2
+    assert sorted(map(tuple, pruned["heads_removed"])) == sorted(
+        (r.layer, r.head) for r in gates.itertuples() if not r.kept
+    )
+    assert sum(load_model(out / "pruned.ckpt").heads_per_layer) == gates["kept"].sum()
+    assert pruned["loss_pruned"] == pytest.approx(gates["loss"].iloc[0], abs=1e-5)
 
 
 def test_run_dir_with_override_characters_is_quoted_for_hydra():

@@ -18,6 +18,7 @@ SCAN_KINDS = (
     "head_scores",
 )
 PRUNING_ORDERS = ("gradient", "gradient_iterative", "single_head", "random")
+EXPORT_ORDERS = (*PRUNING_ORDERS, "l0_gates")  # what ablation.prune.order may name
 
 
 @dataclass
@@ -39,9 +40,12 @@ class PruningConfig:
 @dataclass
 class PruneExportConfig:
     export: bool = False  # write ablation/pruned.ckpt, a smaller model with the heads removed
-    order: str = "gradient"  # remove the largest prunable fraction found by this pruning order...
-    fraction: float | None = None  # ...or exactly this fraction in that order...
+    # Remove the largest prunable fraction found by this pruning order, or with `l0_gates` the heads the l0_gates
+    # scan's learned gates close...
+    order: str = "gradient"
+    fraction: float | None = None  # ...or exactly this fraction in that pruning order...
     heads: list[list[int]] | None = None  # ...or exactly these [layer, head] pairs
+    l0_target_heads: int | None = None  # order=l0_gates with several targets: the run whose mask to export
 
 
 @dataclass

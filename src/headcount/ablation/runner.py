@@ -272,17 +272,17 @@ class AblationSession:
         self.update_summary({"prunable_fraction": self._prunable})
         return self._prunable
 
-    def l0_gates_scan(self, name: str, scan: ScanConfig) -> None:
+    def l0_gates_scan(self, name: str, scan: ScanConfig) -> pd.DataFrame:
         """Voita et al.'s learned hard-concrete gates, trained on reference_split, their binary masks evaluated
-        exactly on the eval split like every other mask."""
+        exactly on the eval split like every other mask; returns the scan's table."""
         from headcount.ablation.l0_gates import l0_gates_table, l0_targets, train_l0_gates, validate_l0_config
 
         s, l0 = self.settings, scan.l0
         validate_l0_config(l0, sum(self.heads_per_layer), f"ablation.scans.{name}.l0")
         key = fingerprint(self.key, "l0_gates", asdict(l0), s.reference_split, s.n_reference)
         csv_path = self.out / f"{name}.csv"
-        if self.up_to_date(name, key, csv_path) is not None:
-            return
+        if (table := self.up_to_date(name, key, csv_path)) is not None:
+            return table
         start = time.perf_counter()
         reference = split_examples(self.splits, s.reference_split, s.n_reference, "ablation.reference_split")
         batches = to_batches(reference, s.batch_size, self.device)
@@ -304,6 +304,7 @@ class AblationSession:
         title = f"{name}: share of L0 runs that keep each head ({len(results)} run(s))"
         figure = plots.head_heatmap(kept, self.out / f"{name}.png", "kept_share", title)
         self.record(name, "l0_gates", key, [csv_path, figure], time.perf_counter() - start, len(table))
+        return table
 
     def head_scores_scan(self, name: str) -> None:
         """Previous-token and induction scores of every head, read off its attention pattern on the eval split."""
@@ -332,6 +333,9 @@ class AblationSession:
             chosen = HeadMask("ablation.prune.heads", tuple(tuple(pair) for pair in prune.heads))
             keep_LH = masks_to_gates([chosen], self.heads_per_layer)[0]
             meta = {"chosen_by": "ablation.prune.heads"}
+        elif prune.order == "l0_gates":
+            keep_LH = self.l0_gates_keep(prune.l0_target_heads)
+            meta = {"chosen_by": "l0_gates", "order": "l0_gates", "target_heads": prune.l0_target_heads}
         else:
             fraction = prune.fraction if prune.fraction is not None else self.prunable_fraction(prune.order)
             keep_LH = removal_gates(
@@ -344,6 +348,14 @@ class AblationSession:
         record = export_pruned(self.model, self.evaluator, keep_LH, means, path, {**meta, "mode": s.mode}, speed_shape)
         self.written.append(path)
         self.update_summary({"pruned": record})
+
+    def l0_gates_keep(self, target_heads: int | None) -> Tensor:
+        """(L, H) keep-gates of the binary mask the l0_gates scan learned for target_heads (its only run if None)."""
+        name, scan = next((name, scan) for name, scan in self.settings.scans.items() if scan.kind == "l0_gates")
+        table = self.l0_gates_scan(name, scan)
+        if target_heads is not None:
+            table = table[table["target_heads"] == target_heads]
+        return self.layer_head_tensor(table, "kept").float()
 
     def prunable_fraction(self, order: str) -> float:
         if self._prunable is None:

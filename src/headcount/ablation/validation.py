@@ -4,7 +4,7 @@ import re
 
 import torch
 
-from headcount.ablation.config import MODES, PRUNING_ORDERS, SCAN_KINDS, AblationConfig
+from headcount.ablation.config import EXPORT_ORDERS, MODES, SCAN_KINDS, AblationConfig
 from headcount.errors import ConfigError
 
 SCAN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # scan names become file names
@@ -70,11 +70,34 @@ def validate_prune_export(cfg: AblationConfig) -> None:
             "a smaller model can fold only zero or position-averaged mean ablation; "
             f"mode={cfg.mode}{' with mean_per_position' if cfg.mean_per_position else ''} varies with the input",
         )
-    if prune.order not in PRUNING_ORDERS:
-        raise ConfigError("ablation.prune.order", prune.order, f"allowed: {', '.join(PRUNING_ORDERS)}")
+    if prune.order not in EXPORT_ORDERS:
+        raise ConfigError("ablation.prune.order", prune.order, f"allowed: {', '.join(EXPORT_ORDERS)}")
+    if prune.order == "l0_gates" and prune.fraction is not None:
+        raise ConfigError("ablation.prune.fraction", prune.fraction, "applies to pruning orders, not to order=l0_gates")
+    if prune.order == "l0_gates" and prune.heads is None:
+        validate_l0_export(cfg)
     if prune.fraction is not None and not 0 <= prune.fraction <= 1:
         raise ConfigError("ablation.prune.fraction", prune.fraction, "must be in [0, 1] or null")
     if prune.heads is not None and prune.fraction is not None:
         raise ConfigError(
             "ablation.prune.heads", prune.heads, "give either ablation.prune.heads or ablation.prune.fraction"
         )
+
+
+def validate_l0_export(cfg: AblationConfig) -> None:
+    """order=l0_gates exports one learned mask: it needs an l0_gates scan, and a choice among its targets."""
+    from headcount.ablation.l0_gates import l0_targets
+
+    scans = [scan for scan in cfg.scans.values() if scan.kind == "l0_gates"]
+    if len(scans) != 1:
+        raise ConfigError(
+            "ablation.prune.order", "l0_gates", f"needs exactly one l0_gates scan in ablation (found {len(scans)})"
+        )
+    targets = l0_targets(scans[0].l0)
+    chosen = cfg.prune.l0_target_heads
+    if chosen is None and len(targets) > 1:
+        raise ConfigError(
+            "ablation.prune.l0_target_heads", None, f"the l0_gates scan has several targets, pick one of {targets}"
+        )
+    if chosen is not None and chosen not in targets:
+        raise ConfigError("ablation.prune.l0_target_heads", chosen, f"must be one of the scan's targets {targets}")
