@@ -163,6 +163,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "steps": int(trainer.global_step),
         "train_seconds": seconds,
         "tokens_per_second": tokens / seconds if not resume else None,
+        # CPU results are bit for bit only at the same thread count: float sums split differently across threads.
+        "cpu_threads": torch.get_num_threads(),
     }
     if trainer.is_global_zero:
         atomic_write_json(paths.metrics, metrics)
