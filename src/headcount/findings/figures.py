@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.ticker import ScalarFormatter
 
 from headcount.io import atomic_savefig
 from headcount.plots import new_figure
@@ -67,6 +68,8 @@ def l0_against_pruning(l0: pd.DataFrame, curves: pd.DataFrame, n_heads: int, bas
     ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="all heads")
     ax.set(xlabel="heads kept", ylabel="loss", title="L0 gates against pruning orders")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())  # plain loss values, not powers of ten
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.legend()
     atomic_savefig(fig, path, dpi=120)
     return path
