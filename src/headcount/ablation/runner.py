@@ -272,7 +272,7 @@ class AblationSession:
         self.update_summary({"prunable_fraction": self._prunable})
         return self._prunable
 
-    def l0_gates_scan(self, name: str, scan: ScanConfig) -> pd.DataFrame:
+    def l0_gates_scan(self, name: str, scan: ScanConfig, announce: bool = True) -> pd.DataFrame:
         """Voita et al.'s learned hard-concrete gates, trained on reference_split, their binary masks evaluated
         exactly on the eval split like every other mask; returns the scan's table."""
         from headcount.ablation.l0_gates import l0_gates_table, l0_targets, train_l0_gates, validate_l0_config
@@ -281,7 +281,7 @@ class AblationSession:
         validate_l0_config(l0, sum(self.heads_per_layer), f"ablation.scans.{name}.l0")
         key = fingerprint(self.key, "l0_gates", asdict(l0), s.reference_split, s.n_reference)
         csv_path = self.out / f"{name}.csv"
-        if (table := self.up_to_date(name, key, csv_path)) is not None:
+        if (table := self.up_to_date(name, key, csv_path, announce)) is not None:
             return table
         start = time.perf_counter()
         reference = split_examples(self.splits, s.reference_split, s.n_reference, "ablation.reference_split")
@@ -352,7 +352,7 @@ class AblationSession:
     def l0_gates_keep(self, target_heads: int | None) -> Tensor:
         """(L, H) keep-gates of the binary mask the l0_gates scan learned for target_heads (its only run if None)."""
         name, scan = next((name, scan) for name, scan in self.settings.scans.items() if scan.kind == "l0_gates")
-        table = self.l0_gates_scan(name, scan)
+        table = self.l0_gates_scan(name, scan, announce=False)  # computed by the scan itself just before
         if target_heads is not None:
             table = table[table["target_heads"] == target_heads]
         return self.layer_head_tensor(table, "kept").float()
