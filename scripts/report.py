@@ -1,6 +1,6 @@
 """Same as `headcount-report <multirun dir>`: compare the runs of a sweep in <multirun dir>/report/."""
 
-from headcount.report import main
+from headcount.cli.report import main
 
 if __name__ == "__main__":
     main()

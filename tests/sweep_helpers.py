@@ -10,9 +10,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
-from headcount import training
+from headcount.cli import train as training
 from headcount.config import CONF_DIR
-from headcount.report import write_report
+from headcount.report.sweep_report import write_report
 
 SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "data.n_train=64", "data.n_val=32", "data.n_test=32"]
 

@@ -15,9 +15,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from headcount import plots
+from headcount import plotting as plots
 from headcount.ablation import runner, scans
-from headcount.ablation.cli import ablate, typed_ablation_keys
 from headcount.ablation.evaluator import MaskEvaluator
 from headcount.ablation.examples import split_examples
 from headcount.ablation.masks import (
@@ -33,10 +32,11 @@ from headcount.ablation.masks import (
 )
 from headcount.ablation.replacements import resample_sources
 from headcount.ablation.scans import SCAN_COLUMNS
+from headcount.cli.ablate import ablate, typed_ablation_keys
+from headcount.cli.train import run
 from headcount.config import CONF_DIR
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths, load_model
-from headcount.training import run
 
 SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "logger=none"]
 SMOKE += ["data.n_train=64", "data.n_val=24", "data.n_test=16", "data.seq_len=32"]
@@ -342,7 +342,7 @@ def test_cli_writes_inside_the_run_and_prints_the_paths(run_copy, tmp_path):
 
 def test_cli_bad_input_is_one_line_and_exit_2(run_copy, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "headcount.ablation.cli", f"run_dir={run_copy}", "ablation.mode=median"],
+        [sys.executable, "-m", "headcount.cli.ablate", f"run_dir={run_copy}", "ablation.mode=median"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -447,7 +447,7 @@ def test_l0_gates_mask_exports_as_a_smaller_model(run_copy):
 
 
 def test_run_dir_with_override_characters_is_quoted_for_hydra():
-    from headcount.ablation.cli import quote_run_dir
+    from headcount.cli.ablate import quote_run_dir
 
     args = quote_run_dir(["run_dir=out/a=[x,y],seed=0", "ablation=pruning", "run_dir='kept'"])
     assert args == ["run_dir='out/a=[x,y],seed=0'", "ablation=pruning", "run_dir='kept'"]

@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from headcount.config import CONF_DIR
+from headcount.config.data import SYNTHETIC_SOURCES
 from headcount.data import (
     SOURCES,
     DataConfig,
@@ -19,7 +20,6 @@ from headcount.data import (
     induction_first_part_mask,
 )
 from headcount.data.cache import cache_root
-from headcount.data.config import SYNTHETIC_SOURCES
 from headcount.data.synthetic import induction_segment_range
 from headcount.data.text import stdlib_files, stdlib_split_of
 from headcount.errors import ConfigError

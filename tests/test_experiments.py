@@ -6,9 +6,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from headcount.cli.train import run
 from headcount.config import CONF_DIR, validate_train_config
 from headcount.run_dir import RunPaths
-from headcount.training import run
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
 SMOKE = ["size=smoke"]

@@ -8,18 +8,15 @@ import yaml
 from omegaconf import OmegaConf
 
 from headcount.ablation.l0_gates import (
-    KEY,
-    L0GatesConfig,
     deterministic_gates,
     expected_open,
     l0_gates_table,
-    l0_targets,
     sample_gates,
     train_l0_gates,
-    validate_l0_config,
 )
 from headcount.ablation.replacements import clean_z
 from headcount.ablation.structural import prune_heads
+from headcount.config.ablation import KEY, L0GatesConfig, l0_targets, validate_l0_config
 from headcount.errors import ConfigError
 from headcount.metrics import masked_loss_and_accuracy
 from headcount.model import AttentionConfig, ModelConfig, Transformer

@@ -11,15 +11,15 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict
 from sweep_helpers import SMOKE, compose_with_hydra, report_rows, run_dirs, run_python, train_in_process
 
-from headcount import gpus
-from headcount.gpus import claim_gpu, visible_gpu_ids
 from headcount.run_dir import RunPaths
+from headcount.train import launch as gpus
+from headcount.train.launch import claim_gpu, visible_gpu_ids
 
 
 def test_submitit_local_sweep_finishes_four_runs(tmp_path):
     """submitit_local: the SLURM launcher's code path (pickled jobs in their own processes), on this machine."""
     grid = ["model.attn.n_heads=1,2", "seed=0,1", "sweep_name=cluster"]
-    run_python(["-m", "headcount.training", "-m", "hydra/launcher=submitit_local", *SMOKE, *grid], cwd=tmp_path)
+    run_python(["-m", "headcount.cli.train", "-m", "hydra/launcher=submitit_local", *SMOKE, *grid], cwd=tmp_path)
     sweep = tmp_path / "outputs" / "multirun" / "cluster"
     assert len(run_dirs(sweep)) == 4 and all(RunPaths(r).done.exists() for r in run_dirs(sweep))
     assert (sweep / ".submitit").is_dir()
@@ -118,7 +118,7 @@ def test_ddp_jobs_in_a_sweep_train_in_their_own_run_directories(tmp_path):
     its parent's job in the parent's directory, not launch the whole sweep again. Two CPU processes (gloo) stand in
     for two GPUs."""
     ddp = ["seed=0,1", "trainer.devices=2", "trainer.strategy=ddp", "sweep_name=ddp"]
-    proc = run_python(["-m", "headcount.training", "-m", *SMOKE, *ddp], cwd=tmp_path)
+    proc = run_python(["-m", "headcount.cli.train", "-m", *SMOKE, *ddp], cwd=tmp_path)
     assert (proc.stdout + proc.stderr).count("Launching 2 jobs") == 1  # children ran single jobs, not the sweep
     runs = run_dirs(tmp_path / "outputs" / "multirun" / "ddp")
     assert [r.name.split("seed=")[1][0] for r in runs] == ["0", "1"]

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import torch
 
-from headcount.ablation.config import PruningConfig
 from headcount.ablation.importance import gradient_importance
 from headcount.ablation.pruning import CURVE_COLUMNS, prunable_fractions, pruning_curves
+from headcount.config.ablation import PruningConfig
 from headcount.errors import ConfigError
 from headcount.metrics import token_nll_and_correct
 from headcount.model import AttentionConfig, ModelConfig, Transformer

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from headcount.report import main, write_report
+from headcount.cli.report import main
+from headcount.report.sweep_report import write_report
 from headcount.run_dir import RunPaths
 
 COLUMNS = ["scan", "mask", "layer", "head", "mode", "loss", "acc", "delta_loss", "delta_acc", "n_heads_off"]
@@ -115,7 +116,7 @@ def test_bad_wandb_project_for_the_report(sweep, capsys):
 
 
 def test_ablate_logs_inside_a_run_are_not_runs(tmp_path):
-    from headcount.report import find_runs
+    from headcount.report.sweep_report import find_runs
 
     for run in ("a=1", "a=2"):
         (tmp_path / run / ".hydra").mkdir(parents=True)

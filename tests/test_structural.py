@@ -8,7 +8,7 @@ from headcount.ablation.structural import measure_speed, prune_heads, save_prune
 from headcount.errors import ConfigError
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 from headcount.run_dir import load_model
-from headcount.training import HeadcountModule
+from headcount.train.module import HeadcountModule
 
 L, H, VOCAB, T = 3, 4, 30, 10
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}

@@ -29,7 +29,7 @@ def grid_sweep(tmp_path_factory) -> tuple[Path, list[str]]:
     (root / "conf" / "experiment" / "grid2x2.yaml").write_text(GRID_EXPERIMENT)
     args = ["-m", f"--config-dir={root / 'conf'}", "experiment=grid2x2", *SMOKE]
     args += ["ablation=single_head", "ablation.progress=false"]
-    run_python(["-m", "headcount.training", *args], cwd=root)
+    run_python(["-m", "headcount.cli.train", *args], cwd=root)
     return root / "outputs" / "multirun" / "grid2x2", args
 
 

@@ -10,10 +10,13 @@ import matplotlib
 import pandas as pd
 import pytest
 
+from headcount.cli.errors import exit_on_config_error
+from headcount.cli.train import run
+from headcount.config.logger import validate_wandb_project
 from headcount.errors import ConfigError
+from headcount.report.tracking import log_ablation_results
 from headcount.run_dir import RunPaths
-from headcount.tracking import log_ablation_results, validate_wandb_project, wandb_mode
-from headcount.training import exit_on_config_error, run
+from headcount.train.loggers import wandb_mode
 
 matplotlib.use("Agg")
 

@@ -10,9 +10,11 @@ import pandas as pd
 import pytest
 import torch
 
+from headcount.cli.errors import exit_on_config_error
+from headcount.cli.train import run
 from headcount.config import CONF_DIR, validate_train_config
 from headcount.run_dir import RunPaths, load_model
-from headcount.training import exit_on_config_error, run, train
+from headcount.train.job import train
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "data.n_train=64", "data.n_val=32", "data.n_test=32"]
@@ -123,7 +125,7 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_finished(compose_train, t
 
 def test_cli_exit_code_for_bad_input(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "headcount.training", "model.attn.n_heads=0", f"hydra.run.dir={tmp_path / 'r'}"],
+        [sys.executable, "-m", "headcount.cli.train", "model.attn.n_heads=0", f"hydra.run.dir={tmp_path / 'r'}"],
         capture_output=True,
         text=True,
     )
@@ -132,7 +134,7 @@ def test_cli_exit_code_for_bad_input(tmp_path):
 
 
 def test_nan_loss_stops_and_names_the_step(compose_train, tmp_path, capsys, monkeypatch):
-    import headcount.training as training
+    import headcount.train.module as training
 
     real = training.masked_loss_and_accuracy
     calls = {"n": 0}

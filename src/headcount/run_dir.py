@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text
-from headcount.model.transformer import ModelConfig, Transformer
+from headcount.model.transformer import Transformer
 
 
 @dataclass(frozen=True)

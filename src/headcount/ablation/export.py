@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from headcount.ablation.config import PruningConfig
 from headcount.ablation.evaluator import MaskEvaluator
+from headcount.config.ablation import PruningConfig
 from headcount.model.transformer import Transformer
 
 SPEED_REPEATS = 5

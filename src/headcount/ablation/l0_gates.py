@@ -27,37 +27,16 @@ defaults); the 0.5 threshold would drop the marginal head that the constraint le
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import pandas as pd
 import torch
 from rich.progress import track
 from torch import Tensor
 
+from headcount.config.ablation import KEY, L0GatesConfig, validate_l0_config
 from headcount.errors import ConfigError
 from headcount.metrics import masked_loss_and_accuracy
 from headcount.model.transformer import Transformer
-
-# Where the scan config nests L0GatesConfig. Only light imports in this module: headcount.ablation.config imports it.
-KEY = "ablation.scans.l0_gates.l0"
-
-
-@dataclass
-class L0GatesConfig:
-    steps: int = 500  # optimiser steps, cycling through the batches
-    lr: float = 0.1  # Adam on log_alpha
-    n_batches: int | None = None  # train on the first n of the given batches (None: all)
-    beta: float = 2 / 3  # hard-concrete temperature
-    gamma: float = -0.1  # lower stretch limit, < 0
-    zeta: float = 1.1  # upper stretch limit, > 1
-    penalty: float | None = 0.05  # fixed lambda per expected open head; with target_heads, lambda's start (null: 0)
-    # Heads to keep: an int, a list (one run per target: the loss-against-heads-kept curve) or null (fixed penalty).
-    # Any, not a Union: OmegaConf structured configs accept no list-or-int type.
-    target_heads: Any = None
-    penalty_lr: float = 0.002  # dual-ascent step on lambda per head of constraint violation
-    target_warmup: float = 0.5  # fraction of the steps over which the target falls from all heads to target_heads
-    log_alpha_init: float = 3.0  # sigmoid(3) (zeta - gamma) + gamma = 1.04: every gate starts open
-    seed: int = 0  # the hard-concrete noise
 
 
 @dataclass
@@ -68,39 +47,6 @@ class L0Result:
     n_kept: int
     history: list[dict]  # per step: step, task_loss, expected_l0, penalty_weight, quadratic_weight, target
     target_heads: int | None
-
-
-def l0_targets(cfg: L0GatesConfig) -> list[int | None]:
-    """The runs a config asks for: one per target, or a single fixed-penalty run (None)."""
-    if cfg.target_heads is None:
-        return [None]
-    return [cfg.target_heads] if isinstance(cfg.target_heads, int) else list(cfg.target_heads)
-
-
-def validate_l0_config(cfg: L0GatesConfig, n_heads: int | None = None, key: str = KEY) -> None:
-    """ConfigError for values training cannot use; given n_heads (the model's heads), every target must fit in it."""
-    if not (isinstance(cfg.steps, int) and cfg.steps >= 1):
-        raise ConfigError(f"{key}.steps", cfg.steps, "must be a positive integer")
-    if cfg.n_batches is not None and not (isinstance(cfg.n_batches, int) and cfg.n_batches >= 1):
-        raise ConfigError(f"{key}.n_batches", cfg.n_batches, "must be a positive integer or null (all batches)")
-    for name in ("lr", "beta", "penalty_lr"):
-        if not getattr(cfg, name) > 0:
-            raise ConfigError(f"{key}.{name}", getattr(cfg, name), "must be a positive number")
-    if not 0 <= cfg.target_warmup <= 1:
-        raise ConfigError(f"{key}.target_warmup", cfg.target_warmup, "must be in [0, 1]: a fraction of the steps")
-    if not cfg.gamma < 0:
-        raise ConfigError(f"{key}.gamma", cfg.gamma, "must be negative: gates reach exactly 0 only if gamma < 0")
-    if not cfg.zeta > 1:
-        raise ConfigError(f"{key}.zeta", cfg.zeta, "must be above 1: gates reach exactly 1 only if zeta > 1")
-    if cfg.penalty is None and cfg.target_heads is None:
-        raise ConfigError(f"{key}.penalty", None, f"set a fixed penalty weight or {key}.target_heads (heads to keep)")
-    if cfg.penalty is not None and not cfg.penalty >= 0:
-        raise ConfigError(f"{key}.penalty", cfg.penalty, "must be a non-negative number or null")
-    targets = l0_targets(cfg)
-    upper = n_heads if n_heads is not None else float("inf")
-    if not targets or not all(t is None or (isinstance(t, int) and 0 <= t <= upper) for t in targets):
-        allowed = "integers in 0.." + (f"{n_heads} (the model's heads)" if n_heads is not None else "n_heads")
-        raise ConfigError(f"{key}.target_heads", cfg.target_heads, f"needs one of {allowed}, a list of them or null")
 
 
 def sample_gates(log_alpha_LH: Tensor, batch: int, cfg: L0GatesConfig, generator: torch.Generator) -> Tensor:

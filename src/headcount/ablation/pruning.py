@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headcount.ablation.config import PRUNING_ORDERS, PruningConfig
+from headcount.config.ablation import PruningConfig, validate_pruning_config
 from headcount.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -97,18 +97,6 @@ def prunable_fractions(curves: pd.DataFrame, baseline_loss: float, tolerance: fl
         n_heads = steps["n_pruned"].max()
         prunable[order] = float(steps["n_pruned"].iloc[n_within - 1] / n_heads) if n_within and n_heads else 0.0
     return prunable
-
-
-def validate_pruning_config(cfg: PruningConfig) -> None:
-    if not 0 < cfg.step <= 1:
-        raise ConfigError("ablation.pruning.step", cfg.step, "must be in (0, 1]: the fraction of heads per step")
-    for order in cfg.orders:
-        if order not in PRUNING_ORDERS:
-            raise ConfigError("ablation.pruning.orders", order, f"allowed: {', '.join(PRUNING_ORDERS)}")
-    if "random" in cfg.orders and cfg.random_seeds < 1:
-        raise ConfigError("ablation.pruning.random_seeds", cfg.random_seeds, "must be a positive integer")
-    if not cfg.tolerance >= 0:
-        raise ConfigError("ablation.pruning.tolerance", cfg.tolerance, "must be a non-negative number")
 
 
 def step_fractions(step: float) -> list[float]:

@@ -18,8 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from torch import Tensor
 
-from headcount import plots
-from headcount.ablation.config import AblationConfig, ScanConfig
+from headcount import plotting as plots
 from headcount.ablation.evaluator import MaskEvaluator
 from headcount.ablation.examples import split_examples, to_batches
 from headcount.ablation.masks import (
@@ -34,8 +33,15 @@ from headcount.ablation.masks import (
 from headcount.ablation.replacements import Replacements, load_saved, mean_z, resample_sources, save
 from headcount.ablation.results import file_digest, fingerprint, read_summary, update_summary, write_csv
 from headcount.ablation.scans import evaluate_resumably, scan_masks, scan_table
-from headcount.ablation.validation import resolve_device, validate_ablation_config
-from headcount.data.config import DataConfig
+from headcount.ablation.validation import resolve_device
+from headcount.config.ablation import (
+    AblationConfig,
+    ScanConfig,
+    l0_targets,
+    validate_ablation_config,
+    validate_l0_config,
+)
+from headcount.config.data import DataConfig
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths, finished_checkpoint, load_model
 
@@ -275,7 +281,7 @@ class AblationSession:
     def l0_gates_scan(self, name: str, scan: ScanConfig, announce: bool = True) -> pd.DataFrame:
         """Voita et al.'s learned hard-concrete gates, trained on reference_split, their binary masks evaluated
         exactly on the eval split like every other mask; returns the scan's table."""
-        from headcount.ablation.l0_gates import l0_gates_table, l0_targets, train_l0_gates, validate_l0_config
+        from headcount.ablation.l0_gates import l0_gates_table, train_l0_gates
 
         s, l0 = self.settings, scan.l0
         validate_l0_config(l0, sum(self.heads_per_layer), f"ablation.scans.{name}.l0")
@@ -308,7 +314,7 @@ class AblationSession:
 
     def head_scores_scan(self, name: str) -> None:
         """Previous-token and induction scores of every head, read off its attention pattern on the eval split."""
-        from headcount.analysis import head_pattern_scores
+        from headcount.ablation.head_scores import head_pattern_scores
 
         key = fingerprint(self.key, "head_scores")
         csv_path = self.out / f"{name}.csv"

@@ -17,6 +17,7 @@ import lightning
 import torch
 from torch import Tensor
 
+from headcount.config.train import OptimConfig, TrainerConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_write
 from headcount.model.transformer import Transformer
@@ -137,9 +138,6 @@ def save_pruned_checkpoint(model: Transformer, path: str | Path, meta: dict) -> 
     """Write `model` as a headcount Lightning checkpoint, atomically, so it loads everywhere a checkpoint loads
     (run_dir.load_model, HeadcountModule.load_from_checkpoint). `meta` (plain JSON-like values, so that
     weights-only loading accepts it) goes under "headcount_pruned"; training settings are the defaults."""
-    # Imported here: headcount.config imports the ablation package, which must not import it back at load time.
-    from headcount.config import OptimConfig, TrainerConfig
-
     checkpoint = {
         "state_dict": {f"model.{name}": tensor.detach().cpu() for name, tensor in model.state_dict().items()},
         "hyper_parameters": {

@@ -10,7 +10,7 @@ from pathlib import Path
 from datasets import DatasetDict, load_from_disk
 from omegaconf import OmegaConf
 
-from headcount.data.config import DataConfig
+from headcount.config.data import DataConfig
 from headcount.errors import ConfigError
 
 # Bump when the processing code changes what a given config produces, so old caches stop matching.

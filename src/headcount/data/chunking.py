@@ -5,7 +5,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from headcount.data.config import DataConfig
+from headcount.config.data import DataConfig
 from headcount.errors import ConfigError
 
 BYTE_VOCAB = 256

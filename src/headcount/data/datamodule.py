@@ -5,7 +5,7 @@ import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader
 
-from headcount.data.config import TEXT_SOURCES, DataConfig
+from headcount.config.data import TEXT_SOURCES, DataConfig
 from headcount.data.splits import build_splits, data_vocab_size, validate_data_config
 from headcount.errors import ConfigError
 

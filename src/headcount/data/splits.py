@@ -2,9 +2,9 @@
 
 from datasets import Dataset
 
+from headcount.config.data import SOURCES, SYNTHETIC_SOURCES, DataConfig
 from headcount.data.cache import cache_root
 from headcount.data.chunking import BYTE_VOCAB, SPLITS, split_cap
-from headcount.data.config import SOURCES, SYNTHETIC_SOURCES, DataConfig
 from headcount.data.examples import examples_dataset
 from headcount.data.synthetic import check_synthetic, synthetic_arrays
 from headcount.data.text import hub_splits, pystdlib_splits, text_splits

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from headcount.data.config import DataConfig
+from headcount.config.data import DataConfig
 from headcount.errors import ConfigError
 
 BOS, SEP = 0, 1

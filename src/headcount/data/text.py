@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from datasets import Dataset, DatasetDict, Features, Value, load_dataset
 
+from headcount.config.data import DataConfig
 from headcount.data.cache import cache_root, fingerprint, load_or_build
 from headcount.data.chunking import (
     SPLITS,
@@ -20,7 +21,6 @@ from headcount.data.chunking import (
     split_by_fraction,
     split_cap,
 )
-from headcount.data.config import DataConfig
 from headcount.data.examples import examples_dataset, language_model_mask
 from headcount.errors import ConfigError
 

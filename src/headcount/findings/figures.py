@@ -6,7 +6,7 @@ import pandas as pd
 from matplotlib.ticker import ScalarFormatter
 
 from headcount.io import atomic_savefig
-from headcount.plots import new_figure
+from headcount.plotting import new_figure
 
 
 def label_points(ax, xs, ys, labels) -> None:

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from headcount.ablation.evaluator import MaskEvaluator
 from headcount.ablation.examples import split_examples, to_batches
-from headcount.data.config import DataConfig
+from headcount.config.data import DataConfig
 from headcount.model import Transformer
 from headcount.run_dir import RunPaths, finished_checkpoint, load_model, load_run_config
 

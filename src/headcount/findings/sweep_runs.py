@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.report import collect_runs
+from headcount.report.sweep_report import collect_runs
 
 
 def finished_runs(sweep_dir: Path) -> pd.DataFrame:

@@ -1,11 +1,7 @@
-from headcount.model.attention import AttentionConfig, MultiHeadAttention, resolve_head_dim
-from headcount.model.transformer import ModelConfig, Transformer, validate_model_config
+"""The model: a decoder-only transformer whose attention heads are defined, gated and selected in one place."""
 
-__all__ = [
-    "AttentionConfig",
-    "ModelConfig",
-    "MultiHeadAttention",
-    "Transformer",
-    "resolve_head_dim",
-    "validate_model_config",
-]
+from headcount.config.model import AttentionConfig, ModelConfig
+from headcount.model.attention import MultiHeadAttention
+from headcount.model.transformer import Transformer
+
+__all__ = ["AttentionConfig", "ModelConfig", "MultiHeadAttention", "Transformer"]

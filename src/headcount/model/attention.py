@@ -7,43 +7,10 @@ B batch, T positions, C model width, H heads, D head width.
 """
 
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from headcount.errors import ConfigError
-
-COMBINE_MODES = ("concat", "sum")
-
-
-@dataclass
-class AttentionConfig:
-    n_heads: int = 4
-    head_dim: int | None = None  # None: d_model // n_heads (flat cost); an int: any width, cost grows with heads
-    combine: str = "concat"  # concat | sum
-    qkv_bias: bool = True
-    out_bias: bool = True
-
-
-def resolve_head_dim(d_model: int, attn: AttentionConfig, key: str = "model.attn") -> int:
-    """The per-head width, or a ConfigError naming the key that makes it impossible."""
-    if attn.n_heads < 1:
-        raise ConfigError(f"{key}.n_heads", attn.n_heads, "must be a positive integer")
-    if attn.combine not in COMBINE_MODES:
-        raise ConfigError(f"{key}.combine", attn.combine, f"allowed: {', '.join(COMBINE_MODES)}")
-    if attn.head_dim is None:
-        if d_model % attn.n_heads:
-            raise ConfigError(
-                f"{key}.n_heads",
-                attn.n_heads,
-                f"must divide model.d_model={d_model} when {key}.head_dim is unset (or set {key}.head_dim)",
-            )
-        return d_model // attn.n_heads
-    if attn.head_dim < 1:
-        raise ConfigError(f"{key}.head_dim", attn.head_dim, "must be a positive integer or null")
-    return attn.head_dim
 
 
 class MultiHeadAttention(nn.Module):

@@ -6,45 +6,14 @@ reuse the residual stream before the first layer a mask touches.
 """
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from headcount.config.model import ModelConfig, resolve_head_dim, validate_model_config
 from headcount.errors import ConfigError
-from headcount.model.attention import AttentionConfig, MultiHeadAttention, resolve_head_dim
-
-
-@dataclass
-class ModelConfig:
-    n_layers: int = 2
-    d_model: int = 64
-    n_ctx: int = 64
-    vocab_size: int = 64
-    attn: AttentionConfig = field(default_factory=AttentionConfig)
-    mlp: bool = True
-    mlp_ratio: int = 4
-    tie_embeddings: bool = False
-    dropout: float = 0.0
-    # Heads per layer after structural pruning (0 allowed: a layer with every head removed); null means attn.n_heads.
-    heads_per_layer: list[int] | None = None
-
-
-def validate_model_config(cfg: ModelConfig) -> None:
-    """Raise ConfigError for any value the model cannot be built with."""
-    for key in ("n_layers", "d_model", "n_ctx", "vocab_size", "mlp_ratio"):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"model.{key}", getattr(cfg, key), "must be a positive integer")
-    if not 0.0 <= cfg.dropout < 1.0:
-        raise ConfigError("model.dropout", cfg.dropout, "must be in [0, 1)")
-    resolve_head_dim(cfg.d_model, cfg.attn)
-    if cfg.heads_per_layer is not None:
-        hpl = list(cfg.heads_per_layer)
-        if len(hpl) != cfg.n_layers or min(hpl) < 0:
-            raise ConfigError(
-                "model.heads_per_layer", hpl, f"needs {cfg.n_layers} non-negative integers (one per layer) or null"
-            )
+from headcount.model.attention import MultiHeadAttention
 
 
 class MLP(nn.Module):

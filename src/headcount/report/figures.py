@@ -10,7 +10,7 @@ import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 
 from headcount.io import atomic_savefig
-from headcount.plots import layer_head_grid, new_figure
+from headcount.plotting import layer_head_grid, new_figure
 from headcount.run_dir import RunPaths
 
 PANELS_PER_ROW = 3

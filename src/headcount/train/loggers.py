@@ -1,4 +1,4 @@
-"""Experiment loggers (CSV by default, W&B on request) and what a run sends to W&B.
+"""Experiment loggers for training: CSV by default, W&B on request.
 
 W&B never blocks a run: without an API key it logs offline; with a key it first checks within seconds that the server
 answers, and logs offline (saying so) when it does not. Offline runs upload later with
@@ -6,7 +6,6 @@ answers, and logs offline (saying so) when it does not. Offline runs upload late
 the same W&B run.
 """
 
-import json
 import netrc
 import os
 import secrets
@@ -15,44 +14,22 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 from urllib.request import getproxies
 
-import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from headcount.errors import ConfigError
 from headcount.io import atomic_write_text
-from headcount.run_dir import RunPaths
-from headcount.sweep import in_multirun
+from headcount.train.launch import in_multirun
 
-WANDB_MODES = ("auto", "online", "offline", "disabled")
-WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
 DEFAULT_WANDB_URL = "https://api.wandb.ai"
 REACHABLE_TIMEOUT_S = 3.0
 
 if TYPE_CHECKING:
     from lightning.pytorch.loggers import Logger
-
-
-def validate_wandb_project(project: str | None) -> None:
-    """The project names W&B refuses, caught before any job starts; raises ConfigError."""
-    project = project or ""
-    if not project or len(project) > 128 or any(c in project for c in WANDB_PROJECT_FORBIDDEN):
-        raise ConfigError(
-            "logger.wandb.project",
-            project,
-            f"W&B needs 1 to 128 characters, none of {' '.join(WANDB_PROJECT_FORBIDDEN)}",
-        )
-
-
-def validate_wandb_config(w: DictConfig) -> None:
-    validate_wandb_project(w.project)
-    if w.mode not in WANDB_MODES:
-        raise ConfigError("logger.wandb.mode", w.mode, f"allowed: {', '.join(WANDB_MODES)}")
 
 
 def has_api_key(base_url: str) -> bool:
@@ -151,57 +128,6 @@ def make_logger(cfg: DictConfig, run_dir: Path) -> "Logger | None":
     )
     logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     return logger
-
-
-def summary_headline(summary: dict) -> dict[str, Any]:
-    """The numbers from ablation/summary.json that compare runs: baseline loss and accuracy, the prunable fraction per
-    pruning order, the most important head (the one whose removal alone raised the loss most)."""
-    headline = {key: summary[key] for key in ("baseline_loss", "baseline_acc") if key in summary}
-    for order, fraction in summary.get("prunable_fraction", {}).items():
-        headline[f"prunable_fraction/{order}"] = fraction
-    if top := summary.get("most_important_head"):
-        headline["most_important_head"] = top["mask"]
-        headline["most_important_head_delta_loss"] = top["delta_loss"]
-    return headline
-
-
-def log_ablation_results(run_dir: str | Path, wandb_run: Any) -> None:
-    """Send <run>/ablation/ to a W&B run: each CSV as a table, each figure as an image, the pruning curves as a line
-    plot with one series per order (mean over seeds), and summary.json's headline numbers into the run summary."""
-    import wandb
-
-    ablation = RunPaths(Path(run_dir)).ablation
-    if not ablation.is_dir():
-        return
-    logged: dict[str, Any] = {}
-    for csv in sorted(ablation.glob("*.csv")):
-        if not csv.name.endswith(".partial.csv"):
-            logged[f"ablation/table/{csv.stem}"] = wandb.Table(dataframe=pd.read_csv(csv))
-    for png in sorted(ablation.glob("*.png")):
-        logged[f"ablation/figure/{png.stem}"] = wandb.Image(str(png))
-    if (pruning := ablation / "pruning.csv").exists():
-        mean_loss = pd.read_csv(pruning).groupby(["order", "fraction"], sort=False)["loss"].mean()
-        orders = list(mean_loss.index.unique("order"))
-        logged["ablation/pruning_curves"] = wandb.plot.line_series(
-            xs=[mean_loss[order].index.tolist() for order in orders],
-            ys=[mean_loss[order].tolist() for order in orders],
-            keys=orders,
-            title="loss against the fraction of heads pruned (mean over seeds)",
-            xname="fraction of heads pruned",
-        )
-    if logged:
-        wandb_run.log(logged)
-    if (summary := ablation / "summary.json").exists():
-        headline = summary_headline(json.loads(summary.read_text()))
-        wandb_run.summary.update({f"ablation/{key}": value for key, value in headline.items()})
-
-
-def log_run_results(run_dir: Path, metrics: dict) -> None:
-    """Into this job's W&B run: the final metrics (with the parameter count) and the ablation results."""
-    import wandb
-
-    wandb.run.summary.update({key: value for key, value in metrics.items() if value is not None})
-    log_ablation_results(run_dir, wandb.run)
 
 
 @contextmanager

@@ -6,63 +6,18 @@ onto a typed node.
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from headcount.ablation.config import AblationConfig, ScanConfig
-from headcount.data.config import DataConfig
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.data import DataConfig
+from headcount.config.logger import LOGGERS, LoggerConfig
+from headcount.config.model import ModelConfig, validate_model_config
+from headcount.config.train import PRECISIONS, TrainerConfig
 from headcount.errors import ConfigError
-from headcount.model.transformer import ModelConfig
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
-PRECISIONS = ("32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true")
-LOGGERS = ("csv", "wandb", "none")
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    warmup_steps: int = 50
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
-    grad_clip: float = 1.0
-
-
-@dataclass
-class TrainerConfig:
-    accelerator: str = "cpu"
-    devices: Any = 1
-    strategy: str = "auto"
-    num_nodes: int = 1
-    precision: str = "32-true"
-    max_steps: int = 500
-    val_check_interval: int = 100  # steps between validations (and best-checkpoint checks)
-    limit_val_batches: float = 1.0
-    log_every_n_steps: int = 10
-    compile: bool = False
-    deterministic: bool = True
-    progress_bar: bool = True
-    optim: OptimConfig = field(default_factory=OptimConfig)
-
-
-@dataclass
-class WandbConfig:
-    project: str = "headcount"
-    entity: str | None = None
-    group: str | None = None  # default: the experiment or sweep name
-    name: str | None = None  # default: the command-line overrides
-    tags: list[str] = field(default_factory=list)
-    mode: str = "auto"  # auto (online with an API key and network, else offline) | online | offline | disabled
-
-
-@dataclass
-class LoggerConfig:
-    kind: str = "csv"  # csv | wandb | none
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
 
 
 @dataclass
@@ -97,7 +52,6 @@ def register_configs() -> None:
 def validate_train_config(cfg: DictConfig) -> None:
     """Checks across sections that a single dataclass cannot express; raises ConfigError."""
     from headcount.data import data_vocab_size
-    from headcount.model.transformer import validate_model_config
 
     model_cfg: ModelConfig = OmegaConf.to_object(cfg.model)
     validate_model_config(model_cfg)

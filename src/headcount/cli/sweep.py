@@ -17,11 +17,9 @@ from typing import Any
 
 from hydra import compose
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
-from hydra.types import RunMode
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -36,10 +34,6 @@ LAUNCHER_PLUGINS = {
     "joblib": ("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher"),
     "submitit": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
 }
-
-
-def in_multirun() -> bool:
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def sweep_folder_name(sweep_name: str | None, experiment: str | None) -> str:
@@ -127,7 +121,7 @@ class ReportAndCheckFinding(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from headcount.findings import check_finding, reads_sweep
-        from headcount.report import print_summary, write_report
+        from headcount.report.sweep_report import print_summary, write_report
 
         finding = config.get("finding")
         if finding is None or not reads_sweep(finding):

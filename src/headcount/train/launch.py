@@ -1,13 +1,24 @@
-"""One GPU per job when several single-GPU jobs of a sweep share a machine (hydra/launcher=parallel, submitit_local).
+"""Launch helpers for a training job that runs inside a Hydra multirun.
 
-A job takes an exclusive lock on a free GPU's lock file and holds it while it runs. Job numbers modulo the GPU count
+One GPU per job, when several single-GPU jobs of a sweep share a machine (hydra/launcher=parallel, submitit_local):
+a job takes an exclusive lock on a free GPU's lock file and holds it while it runs. Job numbers modulo the GPU count
 would collide as soon as jobs finish out of order; locks do not, and the kernel drops a lock when its process dies, so
 a crashed job never keeps a GPU. The locks live in the machine's temporary folder, so every headcount job on the
 machine takes part, whichever sweep it belongs to.
+
+DDP inside one job of a multirun (trainer=ddp in a sweep), where the basic launcher runs every job in the process that
+started the sweep: Lightning's DDP launcher starts one child process per extra device by rerunning the command line with
+`hydra.run.dir=<HydraConfig run.dir>` added. In a multirun both are the sweep's (`-m` and every swept value, and the
+single-run folder, not this job's), so each child would launch the whole sweep again. For the job's duration both
+describe this job as a single run, so the children train this job in its directory (rank 0 alone writes the results).
+Afterwards the process group is closed and the environment variables Lightning set (MASTER_PORT, LOCAL_RANK, WORLD_SIZE,
+...) are undone: the next job would otherwise reuse a group whose peers have exited, or take its processes for ones a
+cluster started.
 """
 
 import fcntl
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,12 +26,15 @@ from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, read_write
 from rich.console import Console
 
-from headcount.sweep import in_multirun
-
 LOCK_DIR = Path(tempfile.gettempdir()) / f"headcount-gpu-locks-{os.getuid()}"
+
+
+def in_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def visible_gpu_ids(n_gpus: int) -> list[str]:
@@ -73,3 +87,25 @@ def own_gpu_in_a_sweep(cfg: DictConfig) -> Iterator[None]:
         torch.cuda.set_device(index)
         Console(stderr=True).print(f"job {job} runs on GPU {index}")
         yield
+
+
+@contextmanager
+def ddp_confined_to_this_job() -> Iterator[None]:
+    if not in_multirun():
+        yield
+        return
+    hydra_cfg = HydraConfig.get()
+    argv, run_dir, environ = sys.argv, hydra_cfg.run.dir, dict(os.environ)
+    sys.argv = [argv[0], *hydra_cfg.overrides.task]
+    with read_write(hydra_cfg):
+        hydra_cfg.run.dir = hydra_cfg.runtime.output_dir
+    try:
+        yield
+    finally:
+        sys.argv = argv
+        with read_write(hydra_cfg):
+            hydra_cfg.run.dir = run_dir
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environ)

@@ -15,11 +15,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from headcount.ablation.config import AblationConfig
 from headcount.ablation.runner import run_ablations
+from headcount.cli.errors import exit_on_config_error
 from headcount.config import CONF_DIR, register_configs
+from headcount.config.ablation import AblationConfig
 from headcount.run_dir import load_run_config
-from headcount.training import exit_on_config_error
 
 
 def ablate(cfg: DictConfig, typed_keys: Sequence[str] = ()) -> list[Path]:

@@ -1,4 +1,4 @@
-"""`headcount-report <multirun dir>`: compare the runs of a sweep, from their run directories alone.
+"""A sweep report: compare the runs of a sweep (`headcount-report <multirun dir>`), from their run directories alone.
 
 Writes <multirun dir>/report/: runs.csv (a row per run: its overrides, parameter count, final metrics, the ablation
 headline numbers, finished or not), report.md with the tables and figures (report_figures.py), and with --wandb the
@@ -6,9 +6,7 @@ same to a W&B run (offline unless an API key is set). Runs without DONE are mark
 means and figures; nothing about them fails the report.
 """
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -18,11 +16,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from headcount import report_figures
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text
+from headcount.report import figures as report_figures
+from headcount.report.tracking import summary_headline
 from headcount.run_dir import RunPaths, is_done
-from headcount.tracking import closing_wandb_run, summary_headline, validate_wandb_project, wandb_mode
+from headcount.train.loggers import closing_wandb_run, wandb_mode
 
 FINAL_METRICS = ["val/loss", "val/acc", "test/loss", "test/acc"]
 REPLICATE_KEYS = ["seed"]  # swept for spread, not compared
@@ -205,29 +204,3 @@ def print_summary(out: Path, runs: pd.DataFrame) -> None:
     console.print(
         f"[green]wrote[/green] {out / 'report.md'}, {out / 'runs.csv'} and the figures beside them", soft_wrap=True
     )
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="headcount-report", description="Compare the runs of a sweep (a multirun folder)."
-    )
-    parser.add_argument("sweep_dir", type=Path, help="a multirun folder, e.g. outputs/multirun/<sweep_name>")
-    parser.add_argument(
-        "--wandb", action="store_true", help="also log the report to W&B (offline unless an API key is set)"
-    )
-    parser.add_argument("--project", help="W&B project (default: the one the runs were logged to)")
-    args = parser.parse_args(argv)
-    try:
-        out, runs, figures = write_report(args.sweep_dir)
-        print_summary(out, runs)
-        if args.wandb:
-            project = args.project or wandb_project_of(runs, args.sweep_dir)
-            validate_wandb_project(project)
-            push_to_wandb(out, runs, figures, project, group=args.sweep_dir.resolve().name)
-    except ConfigError as e:
-        Console(stderr=True).print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,37 @@
+"""`headcount-report <multirun dir> [--wandb]`: the sweep report of report/sweep_report.py, from the command line."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from headcount.config.logger import validate_wandb_project
+from headcount.errors import ConfigError
+from headcount.report.sweep_report import print_summary, push_to_wandb, wandb_project_of, write_report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="headcount-report", description="Compare the runs of a sweep (a multirun folder)."
+    )
+    parser.add_argument("sweep_dir", type=Path, help="a multirun folder, e.g. outputs/multirun/<sweep_name>")
+    parser.add_argument(
+        "--wandb", action="store_true", help="also log the report to W&B (offline unless an API key is set)"
+    )
+    parser.add_argument("--project", help="W&B project (default: the one the runs were logged to)")
+    args = parser.parse_args(argv)
+    try:
+        out, runs, figures = write_report(args.sweep_dir)
+        print_summary(out, runs)
+        if args.wandb:
+            project = args.project or wandb_project_of(runs, args.sweep_dir)
+            validate_wandb_project(project)
+            push_to_wandb(out, runs, figures, project, group=args.sweep_dir.resolve().name)
+    except ConfigError as e:
+        Console(stderr=True).print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

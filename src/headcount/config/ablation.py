@@ -1,0 +1,227 @@
+"""The ablation section of the train and ablate configs, and the checks on it that need no model or data, so bad
+input fails before any work starts."""
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from headcount.errors import ConfigError
+
+# Where the scan config nests L0GatesConfig, for error messages.
+KEY = "ablation.scans.l0_gates.l0"
+
+
+@dataclass
+class L0GatesConfig:
+    steps: int = 500  # optimiser steps, cycling through the batches
+    lr: float = 0.1  # Adam on log_alpha
+    n_batches: int | None = None  # train on the first n of the given batches (None: all)
+    beta: float = 2 / 3  # hard-concrete temperature
+    gamma: float = -0.1  # lower stretch limit, < 0
+    zeta: float = 1.1  # upper stretch limit, > 1
+    penalty: float | None = 0.05  # fixed lambda per expected open head; with target_heads, lambda's start (null: 0)
+    # Heads to keep: an int, a list (one run per target: the loss-against-heads-kept curve) or null (fixed penalty).
+    # Any, not a Union: OmegaConf structured configs accept no list-or-int type.
+    target_heads: Any = None
+    penalty_lr: float = 0.002  # dual-ascent step on lambda per head of constraint violation
+    target_warmup: float = 0.5  # fraction of the steps over which the target falls from all heads to target_heads
+    log_alpha_init: float = 3.0  # sigmoid(3) (zeta - gamma) + gamma = 1.04: every gate starts open
+    seed: int = 0  # the hard-concrete noise
+
+
+MODES = ("zero", "mean", "resample")
+SCAN_KINDS = (
+    "baseline",
+    "single_head",
+    "layer",
+    "leave_one_in",
+    "pairs",
+    "custom",
+    "importance",
+    "pruning",
+    "l0_gates",
+    "head_scores",
+)
+PRUNING_ORDERS = ("gradient", "gradient_iterative", "single_head", "random")
+EXPORT_ORDERS = (*PRUNING_ORDERS, "l0_gates")  # what ablation.prune.order may name
+
+
+@dataclass
+class ScanConfig:
+    kind: str = "single_head"  # one of SCAN_KINDS
+    top_k: int | None = None  # pairs: only pairs among the k most important heads (None: all pairs)
+    masks_file: str | None = None  # custom: YAML/JSON list of masks
+    l0: L0GatesConfig = field(default_factory=L0GatesConfig)  # l0_gates: the hard-concrete gate training
+
+
+@dataclass
+class PruningConfig:
+    step: float = 0.1  # fraction of all heads removed per step
+    orders: list[str] = field(default_factory=lambda: list(PRUNING_ORDERS))
+    random_seeds: int = 3
+    tolerance: float = 0.01  # prunable = loss within (1 + tolerance) * baseline loss
+
+
+@dataclass
+class PruneExportConfig:
+    export: bool = False  # write ablation/pruned.ckpt, a smaller model with the heads removed
+    # Remove the largest prunable fraction found by this pruning order, or with `l0_gates` the heads the l0_gates
+    # scan's learned gates close...
+    order: str = "gradient"
+    fraction: float | None = None  # ...or exactly this fraction in that pruning order...
+    heads: list[list[int]] | None = None  # ...or exactly these [layer, head] pairs
+    l0_target_heads: int | None = None  # order=l0_gates with several targets: the run whose mask to export
+
+
+@dataclass
+class AblationConfig:
+    mode: str = "zero"  # one of MODES
+    mean_per_position: bool = False  # mean: average z per position instead of over positions too
+    split: str = "val"  # the split every mask is evaluated on
+    reference_split: str = "train"  # where mean and resample replacements come from
+    n_eval: int | None = None  # examples of `split` to evaluate on (None: all)
+    n_reference: int = 512  # examples of `reference_split` for the means
+    batch_size: int = 64  # examples per forward pass (times masks per pass)
+    masks_per_pass: int | None = None  # None: as many as fit the memory budget
+    memory_budget_mb: int | None = None  # activations per pass (None: 64 MiB on CPU, half the free CUDA memory)
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 0  # resample pairing and random pruning orders
+    normalize_importance: bool = True  # per-layer l2 normalisation of gradient importance (Michel et al.)
+    progress: bool = True
+    # Scans to run, keyed by name; filled by selecting configs from conf/ablation/.
+    scans: dict[str, ScanConfig] = field(default_factory=dict)
+    pruning: PruningConfig = field(default_factory=PruningConfig)
+    prune: PruneExportConfig = field(default_factory=PruneExportConfig)
+
+
+def l0_targets(cfg: L0GatesConfig) -> list[int | None]:
+    """The runs a config asks for: one per target, or a single fixed-penalty run (None)."""
+    if cfg.target_heads is None:
+        return [None]
+    return [cfg.target_heads] if isinstance(cfg.target_heads, int) else list(cfg.target_heads)
+
+
+def validate_l0_config(cfg: L0GatesConfig, n_heads: int | None = None, key: str = KEY) -> None:
+    """ConfigError for values training cannot use; given n_heads (the model's heads), every target must fit in it."""
+    if not (isinstance(cfg.steps, int) and cfg.steps >= 1):
+        raise ConfigError(f"{key}.steps", cfg.steps, "must be a positive integer")
+    if cfg.n_batches is not None and not (isinstance(cfg.n_batches, int) and cfg.n_batches >= 1):
+        raise ConfigError(f"{key}.n_batches", cfg.n_batches, "must be a positive integer or null (all batches)")
+    for name in ("lr", "beta", "penalty_lr"):
+        if not getattr(cfg, name) > 0:
+            raise ConfigError(f"{key}.{name}", getattr(cfg, name), "must be a positive number")
+    if not 0 <= cfg.target_warmup <= 1:
+        raise ConfigError(f"{key}.target_warmup", cfg.target_warmup, "must be in [0, 1]: a fraction of the steps")
+    if not cfg.gamma < 0:
+        raise ConfigError(f"{key}.gamma", cfg.gamma, "must be negative: gates reach exactly 0 only if gamma < 0")
+    if not cfg.zeta > 1:
+        raise ConfigError(f"{key}.zeta", cfg.zeta, "must be above 1: gates reach exactly 1 only if zeta > 1")
+    if cfg.penalty is None and cfg.target_heads is None:
+        raise ConfigError(f"{key}.penalty", None, f"set a fixed penalty weight or {key}.target_heads (heads to keep)")
+    if cfg.penalty is not None and not cfg.penalty >= 0:
+        raise ConfigError(f"{key}.penalty", cfg.penalty, "must be a non-negative number or null")
+    targets = l0_targets(cfg)
+    upper = n_heads if n_heads is not None else float("inf")
+    if not targets or not all(t is None or (isinstance(t, int) and 0 <= t <= upper) for t in targets):
+        allowed = "integers in 0.." + (f"{n_heads} (the model's heads)" if n_heads is not None else "n_heads")
+        raise ConfigError(f"{key}.target_heads", cfg.target_heads, f"needs one of {allowed}, a list of them or null")
+
+
+def validate_pruning_config(cfg: PruningConfig) -> None:
+    if not 0 < cfg.step <= 1:
+        raise ConfigError("ablation.pruning.step", cfg.step, "must be in (0, 1]: the fraction of heads per step")
+    for order in cfg.orders:
+        if order not in PRUNING_ORDERS:
+            raise ConfigError("ablation.pruning.orders", order, f"allowed: {', '.join(PRUNING_ORDERS)}")
+    if "random" in cfg.orders and cfg.random_seeds < 1:
+        raise ConfigError("ablation.pruning.random_seeds", cfg.random_seeds, "must be a positive integer")
+    if not cfg.tolerance >= 0:
+        raise ConfigError("ablation.pruning.tolerance", cfg.tolerance, "must be a non-negative number")
+
+
+SCAN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # scan names become file names
+DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def validate_ablation_config(cfg: AblationConfig) -> None:
+    if cfg.mode not in MODES:
+        raise ConfigError("ablation.mode", cfg.mode, f"allowed: {', '.join(MODES)}")
+    if cfg.n_eval is not None and cfg.n_eval < 1:
+        raise ConfigError("ablation.n_eval", cfg.n_eval, "must be a positive integer or null (the whole split)")
+    if cfg.mode != "zero" and cfg.n_reference < 1:
+        raise ConfigError(
+            "ablation.n_reference", cfg.n_reference, f"mode={cfg.mode} needs reference examples: a positive integer"
+        )
+    for key in ("batch_size", "masks_per_pass", "memory_budget_mb"):
+        value = getattr(cfg, key)
+        if value is not None and value < 1:
+            raise ConfigError(
+                f"ablation.{key}", value, "must be a positive integer" + ("" if key == "batch_size" else " or null")
+            )
+    validate_device(cfg.device)
+    for name, scan in cfg.scans.items():
+        if not SCAN_NAME.match(name):
+            raise ConfigError(f"ablation.scans.{name}", name, "scan names may use letters, digits, '_', '.' and '-'")
+        if scan.kind not in SCAN_KINDS:
+            raise ConfigError(f"ablation.scans.{name}.kind", scan.kind, f"allowed: {', '.join(SCAN_KINDS)}")
+        if scan.kind == "custom" and not scan.masks_file:
+            raise ConfigError(
+                f"ablation.scans.{name}.masks_file", scan.masks_file, "a custom scan needs a YAML/JSON file of masks"
+            )
+        if scan.top_k is not None and scan.top_k < 2:
+            raise ConfigError(
+                f"ablation.scans.{name}.top_k", scan.top_k, "must be at least 2 (pairs among the top k heads) or null"
+            )
+    if cfg.prune.export or any(scan.kind == "pruning" for scan in cfg.scans.values()):
+        validate_pruning_config(cfg.pruning)
+    if cfg.prune.export:
+        validate_prune_export(cfg)
+
+
+def validate_device(device: str) -> None:
+    if not DEVICE.match(device):
+        raise ConfigError("ablation.device", device, "allowed: auto, cpu, cuda, cuda:<index>")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("ablation.device", device, "CUDA is not available on this machine; use auto or cpu")
+
+
+def validate_prune_export(cfg: AblationConfig) -> None:
+    prune = cfg.prune
+    if cfg.mode == "resample" or (cfg.mode == "mean" and cfg.mean_per_position):
+        raise ConfigError(
+            "ablation.prune.export",
+            True,
+            "a smaller model can fold only zero or position-averaged mean ablation; "
+            f"mode={cfg.mode}{' with mean_per_position' if cfg.mean_per_position else ''} varies with the input",
+        )
+    if prune.order not in EXPORT_ORDERS:
+        raise ConfigError("ablation.prune.order", prune.order, f"allowed: {', '.join(EXPORT_ORDERS)}")
+    if prune.order == "l0_gates" and prune.fraction is not None:
+        raise ConfigError("ablation.prune.fraction", prune.fraction, "applies to pruning orders, not to order=l0_gates")
+    if prune.order == "l0_gates" and prune.heads is None:
+        validate_l0_export(cfg)
+    if prune.fraction is not None and not 0 <= prune.fraction <= 1:
+        raise ConfigError("ablation.prune.fraction", prune.fraction, "must be in [0, 1] or null")
+    if prune.heads is not None and prune.fraction is not None:
+        raise ConfigError(
+            "ablation.prune.heads", prune.heads, "give either ablation.prune.heads or ablation.prune.fraction"
+        )
+
+
+def validate_l0_export(cfg: AblationConfig) -> None:
+    """order=l0_gates exports one learned mask: it needs an l0_gates scan, and a choice among its targets."""
+    scans = [scan for scan in cfg.scans.values() if scan.kind == "l0_gates"]
+    if len(scans) != 1:
+        raise ConfigError(
+            "ablation.prune.order", "l0_gates", f"needs exactly one l0_gates scan in ablation (found {len(scans)})"
+        )
+    targets = l0_targets(scans[0].l0)
+    chosen = cfg.prune.l0_target_heads
+    if chosen is None and len(targets) > 1:
+        raise ConfigError(
+            "ablation.prune.l0_target_heads", None, f"the l0_gates scan has several targets, pick one of {targets}"
+        )
+    if chosen is not None and chosen not in targets:
+        raise ConfigError("ablation.prune.l0_target_heads", chosen, f"must be one of the scan's targets {targets}")

@@ -1,0 +1,58 @@
+"""Training one run: fit, resume from last.ckpt if the run was interrupted, evaluate, write metrics.json."""
+
+import logging
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from headcount.io import atomic_write_json
+from headcount.run_dir import RunPaths
+from headcount.train.loggers import make_logger
+from headcount.train.module import HeadcountModule
+from headcount.train.trainer import build_trainer
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict:
+    """Train (resuming from last.ckpt if the run was interrupted), evaluate, write metrics.json; returns the metrics."""
+    from headcount.data import HeadcountDataModule
+
+    paths = RunPaths(run_dir)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    data = HeadcountDataModule(OmegaConf.to_object(cfg.data))
+    data.setup()  # bad data input fails here, before any checkpoint or log is written
+    module = HeadcountModule(
+        model=OmegaConf.to_container(cfg.model, resolve=True),
+        optim=OmegaConf.to_container(cfg.trainer.optim, resolve=True),
+        max_steps=cfg.trainer.max_steps,
+        compile=cfg.trainer.compile,
+    )
+    logger = make_logger(cfg, run_dir)
+    trainer = build_trainer(cfg, run_dir, logger)
+    resume = paths.last_ckpt if paths.last_ckpt.exists() else None
+    if resume:
+        log.info("resuming from %s", resume)
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=data, ckpt_path=resume)
+    seconds = time.perf_counter() - start
+    val = trainer.validate(module, datamodule=data, verbose=False)[0]
+    test = trainer.test(module, datamodule=data, verbose=False)[0]
+    tokens = cfg.trainer.max_steps * cfg.data.batch_size * cfg.data.seq_len
+    metrics = {
+        **{k: float(v) for k, v in {**val, **test}.items()},
+        "params": module.model.num_params(),
+        "params_non_embedding": module.model.num_params(non_embedding=True),
+        "flops_per_token": module.model.flops_per_token(cfg.data.seq_len),
+        "steps": int(trainer.global_step),
+        "train_seconds": seconds,
+        "tokens_per_second": tokens / seconds if not resume else None,
+        # CPU results are bit for bit only at the same thread count: float sums split differently across threads.
+        "cpu_threads": torch.get_num_threads(),
+    }
+    if trainer.is_global_zero:
+        atomic_write_json(paths.metrics, metrics)
+    return metrics
