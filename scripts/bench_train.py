@@ -45,6 +45,7 @@ def build(p: dict, plain: bool, device: str) -> Transformer:
         n_ctx=p["seq_len"],
         vocab_size=256,
         attn=AttentionConfig(n_heads=p["n_heads"]),
+        mlp=True,
     )
     model = Transformer(cfg)
     if plain:

@@ -33,6 +33,7 @@ from headcount.ablation.masks import (
 from headcount.ablation.replacements import resample_sources
 from headcount.ablation.scans import SCAN_COLUMNS
 from headcount.cli.ablate import ablate, typed_ablation_keys
+from headcount.cli.errors import BAD_INPUT, as_config_error
 from headcount.cli.train import run
 from headcount.config import CONF_DIR
 from headcount.errors import ConfigError
@@ -71,7 +72,10 @@ def run_copy(trained_run, tmp_path) -> Path:
 
 def ablate_with(run_dir: Path, *overrides: str) -> list[Path]:
     overrides = [f"run_dir={run_dir}", "ablation.progress=false", *overrides]
-    cfg = compose_config("ablate", overrides)
+    try:
+        cfg = compose_config("ablate", overrides)
+    except BAD_INPUT as e:  # a value outside a choice is refused at compose time, as headcount-ablate reports it
+        raise as_config_error(e) from e
     return ablate(cfg, typed_ablation_keys(overrides))
 
 

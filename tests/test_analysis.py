@@ -27,7 +27,8 @@ def reference_scores(model, ids_BT):
 
 def test_scores_match_their_definitions():
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(n_layers=2, d_model=16, n_ctx=16, vocab_size=6, attn=AttentionConfig(n_heads=2)))
+    cfg = ModelConfig(n_layers=2, d_model=16, n_ctx=16, vocab_size=6, attn=AttentionConfig(n_heads=2), mlp=True)
+    model = Transformer(cfg)
     ids = torch.randint(0, 6, (3, 10), generator=torch.Generator().manual_seed(1))
     scores = head_pattern_scores(model, [{"input_ids": ids[:2]}, {"input_ids": ids[2:]}])
     expected = reference_scores(model, ids)

@@ -14,7 +14,9 @@ PARTIAL_MASK_LH = torch.tensor([[1.0, 0.5, 0.0], [1.0, 1.0, 0.25]], dtype=torch.
 def make_model(combine="concat", heads_per_layer=None) -> Transformer:
     torch.manual_seed(0)
     attn = AttentionConfig(n_heads=H, combine=combine)
-    cfg = ModelConfig(n_layers=L, d_model=24, n_ctx=8, vocab_size=VOCAB, attn=attn, heads_per_layer=heads_per_layer)
+    cfg = ModelConfig(
+        n_layers=L, d_model=24, n_ctx=8, vocab_size=VOCAB, attn=attn, mlp=True, heads_per_layer=heads_per_layer
+    )
     model = Transformer(cfg).double()
     with torch.no_grad():  # larger weights than the init's, so that every head moves the loss clearly
         for p in model.parameters():

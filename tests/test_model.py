@@ -12,7 +12,8 @@ TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 def make_model(dtype=torch.float64, seed=0, **attn) -> Transformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig(n_layers=2, d_model=32, n_ctx=16, vocab_size=50, attn=AttentionConfig(**{"n_heads": 4, **attn}))
+    attn_cfg = AttentionConfig(**{"n_heads": 4, **attn})
+    cfg = ModelConfig(n_layers=2, d_model=32, n_ctx=16, vocab_size=50, attn=attn_cfg, mlp=True)
     return Transformer(cfg).to(dtype).eval()
 
 

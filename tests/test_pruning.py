@@ -144,7 +144,7 @@ def test_bad_pruning_config_is_refused(overrides, key):
 def test_real_model_curves_start_at_the_baseline():
     """The real gradient importance and an evaluator made of plain forward passes, on a tiny model."""
     torch.manual_seed(0)
-    cfg = ModelConfig(n_layers=2, d_model=16, n_ctx=8, vocab_size=10, attn=AttentionConfig(n_heads=2))
+    cfg = ModelConfig(n_layers=2, d_model=16, n_ctx=8, vocab_size=10, attn=AttentionConfig(n_heads=2), mlp=True)
     model = Transformer(cfg).double().eval()
     g = torch.Generator().manual_seed(0)
     batch = {"input_ids": torch.randint(0, 10, (4, 8), generator=g), "loss_mask": torch.ones(4, 8, dtype=torch.bool)}

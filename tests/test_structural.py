@@ -17,7 +17,9 @@ TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 def make_model(dtype=torch.float64, combine="concat", out_bias=True, tie_embeddings=False) -> Transformer:
     torch.manual_seed(0)
     attn = AttentionConfig(n_heads=H, combine=combine, out_bias=out_bias)
-    cfg = ModelConfig(n_layers=L, d_model=16, n_ctx=T, vocab_size=VOCAB, attn=attn, tie_embeddings=tie_embeddings)
+    cfg = ModelConfig(
+        n_layers=L, d_model=16, n_ctx=T, vocab_size=VOCAB, attn=attn, mlp=True, tie_embeddings=tie_embeddings
+    )
     model = Transformer(cfg).to(dtype).eval()
     with torch.no_grad():  # weights larger than the init's, so a wrongly kept or dropped head shows in the logits
         for p in model.parameters():

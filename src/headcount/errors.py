@@ -1,5 +1,6 @@
 """One exception type for bad input, so entry points can print it as one line and exit non-zero."""
 
+from enum import Enum
 from typing import Any
 
 
@@ -8,4 +9,5 @@ class ConfigError(ValueError):
 
     def __init__(self, key: str, value: Any, allowed: str):
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"{key}={value!r}: {allowed}")
+        shown = value.value if isinstance(value, Enum) else value  # a config choice reads as its plain value
+        super().__init__(f"{key}={shown!r}: {allowed}")

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from headcount.ablation.runner import run_ablations
-from headcount.cli.errors import exit_on_config_error
+from headcount.cli.errors import exit_on_config_error, run_hydra_command
 from headcount.config import CONF_DIR, register_configs
 from headcount.config.ablation import AblationConfig
 from headcount.run_dir import load_run_config
@@ -73,7 +73,7 @@ def ablate_job(cfg: DictConfig) -> None:
 def main() -> None:
     """`headcount-ablate run_dir=<run> [ablation=<scan>] [ablation.*=...]`."""
     sys.argv[1:] = quote_run_dir(sys.argv[1:])
-    ablate_job()
+    run_hydra_command(ablate_job)
 
 
 if __name__ == "__main__":

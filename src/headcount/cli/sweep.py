@@ -18,16 +18,17 @@ from typing import Any
 from hydra import compose
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markup import escape
 
+from headcount.cli.errors import BAD_INPUT, describe, print_error
 from headcount.config import CONF_DIR
 from headcount.errors import ConfigError
+from headcount.findings import check_finding, reads_sweep
+from headcount.report.sweep_report import print_summary, write_report
 
 # Launcher plugin configs (as Hydra registers them, by name prefix) -> (module, pip package).
 LAUNCHER_PLUGINS = {
@@ -98,21 +99,9 @@ class ValidateJobsFirst(Callback):
         for num, overrides in enumerate(jobs := sweep_jobs(config)):
             try:
                 validate(compose(config.hydra.job.config_name, overrides=overrides))
-            except (ConfigError, HydraException, OmegaConfBaseException) as e:
-                Console(stderr=True).print(
-                    f"[red]error:[/red] job {num} of {len(jobs)} ({' '.join(overrides)}): {first_lines(e)}; "
-                    "no job started",
-                    highlight=False,
-                    soft_wrap=True,
-                )
+            except BAD_INPUT as e:
+                print_error(f"job {num} of {len(jobs)} ({' '.join(overrides)}): {describe(e)}; no job started")
                 sys.exit(2)
-
-
-def first_lines(error: BaseException) -> str:
-    """The error's first line and its cause's: Hydra's composition errors go on for several lines, with hints (`use
-    +key=value to append`) that do not apply to typed configs."""
-    causes = [error] if error.__cause__ is None else [error, error.__cause__]
-    return " ".join(str(e).strip().splitlines()[0] for e in causes if str(e).strip())
 
 
 class ReportAndCheckFinding(Callback):
@@ -120,9 +109,6 @@ class ReportAndCheckFinding(Callback):
     that reads single runs is checked inside each job instead)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from headcount.findings import check_finding, reads_sweep
-        from headcount.report.sweep_report import print_summary, write_report
-
         finding = config.get("finding")
         if finding is None or not reads_sweep(finding):
             return

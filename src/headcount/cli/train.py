@@ -11,10 +11,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from headcount.ablation import run_ablations
-from headcount.cli.errors import exit_on_config_error
+from headcount.cli.errors import exit_on_config_error, run_hydra_command
 from headcount.cli.sweep import check_launcher_installed, register_resolvers
 from headcount.config import CONF_DIR, register_configs, validate_train_config
-from headcount.config.logger import validate_wandb_config
 from headcount.findings import check_finding, reads_sweep, validate_finding
 from headcount.report.tracking import log_run_results
 from headcount.run_dir import is_done, mark_done
@@ -27,8 +26,6 @@ def validate_job(cfg: DictConfig) -> None:
     """Everything about one job's config that can fail before training; a multirun runs it on every job first."""
     validate_train_config(cfg)
     validate_finding(cfg.finding)
-    if cfg.logger.kind == "wandb":
-        validate_wandb_config(cfg.logger.wandb)
 
 
 def run(cfg: DictConfig, run_dir: Path) -> None:
@@ -72,7 +69,7 @@ def train_job(cfg: DictConfig) -> None:
 def main() -> None:
     """`headcount-train [-m] <overrides>`: a missing launcher plugin is reported before Hydra reads any config."""
     exit_on_config_error(check_launcher_installed)(sys.argv[1:])
-    train_job()
+    run_hydra_command(train_job)
 
 
 if __name__ == "__main__":

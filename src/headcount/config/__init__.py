@@ -3,6 +3,14 @@
 This package is the bottom of the import order (DESIGN.md): it imports nothing else of headcount but errors.
 """
 
-from headcount.config.schema import CONF_DIR, AblateConfig, TrainConfig, register_configs, validate_train_config
+from headcount.config.schema import (
+    CONF_DIR,
+    AblateConfig,
+    TrainConfig,
+    plain,
+    register_configs,
+    typed,
+    validate_train_config,
+)
 
-__all__ = ["CONF_DIR", "AblateConfig", "TrainConfig", "register_configs", "validate_train_config"]
+__all__ = ["CONF_DIR", "AblateConfig", "TrainConfig", "plain", "register_configs", "typed", "validate_train_config"]

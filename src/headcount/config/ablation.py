@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from headcount.config.choice import Choice, check_choice
 from headcount.errors import ConfigError
 
 # Where the scan config nests L0GatesConfig, for error messages.
@@ -31,7 +32,29 @@ class L0GatesConfig:
     seed: int = 0  # the hard-concrete noise
 
 
-MODES = ("zero", "mean", "resample")
+class Mode(Choice):
+    zero = "zero"
+    mean = "mean"  # the head's mean z over the reference split
+    resample = "resample"  # the head's z on another example of the reference split
+
+
+class PruningOrder(Choice):
+    gradient = "gradient"
+    gradient_iterative = "gradient_iterative"
+    single_head = "single_head"
+    random = "random"
+
+
+class ExportOrder(Choice):
+    """What ablation.prune.order may name: a pruning order, or the heads the learned L0 gates keep."""
+
+    gradient = "gradient"
+    gradient_iterative = "gradient_iterative"
+    single_head = "single_head"
+    random = "random"
+    l0_gates = "l0_gates"
+
+
 SCAN_KINDS = (
     "baseline",
     "single_head",
@@ -44,8 +67,6 @@ SCAN_KINDS = (
     "l0_gates",
     "head_scores",
 )
-PRUNING_ORDERS = ("gradient", "gradient_iterative", "single_head", "random")
-EXPORT_ORDERS = (*PRUNING_ORDERS, "l0_gates")  # what ablation.prune.order may name
 
 
 @dataclass
@@ -59,7 +80,7 @@ class ScanConfig:
 @dataclass
 class PruningConfig:
     step: float = 0.1  # fraction of all heads removed per step
-    orders: list[str] = field(default_factory=lambda: list(PRUNING_ORDERS))
+    orders: list[PruningOrder] = field(default_factory=lambda: list(PruningOrder))
     random_seeds: int = 3
     tolerance: float = 0.01  # prunable = loss within (1 + tolerance) * baseline loss
 
@@ -69,7 +90,7 @@ class PruneExportConfig:
     export: bool = False  # write ablation/pruned.ckpt, a smaller model with the heads removed
     # Remove the largest prunable fraction found by this pruning order, or with `l0_gates` the heads the l0_gates
     # scan's learned gates close...
-    order: str = "gradient"
+    order: ExportOrder = ExportOrder.gradient
     fraction: float | None = None  # ...or exactly this fraction in that pruning order...
     heads: list[list[int]] | None = None  # ...or exactly these [layer, head] pairs
     l0_target_heads: int | None = None  # order=l0_gates with several targets: the run whose mask to export
@@ -77,7 +98,7 @@ class PruneExportConfig:
 
 @dataclass
 class AblationConfig:
-    mode: str = "zero"  # one of MODES
+    mode: Mode = Mode.zero
     mean_per_position: bool = False  # mean: average z per position instead of over positions too
     split: str = "val"  # the split every mask is evaluated on
     reference_split: str = "train"  # where mean and resample replacements come from
@@ -133,8 +154,7 @@ def validate_pruning_config(cfg: PruningConfig) -> None:
     if not 0 < cfg.step <= 1:
         raise ConfigError("ablation.pruning.step", cfg.step, "must be in (0, 1]: the fraction of heads per step")
     for order in cfg.orders:
-        if order not in PRUNING_ORDERS:
-            raise ConfigError("ablation.pruning.orders", order, f"allowed: {', '.join(PRUNING_ORDERS)}")
+        check_choice("ablation.pruning.orders", order, PruningOrder)
     if "random" in cfg.orders and cfg.random_seeds < 1:
         raise ConfigError("ablation.pruning.random_seeds", cfg.random_seeds, "must be a positive integer")
     if not cfg.tolerance >= 0:
@@ -146,8 +166,7 @@ DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 def validate_ablation_config(cfg: AblationConfig) -> None:
-    if cfg.mode not in MODES:
-        raise ConfigError("ablation.mode", cfg.mode, f"allowed: {', '.join(MODES)}")
+    check_choice("ablation.mode", cfg.mode, Mode)
     if cfg.n_eval is not None and cfg.n_eval < 1:
         raise ConfigError("ablation.n_eval", cfg.n_eval, "must be a positive integer or null (the whole split)")
     if cfg.mode != "zero" and cfg.n_reference < 1:
@@ -196,8 +215,7 @@ def validate_prune_export(cfg: AblationConfig) -> None:
             "a smaller model can fold only zero or position-averaged mean ablation; "
             f"mode={cfg.mode}{' with mean_per_position' if cfg.mean_per_position else ''} varies with the input",
         )
-    if prune.order not in EXPORT_ORDERS:
-        raise ConfigError("ablation.prune.order", prune.order, f"allowed: {', '.join(EXPORT_ORDERS)}")
+    check_choice("ablation.prune.order", prune.order, ExportOrder)
     if prune.order == "l0_gates" and prune.fraction is not None:
         raise ConfigError("ablation.prune.fraction", prune.fraction, "applies to pruning orders, not to order=l0_gates")
     if prune.order == "l0_gates" and prune.heads is None:

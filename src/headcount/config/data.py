@@ -1,20 +1,38 @@
-"""The data section of every config: which source, how long the sequences, how many examples."""
+"""The data section of every config: which source, how long the sequences, how many examples.
+
+The defaults are the default data, `data=induction`; each conf/data/<source>.yaml holds what its source changes.
+"""
 
 from dataclasses import dataclass
 
+from headcount.config.choice import Choice, check_choice
+from headcount.errors import ConfigError
+
+
+class Source(Choice):
+    induction = "induction"
+    assoc_recall = "assoc_recall"
+    offset_diff = "offset_diff"
+    copy = "copy"
+    text = "text"
+    pystdlib = "pystdlib"
+    hub = "hub"
+
+
 SYNTHETIC_SOURCES = ("induction", "assoc_recall", "offset_diff", "copy")
 TEXT_SOURCES = ("text", "pystdlib", "hub")
-SOURCES = SYNTHETIC_SOURCES + TEXT_SOURCES
+SOURCES = tuple(source.value for source in Source)
+BYTE_VOCAB = 256  # text sources are byte-level
 
 
 @dataclass
 class DataConfig:
-    source: str = "induction"
+    source: Source = Source.induction
     seq_len: int = 64
     # Synthetic tasks: the token alphabet. Text sources are byte-level and always use 256.
-    vocab_size: int = 32
+    vocab_size: int = 64
     seed: int = 0
-    n_train: int = 4096  # synthetic: examples per split; text: at most this many chunks
+    n_train: int = 16384  # synthetic: examples per split; text: at most this many chunks
     n_val: int = 512
     n_test: int = 512
     batch_size: int = 32
@@ -35,3 +53,39 @@ class DataConfig:
     text_field: str = "text"
     # Where processed data is cached; absolute, independent of Hydra's run directory.
     cache_dir: str = "${oc.env:HEADCOUNT_CACHE,${oc.env:HOME,/tmp}/.cache/headcount}"
+
+
+def data_vocab_size(cfg: DataConfig) -> int:
+    """Token ids lie in [0, this): the task alphabet for synthetic sources, bytes for text sources."""
+    check_choice("data.source", cfg.source, Source)
+    return cfg.vocab_size if cfg.source in SYNTHETIC_SOURCES else BYTE_VOCAB
+
+
+def validate_data_section(cfg: DataConfig) -> None:
+    """The checks every source shares; each synthetic task adds its own (data/synthetic.py) and the cache folder is
+    checked where it is resolved (data/cache.py). Raises ConfigError naming the first bad key."""
+    check_choice("data.source", cfg.source, Source)
+    for key, value, minimum in (
+        ("seq_len", cfg.seq_len, 2),
+        ("n_train", cfg.n_train, 1),
+        ("n_val", cfg.n_val, 1),
+        ("n_test", cfg.n_test, 1),
+        ("batch_size", cfg.batch_size, 1),
+        ("num_workers", cfg.num_workers, 0),
+        ("seed", cfg.seed, 0),  # numpy seeds must be non-negative
+    ):
+        if value < minimum:
+            raise ConfigError(f"data.{key}", value, f"must be an integer >= {minimum}")
+    if cfg.source in SYNTHETIC_SOURCES:
+        if cfg.batch_size > cfg.n_train:
+            raise ConfigError("data.batch_size", cfg.batch_size, f"must be at most data.n_train={cfg.n_train}")
+        return
+    for key, value in (("val_fraction", cfg.val_fraction), ("test_fraction", cfg.test_fraction)):
+        if not 0 < value < 1:
+            raise ConfigError(f"data.{key}", value, "must be strictly between 0 and 1")
+    if cfg.val_fraction + cfg.test_fraction >= 1:
+        raise ConfigError("data.test_fraction", cfg.test_fraction, "val_fraction + test_fraction must be below 1")
+    if cfg.source == "hub" and cfg.hub_name is None:
+        raise ConfigError("data.hub_name", None, "source hub needs a Hugging Face dataset name")
+    if cfg.source == "text" and cfg.path is None:
+        raise ConfigError("data.path", None, "source text needs a file or a folder of .txt files")

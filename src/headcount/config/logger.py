@@ -2,13 +2,23 @@
 
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
-
+from headcount.config.choice import Choice, check_choice
 from headcount.errors import ConfigError
 
-LOGGERS = ("csv", "wandb", "none")
-WANDB_MODES = ("auto", "online", "offline", "disabled")
 WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
+
+
+class LoggerKind(Choice):
+    csv = "csv"
+    wandb = "wandb"
+    none = "none"
+
+
+class WandbMode(Choice):
+    auto = "auto"  # online with an API key and a server that answers, else offline
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
 
 
 @dataclass
@@ -18,12 +28,12 @@ class WandbConfig:
     group: str | None = None  # default: the experiment or sweep name
     name: str | None = None  # default: the command-line overrides
     tags: list[str] = field(default_factory=list)
-    mode: str = "auto"  # auto (online with an API key and network, else offline) | online | offline | disabled
+    mode: WandbMode = WandbMode.auto
 
 
 @dataclass
 class LoggerConfig:
-    kind: str = "csv"  # csv | wandb | none
+    kind: LoggerKind = LoggerKind.csv
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
@@ -38,7 +48,8 @@ def validate_wandb_project(project: str | None) -> None:
         )
 
 
-def validate_wandb_config(w: DictConfig) -> None:
-    validate_wandb_project(w.project)
-    if w.mode not in WANDB_MODES:
-        raise ConfigError("logger.wandb.mode", w.mode, f"allowed: {', '.join(WANDB_MODES)}")
+def validate_logger_config(cfg: LoggerConfig) -> None:
+    check_choice("logger.kind", cfg.kind, LoggerKind)
+    if cfg.kind == "wandb":
+        validate_wandb_project(cfg.wandb.project)
+        check_choice("logger.wandb.mode", cfg.wandb.mode, WandbMode)

@@ -1,27 +1,48 @@
-"""The model section: the transformer's shape and its attention heads (DESIGN.md, "The math")."""
+"""The model section: the transformer's shape and its attention heads (docs/DESIGN.md, "The math").
+
+The defaults are the default model, `model=attn_only_2l`: Olsson et al.'s two attention-only layers of 8 heads.
+"""
 
 from dataclasses import dataclass, field
 
+from headcount.config.choice import Choice, check_choice
 from headcount.errors import ConfigError
 
-COMBINE_MODES = ("concat", "sum")
+
+class Combine(Choice):
+    concat = "concat"  # [z_1 .. z_H] W_o: one W_o slice per head
+    sum = "sum"  # (sum_h z_h) W_o: one W_o shared by every head, as in the first Transformer
 
 
 @dataclass
 class AttentionConfig:
-    n_heads: int = 4
+    n_heads: int = 8
     head_dim: int | None = None  # None: d_model // n_heads (flat cost); an int: any width, cost grows with heads
-    combine: str = "concat"  # concat | sum
+    combine: Combine = Combine.concat
     qkv_bias: bool = True
     out_bias: bool = True
+
+
+@dataclass
+class ModelConfig:
+    n_layers: int = 2
+    d_model: int = 64
+    n_ctx: int = 128
+    vocab_size: int = 256
+    attn: AttentionConfig = field(default_factory=AttentionConfig)
+    mlp: bool = False
+    mlp_ratio: int = 4
+    tie_embeddings: bool = False
+    dropout: float = 0.0
+    # Heads per layer after structural pruning (0 allowed: a layer with every head removed); null means attn.n_heads.
+    heads_per_layer: list[int] | None = None
 
 
 def resolve_head_dim(d_model: int, attn: AttentionConfig, key: str = "model.attn") -> int:
     """The per-head width, or a ConfigError naming the key that makes it impossible."""
     if attn.n_heads < 1:
         raise ConfigError(f"{key}.n_heads", attn.n_heads, "must be a positive integer")
-    if attn.combine not in COMBINE_MODES:
-        raise ConfigError(f"{key}.combine", attn.combine, f"allowed: {', '.join(COMBINE_MODES)}")
+    check_choice(f"{key}.combine", attn.combine, Combine)
     if attn.head_dim is None:
         if d_model % attn.n_heads:
             raise ConfigError(
@@ -33,21 +54,6 @@ def resolve_head_dim(d_model: int, attn: AttentionConfig, key: str = "model.attn
     if attn.head_dim < 1:
         raise ConfigError(f"{key}.head_dim", attn.head_dim, "must be a positive integer or null")
     return attn.head_dim
-
-
-@dataclass
-class ModelConfig:
-    n_layers: int = 2
-    d_model: int = 64
-    n_ctx: int = 64
-    vocab_size: int = 64
-    attn: AttentionConfig = field(default_factory=AttentionConfig)
-    mlp: bool = True
-    mlp_ratio: int = 4
-    tie_embeddings: bool = False
-    dropout: float = 0.0
-    # Heads per layer after structural pruning (0 allowed: a layer with every head removed); null means attn.n_heads.
-    heads_per_layer: list[int] | None = None
 
 
 def validate_model_config(cfg: ModelConfig) -> None:

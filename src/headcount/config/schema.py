@@ -1,7 +1,8 @@
-"""Typed config schema, registered with Hydra's ConfigStore so a misspelt key or a wrong type fails at compose time.
+"""The typed schemas Hydra composes, registered with its ConfigStore so that a misspelt key, a wrong type or a value
+outside a choice fails at compose time.
 
 conf/train.yaml and conf/ablate.yaml name these schemas first in their defaults lists; every group file then merges
-onto a typed node.
+onto a typed node. A section's defaults are the values a run uses when no preset says otherwise.
 """
 
 from dataclasses import dataclass, field
@@ -11,10 +12,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from headcount.config.ablation import AblationConfig, ScanConfig
-from headcount.config.data import DataConfig
-from headcount.config.logger import LOGGERS, LoggerConfig
+from headcount.config.data import DataConfig, data_vocab_size
+from headcount.config.logger import LoggerConfig, validate_logger_config
 from headcount.config.model import ModelConfig, validate_model_config
-from headcount.config.train import PRECISIONS, TrainerConfig
+from headcount.config.train import TrainerConfig, validate_trainer_config
 from headcount.errors import ConfigError
 
 CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
@@ -32,7 +33,7 @@ class TrainConfig:
     # A multirun writes to outputs/multirun/<sweep_name>, default the experiment name, else "sweep": the same command
     # finds the same folder again and skips finished jobs; a fresh sweep needs a new name (or hydra.sweep.dir=...).
     sweep_name: str | None = None
-    size: str = "cpu"  # cpu | gpu | smoke: which size of an experiment runs (conf/size/)
+    size: str = "cpu"  # cpu | gpu | smoke: which size of an experiment runs (the conf/size/ group checks the choice)
     finding: str | None = None  # set by experiment files: the published finding checked on the results
 
 
@@ -49,22 +50,29 @@ def register_configs() -> None:
     cs.store(group="ablation", name="scan_schema", node=ScanConfig)
 
 
-def validate_train_config(cfg: DictConfig) -> None:
-    """Checks across sections that a single dataclass cannot express; raises ConfigError."""
-    from headcount.data import data_vocab_size
+def typed(section: DictConfig | dict, schema: type):
+    """A config section as its dataclass, with the schema's defaults for any key it lacks (a run's saved config is
+    plain YAML; a composed one is typed already)."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), section))
 
-    model_cfg: ModelConfig = OmegaConf.to_object(cfg.model)
-    validate_model_config(model_cfg)
-    if cfg.data.seq_len > cfg.model.n_ctx:
-        raise ConfigError("data.seq_len", cfg.data.seq_len, f"must be at most model.n_ctx={cfg.model.n_ctx}")
-    data_vocab = data_vocab_size(OmegaConf.to_object(cfg.data))
-    if data_vocab > cfg.model.vocab_size:
+
+def plain(section) -> dict:
+    """A dataclass or config section as plain dicts, lists and strings (choices as their values): what checkpoints and
+    loggers store."""
+    return OmegaConf.to_container(OmegaConf.structured(section), resolve=True, enum_to_str=True)
+
+
+def validate_train_config(cfg: DictConfig) -> None:
+    """Each section's own checks and those across sections; raises ConfigError."""
+    model: ModelConfig = typed(cfg.model, ModelConfig)
+    data: DataConfig = typed(cfg.data, DataConfig)
+    validate_model_config(model)
+    validate_trainer_config(typed(cfg.trainer, TrainerConfig))
+    validate_logger_config(typed(cfg.logger, LoggerConfig))
+    if data.seq_len > model.n_ctx:
+        raise ConfigError("data.seq_len", data.seq_len, f"must be at most model.n_ctx={model.n_ctx}")
+    data_vocab = data_vocab_size(data)
+    if data_vocab > model.vocab_size:
         raise ConfigError(
-            "model.vocab_size", cfg.model.vocab_size, f"must be at least the data's vocabulary ({data_vocab})"
+            "model.vocab_size", model.vocab_size, f"must be at least the data's vocabulary ({data_vocab})"
         )
-    if cfg.trainer.precision not in PRECISIONS:
-        raise ConfigError("trainer.precision", cfg.trainer.precision, f"allowed: {', '.join(PRECISIONS)}")
-    if cfg.trainer.max_steps < 1:
-        raise ConfigError("trainer.max_steps", cfg.trainer.max_steps, "must be a positive integer")
-    if cfg.logger.kind not in LOGGERS:
-        raise ConfigError("logger.kind", cfg.logger.kind, f"allowed: {', '.join(LOGGERS)}")

@@ -8,7 +8,6 @@ import numpy as np
 from headcount.config.data import DataConfig
 from headcount.errors import ConfigError
 
-BYTE_VOCAB = 256
 SPLITS = ("train", "val", "test")
 
 

@@ -5,8 +5,8 @@ import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader
 
-from headcount.config.data import TEXT_SOURCES, DataConfig
-from headcount.data.splits import build_splits, data_vocab_size, validate_data_config
+from headcount.config.data import TEXT_SOURCES, DataConfig, data_vocab_size
+from headcount.data.splits import build_splits, validate_data_config
 from headcount.errors import ConfigError
 
 

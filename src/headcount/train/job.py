@@ -6,8 +6,10 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from headcount.config import plain, typed
+from headcount.config.data import DataConfig
 from headcount.io import atomic_write_json
 from headcount.run_dir import RunPaths
 from headcount.train.loggers import make_logger
@@ -23,11 +25,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 
     paths = RunPaths(run_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    data = HeadcountDataModule(OmegaConf.to_object(cfg.data))
+    data = HeadcountDataModule(typed(cfg.data, DataConfig))
     data.setup()  # bad data input fails here, before any checkpoint or log is written
     module = HeadcountModule(
-        model=OmegaConf.to_container(cfg.model, resolve=True),
-        optim=OmegaConf.to_container(cfg.trainer.optim, resolve=True),
+        model=plain(cfg.model),
+        optim=plain(cfg.trainer.optim),
         max_steps=cfg.trainer.max_steps,
         compile=cfg.trainer.compile,
     )

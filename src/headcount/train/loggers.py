@@ -126,7 +126,7 @@ def make_logger(cfg: DictConfig, run_dir: Path) -> "Logger | None":
         id=wandb_run_id(run_dir),
         mode=mode,
     )
-    logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     return logger
 
 
