@@ -5,6 +5,7 @@ wrong type, a value outside a choice). Hydra prints its own composition errors o
 HYDRA_FULL_ERROR is set, in which case it raises them: the commands set it and print the error here instead.
 """
 
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -48,6 +49,7 @@ def print_error(message: str) -> None:
 def exit_on_config_error(fn: Callable) -> Callable:
     """Bad input becomes one line on stderr and exit code 2 (a diverged run: exit 1), not a traceback."""
 
+    @functools.wraps(fn)  # Hydra names the job (and its log file) after the task function
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
