@@ -119,7 +119,6 @@ def transformer_lens_scan(model: Transformer, batches: list[dict]) -> torch.Tens
 
 def transformer_lens_state(model: Transformer) -> dict[str, torch.Tensor]:
     """Our weights under TransformerLens's names and (head, in, out) layouts."""
-    H, D = model.cfg.attn.n_heads, model.head_dim
     state = {
         "embed.W_E": model.tok_emb.weight,
         "pos_embed.W_pos": model.pos_emb.weight,
@@ -130,14 +129,11 @@ def transformer_lens_state(model: Transformer) -> dict[str, torch.Tensor]:
     }
     for layer, block in enumerate(model.blocks):
         p = f"blocks.{layer}."
-        W_qkv_3HDC = block.attn.qkv.weight.view(3, H, D, -1)
-        b_qkv_3HD = block.attn.qkv.bias.view(3, H, D)
-        for i, name in enumerate("QKV"):
-            state[f"{p}attn.W_{name}"] = W_qkv_3HDC[i].transpose(1, 2)
-            state[f"{p}attn.b_{name}"] = b_qkv_3HD[i]
         state |= {
-            f"{p}attn.W_O": block.attn.out.weight.T.reshape(H, D, -1),
-            f"{p}attn.b_O": block.attn.out.bias,
+            f"{p}attn.{name}": getattr(block.attn, name)
+            for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+        }
+        state |= {
             f"{p}ln1.w": block.ln_attn.weight,
             f"{p}ln1.b": block.ln_attn.bias,
             f"{p}ln2.w": block.ln_mlp.weight,

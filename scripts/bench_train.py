@@ -24,17 +24,24 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12}
 
 
 class PlainAttention(nn.Module):
-    """Multi-head attention as nanoGPT writes it: no gates, no replacements, no cache."""
+    """Multi-head attention as nanoGPT writes it: no gates, no replacements, no cache. It offers the two operations
+    Block.forward calls (heads, then combine_heads through Block.finish), and passes z through gate_z untouched."""
 
     def __init__(self, gated):
         super().__init__()
         self.qkv, self.out, self.n_heads, self.head_dim = gated.qkv, gated.out, gated.n_heads, gated.head_dim
 
-    def forward(self, x, gate=None, replacement=None, cache=None, need_pattern=False):
+    def heads(self, x, cache=None, need_pattern=False):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(z.transpose(1, 2).reshape(B, T, -1))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+
+    @staticmethod
+    def gate_z(z, gate, replacement=None):
+        return z
+
+    def combine_heads(self, z):
+        return self.out(z.flatten(2))
 
 
 def build(p: dict, plain: bool, device: str) -> Transformer:

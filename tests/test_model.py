@@ -52,7 +52,7 @@ def test_output_is_sum_of_per_head_contributions(dtype, combine):
     h_BTC = model.blocks[0].ln_attn(model.embed(x))
     cache = {}
     out_BTC = attn(h_BTC, cache=cache)
-    per_head_BTHC = torch.einsum("bthd,hdc->bthc", cache["z"], attn.head_output_weights())
+    per_head_BTHC = torch.einsum("bthd,hdc->bthc", cache["z"], attn.W_O)
     torch.testing.assert_close(per_head_BTHC.sum(2) + attn.out.bias, out_BTC, rtol=0, atol=TOL[dtype])
 
 
@@ -94,7 +94,7 @@ def test_gate_blends_z_toward_replacement(dtype, combine):
     gated = attn(h_BTC, gate=gate_H, replacement=r_HD, cache=cache)
     g = gate_H.view(1, 1, 4, 1)
     blended_BTHD = g * cache["z"] + (1 - g) * r_HD
-    per_head_BTHC = torch.einsum("bthd,hdc->bthc", blended_BTHD, attn.head_output_weights())
+    per_head_BTHC = torch.einsum("bthd,hdc->bthc", blended_BTHD, attn.W_O)
     torch.testing.assert_close(gated, per_head_BTHC.sum(2) + attn.out.bias, rtol=0, atol=TOL[dtype])
 
 
@@ -168,3 +168,119 @@ def test_gates_under_compile_do_not_recompile_per_mask():
             gates = torch.ones(2, 4)
             gates[1, head] = 0
             torch.testing.assert_close(compiled(x, gates=gates), model(x, gates=gates))
+
+
+# The per-head API: every operation on heads lives in MultiHeadAttention, and Block.forward is heads -> gate -> finish.
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("combine", ["concat", "sum"])
+def test_per_head_weight_views_reproduce_the_layer(dtype, combine):
+    model, x = make_model(dtype, combine=combine, head_dim=6), tokens()
+    attn = model.blocks[0].attn
+    h_BTC = model.blocks[0].ln_attn(model.embed(x))
+    q_BHTD, k_BHTD, v_BHTD = (
+        torch.einsum("btc,hcd->bhtd", h_BTC, W) + b[:, None]
+        for W, b in [(attn.W_Q, attn.b_Q), (attn.W_K, attn.b_K), (attn.W_V, attn.b_V)]
+    )
+    assert attn.W_Q.shape == (4, 32, 6) and attn.W_O.shape == (4, 6, 32) and attn.b_Q.shape == (4, 6)
+    T = x.shape[1]
+    scores_BHTT = (q_BHTD @ k_BHTD.transpose(-2, -1)) / 6**0.5
+    scores_BHTT = scores_BHTT.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    z_BHTD = scores_BHTT.softmax(-1) @ v_BHTD
+    out_BTC = torch.einsum("bhtd,hdc->btc", z_BHTD, attn.W_O) + attn.b_O
+    torch.testing.assert_close(out_BTC, attn(h_BTC), rtol=0, atol=TOL[dtype])
+
+
+def test_per_head_views_share_the_parameters():
+    attn = make_model(combine="concat").blocks[0].attn
+    with torch.no_grad():
+        attn.W_V[2] += 1.0
+        attn.W_O[1] *= 0
+    D = attn.head_dim
+    assert torch.all(attn.qkv.weight[2 * 4 * D + 2 * D : 2 * 4 * D + 3 * D] > 0.5)
+    assert torch.all(attn.out.weight[:, D : 2 * D] == 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("combine", ["concat", "sum"])
+@pytest.mark.parametrize("mlp", [True, False])
+def test_block_finish_from_z_equals_block_forward(dtype, combine, mlp):
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=2, d_model=32, n_ctx=16, vocab_size=50, mlp=mlp, attn=AttentionConfig(combine=combine))
+    model, x = Transformer(cfg).to(dtype).eval(), tokens()
+    block, resid_BTC = model.blocks[1], model.embed(x)
+    cache = {}
+    plain = block(resid_BTC, cache=cache)
+    assert torch.equal(block.finish(resid_BTC, cache["z"]), plain)
+    gate_BH = torch.rand(3, 4, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    r_HD = torch.randn(4, model.head_dim, dtype=dtype)
+    gated = block.finish(resid_BTC, block.attn.gate_z(cache["z"], gate_BH, r_HD))
+    assert torch.equal(gated, block(resid_BTC, gate_BH, r_HD))
+    assert block.attn.gate_z(cache["z"], None) is cache["z"]
+
+
+def test_forward_layers_starts_at_any_layer():
+    model, x = make_model(), tokens()
+    gates = torch.rand(3, 2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    gates[:, 0] = 1
+    cache = {}
+    full = model.forward_layers(model.embed(x), 0, gates, cache=cache)
+    assert torch.equal(model.forward_layers(cache["resid_pre", 1], 1, gates), full)
+
+
+def removal_cases() -> dict[str, torch.Tensor]:
+    return {
+        "some": torch.tensor([True, False, True, False]),
+        "all_but_one": torch.tensor([False, False, True, False]),
+        "none": torch.zeros(4, dtype=torch.bool),
+        "all": torch.ones(4, dtype=torch.bool),
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("combine", ["concat", "sum"])
+@pytest.mark.parametrize("out_bias", [True, False])
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+@pytest.mark.parametrize("case", list(removal_cases()))
+def test_attention_select_heads_equals_masking(dtype, combine, out_bias, mode, case):
+    model, x = make_model(dtype, combine=combine, out_bias=out_bias), tokens()
+    attn, keep_H = model.blocks[0].attn, removal_cases()[case]
+    h_BTC = model.blocks[0].ln_attn(model.embed(x))
+    r_HD = torch.randn(4, model.head_dim, dtype=dtype) if mode == "mean" else None
+    state = torch.get_rng_state()
+    selected = attn.select_heads(keep_H, r_HD)
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's random stream is left alone
+    assert selected.n_heads == int(keep_H.sum()) and selected.qkv.weight.dtype == dtype
+    assert (selected.out.bias is not None) == (out_bias or (mode == "mean" and not keep_H.all()))
+    masked = attn(h_BTC, gate=keep_H.to(dtype), replacement=r_HD)
+    torch.testing.assert_close(selected(h_BTC), masked, rtol=0, atol=TOL[dtype])
+    with torch.no_grad():  # the new module owns its weights
+        attn.qkv.weight.zero_()
+        attn.out.weight.zero_()
+    torch.testing.assert_close(selected(h_BTC), masked, rtol=0, atol=TOL[dtype])
+
+
+def test_select_heads_can_add_a_zero_out_bias():
+    attn = make_model(out_bias=False).blocks[0].attn
+    selected = attn.select_heads(torch.tensor([True, False, True, True]), add_out_bias=True)
+    assert torch.equal(selected.out.bias, torch.zeros(32, dtype=torch.float64))
+
+
+def test_model_select_heads_records_heads_per_layer():
+    model = make_model()
+    keep_LH = torch.tensor([[True, False, True, True], [False, False, False, False]])
+    selected = model.select_heads(keep_LH)
+    assert selected.heads_per_layer == selected.cfg.heads_per_layer == [3, 0]
+    assert model.cfg.heads_per_layer is None  # the original is untouched
+    gates = keep_LH.double()
+    torch.testing.assert_close(selected(tokens()), model(tokens(), gates=gates), rtol=0, atol=1e-12)
+
+
+def test_activation_floats_count_the_widest_layer():
+    model = make_model()  # C = 32, H = 4, D = 8, MLP hidden 128, vocab 50
+    sizes = model.activation_floats(seq_len=12)
+    assert (sizes.resid, sizes.z, sizes.logits) == (32, 32, 50)
+    assert sizes.layer == 4 * 32 + 6 * 32 + 4 * 12 + 2 * 128
+    pruned = model.select_heads(torch.tensor([[True, False, False, False], [True, True, False, False]]))
+    assert pruned.activation_floats(12).z == 2 * 8

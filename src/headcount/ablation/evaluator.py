@@ -7,8 +7,8 @@ cheaper, all exact:
 - Prefix caching: one clean forward pass per eval batch caches the residual stream before every layer. A mask whose
   first touched layer is f runs only layers f..L-1 from the cached stream; a mask that touches nothing costs nothing.
 - Clean attention at layer f: gates act on z, after attention, and layer f's input is the clean one, so its z is the
-  clean pass's z. A pass gates that z and runs only the output projection and the MLP of layer f, skipping its qkv
-  projection and attention.
+  clean pass's z. A pass gates that z and finishes layer f from it (`Block.finish`, the code path Block.forward
+  takes after attention: output projection and MLP), skipping its qkv projection and attention.
 - Batched masks: P masks that share f run as one pass over the batch repeated P times (mask-major, row p*B + b) with
   per-example gates (P*B, L, H). P is `masks_per_pass`, or as many as fit the memory budget; when not even one mask
   of a whole batch fits, batches are split instead. On CPU the default budget is small on purpose: passes of one or
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from headcount.ablation.replacements import Replacements
-from headcount.model.transformer import Block, Transformer
+from headcount.model.transformer import Transformer
 
 CPU_MEMORY_BUDGET = 64 * 2**20  # bytes of activations per pass
 CUDA_FREE_MEMORY_SHARE = 0.5
@@ -207,10 +207,11 @@ class MaskEvaluator:
         replacements = repeated_replacements(clean.replacements, touched_L, P)
         resid_XTC = clean.resid_pre[start].repeat(P, 1, 1)
         if self.clean_attention:
+            block = self.model.blocks[start]
             z_XTHD = clean.z[start].repeat(P, 1, 1, 1)
             gate_XH = gates_XLH[:, start, : z_XTHD.shape[2]]
             replacement = None if replacements is None else replacements[start]
-            resid_XTC = finish_block(self.model.blocks[start], resid_XTC, gate_z(z_XTHD, gate_XH, replacement))
+            resid_XTC = block.finish(resid_XTC, block.attn.gate_z(z_XTHD, gate_XH, replacement))
             start += 1
         if not touched_L[start:].any():
             # Every later gate is 1: the plain layers give the same numbers without the gating arithmetic.
@@ -228,23 +229,6 @@ class MaskEvaluator:
         return nll_PN.double().sum(dim=1), correct_PN.double().sum(dim=1)
 
 
-def gate_z(z_BTHD: Tensor, gate_BH: Tensor, replacement: Tensor | None) -> Tensor:
-    """z <- g z + (1 - g) r, written as MultiHeadAttention writes it so the numbers match."""
-    g_BTHD = gate_BH.view(-1, 1, gate_BH.shape[1], 1)
-    return g_BTHD * z_BTHD if replacement is None else g_BTHD * z_BTHD + (1 - g_BTHD) * replacement
-
-
-def finish_block(block: Block, resid_BTC: Tensor, z_BTHD: Tensor) -> Tensor:
-    """The rest of Block.forward once attention has produced z: combine heads, project, add, then the MLP."""
-    attn = block.attn
-    B, T, H, D = z_BTHD.shape
-    combined = z_BTHD.reshape(B, T, H * D) if attn.combine == "concat" else z_BTHD.sum(dim=2)
-    resid_BTC = resid_BTC + block.drop(attn.out(combined))
-    if block.mlp is not None:
-        resid_BTC = resid_BTC + block.mlp(block.ln_mlp(resid_BTC))
-    return resid_BTC
-
-
 def repeated_replacements(
     replacements: list[Tensor | None] | None, touched_L: Tensor, P: int
 ) -> list[Tensor | None] | None:
@@ -259,23 +243,20 @@ def repeated_replacements(
 
 
 def mask_bytes_per_example(model: Transformer, seq_len: int, resample: bool) -> int:
-    """A generous estimate of the activations one example of one mask holds during a pass: the stream and its
-    copies, LayerNorm output, qkv, z and its gated copy, attention scores, the MLP hidden before and after GELU, the
-    target logits, and for resample the repeated replacements."""
-    cfg = model.cfg
-    HD = model.max_heads * model.head_dim
-    hidden = cfg.mlp_ratio * cfg.d_model if cfg.mlp else 0
-    floats = seq_len * (4 * cfg.d_model + 6 * HD + model.max_heads * seq_len + 2 * hidden + cfg.vocab_size)
+    """A generous estimate of the activations one example of one mask holds during a pass: one layer at work, the
+    target logits, and for resample the repeated replacements (every layer's z)."""
+    sizes = model.activation_floats(seq_len)
+    floats = seq_len * (sizes.layer + sizes.logits)
     if resample:
-        floats += model.n_layers * seq_len * HD
+        floats += model.n_layers * seq_len * sizes.z
     return floats * next(model.parameters()).element_size()
 
 
 def clean_bytes_per_example(model: Transformer, seq_len: int, resample: bool) -> int:
     """What the clean pass keeps per example for the masks of its batch: the stream before each layer and each
     layer's z, and for resample the sources' z."""
-    HD = model.max_heads * model.head_dim
-    floats = model.n_layers * seq_len * (model.cfg.d_model + HD * (2 if resample else 1))
+    sizes = model.activation_floats(seq_len)
+    floats = model.n_layers * seq_len * (sizes.resid + sizes.z * (2 if resample else 1))
     return floats * next(model.parameters()).element_size()
 
 

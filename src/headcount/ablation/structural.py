@@ -1,13 +1,14 @@
 """Structural pruning: a smaller Transformer without the removed heads, equal to the masked model.
 
-Removing head h of layer l deletes its q, k, v rows of `qkv` and, under concat, its D columns of W_o. Zero ablation
-needs nothing more. Mean ablation with position-averaged means replaces z_h by a constant r_h, whose contribution
-r_h W_o^h (concat) or r_h W_o (sum, shared W_o) is the same at every position, so it folds into the output bias.
-Per-position means and resample replacements change with the position or the input and cannot fold.
-Heads keep their order; a pruned model numbers its remaining heads 0..n-1 in each layer.
+The model does the surgery (`Transformer.select_heads`, built on MultiHeadAttention.select_heads): removing a head
+deletes its q, k, v projections and, under concat, its slice of W_o. Zero ablation needs nothing more. Mean ablation
+with position-averaged means replaces z_h by a constant r_h, whose contribution to the output is the same at every
+position, so it folds into the output bias. This module checks the user's mask, turns a replacement into that per-head
+constant (per-position means and resample replacements change with the position or the input and cannot fold), saves
+the pruned checkpoint and measures its speed. Heads keep their order; a pruned model numbers its remaining heads
+0..n-1 in each layer.
 """
 
-import copy
 import json
 import time
 from dataclasses import asdict
@@ -30,26 +31,12 @@ def prune_heads(model: Transformer, remove_LH: Tensor, replacements: list | None
     device and train/eval mode. `replacements` as in Transformer.forward: None (zero ablation) or one entry per layer,
     None or a position-averaged mean broadcastable to (H, D), folded into the output bias."""
     check_remove_mask(model, remove_LH)
-    remove_LH = remove_LH.cpu()
-    param = next(model.parameters())
     if replacements is not None and len(replacements) != model.n_layers:
         raise ValueError(f"replacements needs one entry per layer ({model.n_layers}), got {len(replacements)}")
-    folds = [
-        output_bias_fold(model, layer, remove_LH[layer], None if replacements is None else replacements[layer])
-        for layer in range(model.n_layers)
-    ]
-    cfg = copy.deepcopy(model.cfg)
-    cfg.heads_per_layer = [int((~remove_LH[l, :h]).sum()) for l, h in enumerate(model.heads_per_layer)]
-    cfg.attn.out_bias = cfg.attn.out_bias or any(fold_C is not None for fold_C in folds)
-    state = model.state_dict()
-    for layer, fold_C in enumerate(folds):
-        keep_H = ~remove_LH[layer, : model.heads_per_layer[layer]]
-        state.update(pruned_attention_state(model, layer, keep_H, fold_C, cfg.attn.out_bias))
-    # Building the new model draws random init values; keep the caller's random stream as it was.
-    with torch.random.fork_rng(devices=[]):
-        pruned = Transformer(cfg).to(device=param.device, dtype=param.dtype)
-    pruned.load_state_dict(state)
-    return pruned.train(model.training)
+    constants = (
+        None if replacements is None else [head_constant(model, layer, r) for layer, r in enumerate(replacements)]
+    )
+    return model.select_heads(~remove_LH.cpu(), constants)
 
 
 def check_remove_mask(model: Transformer, remove_LH: Tensor) -> None:
@@ -77,27 +64,21 @@ def check_remove_mask(model: Transformer, remove_LH: Tensor) -> None:
         )
 
 
-def output_bias_fold(model: Transformer, layer: int, remove_H: Tensor, replacement: Tensor | None) -> Tensor | None:
-    """(C,): what the removed heads' constant replacements add to the layer's output, or None when nothing does."""
+def head_constant(model: Transformer, layer: int, replacement: Tensor | None) -> Tensor | None:
+    """The layer's replacement as one constant per head (H, D), or None for zero ablation; a ConfigError when it
+    varies with the position or the input."""
     if replacement is None:
         return None
-    attn = model.blocks[layer].attn
-    r_HD = position_constant(replacement, attn.n_heads, attn.head_dim)
+    H, D = model.heads_per_layer[layer], model.head_dim
+    r_HD = position_constant(replacement, H, D)
     if r_HD is None:
         raise ConfigError(
             "ablation.mode",
             f"replacement of shape {tuple(replacement.shape)} in layer {layer}",
-            f"structural pruning folds only zero or position-averaged mean ablation (one ({attn.n_heads}, "
-            f"{attn.head_dim}) mean per layer) into the output bias; per-position means and resample vary with the "
-            "position or the input",
+            f"structural pruning folds only zero or position-averaged mean ablation (one ({H}, {D}) mean per layer) "
+            "into the output bias; per-position means and resample vary with the position or the input",
         )
-    removed_H = remove_H[: attn.n_heads]
-    if not removed_H.any():
-        return None
-    W_HDC = attn.head_output_weights().detach()
-    removed_H = removed_H.to(W_HDC.device)
-    r_RD = r_HD.to(device=W_HDC.device, dtype=W_HDC.dtype)[removed_H]
-    return torch.einsum("rd,rdc->c", r_RD, W_HDC[removed_H])
+    return r_HD
 
 
 def position_constant(replacement: Tensor, H: int, D: int) -> Tensor | None:
@@ -109,29 +90,6 @@ def position_constant(replacement: Tensor, H: int, D: int) -> Tensor | None:
         return torch.broadcast_to(r, (H, D))
     except RuntimeError:  # not broadcastable to this layer's heads at all
         return None
-
-
-def pruned_attention_state(
-    model: Transformer, layer: int, keep_H: Tensor, fold_C: Tensor | None, out_bias: bool
-) -> dict:
-    """State-dict entries of one layer's attention with only the kept heads, and the fold added to the out bias."""
-    attn, prefix = model.blocks[layer].attn, f"blocks.{layer}.attn."
-    H, D = attn.n_heads, attn.head_dim
-    keep_H = keep_H.to(attn.qkv.weight.device)
-    # qkv rows are laid out (3, H, D): q of every head, then k, then v.
-    W_XC = attn.qkv.weight.detach()
-    C = W_XC.shape[1]  # spelt out, not -1: a layer already pruned to zero heads has empty weights
-    state = {prefix + "qkv.weight": W_XC.view(3, H, D, C)[:, keep_H].reshape(-1, C)}
-    if attn.qkv.bias is not None:
-        state[prefix + "qkv.bias"] = attn.qkv.bias.detach().view(3, H, D)[:, keep_H].reshape(-1)
-    W_CX = attn.out.weight.detach()
-    if attn.combine == "concat":
-        state[prefix + "out.weight"] = W_CX.view(C, H, D)[:, keep_H].reshape(C, -1)
-    if out_bias:
-        # A model without out biases gains them when any layer folds; the other layers' stay zero.
-        bias_C = attn.out.bias.detach() if attn.out.bias is not None else W_CX.new_zeros(C)
-        state[prefix + "out.bias"] = bias_C if fold_C is None else bias_C + fold_C
-    return state
 
 
 def save_pruned_checkpoint(model: Transformer, path: str | Path, meta: dict) -> None:

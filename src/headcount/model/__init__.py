@@ -1,7 +1,9 @@
-"""The model: a decoder-only transformer whose attention heads are defined, gated and selected in one place."""
+"""The model: a decoder-only transformer whose attention heads are defined, gated and selected in one place
+(attention.py); block.py is one layer, transformer.py the stack."""
 
 from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.model.attention import MultiHeadAttention
+from headcount.model.block import Block
 from headcount.model.transformer import Transformer
 
-__all__ = ["AttentionConfig", "ModelConfig", "MultiHeadAttention", "Transformer"]
+__all__ = ["AttentionConfig", "Block", "ModelConfig", "MultiHeadAttention", "Transformer"]

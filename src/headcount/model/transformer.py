@@ -1,45 +1,32 @@
-"""A decoder-only transformer whose attention heads can be gated, replaced and counted.
+"""A decoder-only transformer whose attention heads can be gated, replaced, counted and removed.
 
-Pre-LayerNorm blocks, learned position embeddings, optional MLP (attention-only models are `mlp: false`), tied or
-untied unembedding. The forward pass is split in three (embed, layers, unembed) so that the ablation evaluator can
-reuse the residual stream before the first layer a mask touches.
+Pre-LayerNorm blocks (model/block.py), learned position embeddings, optional MLP (attention-only models are
+`mlp: false`), tied or untied unembedding. The forward pass is split in three (`embed`, `forward_layers`, `unembed`):
+`forward_layers(resid, start)` starts at any layer from the residual stream before it, which the ablation evaluator
+uses to reuse the stream before the first layer a mask touches. `select_heads` is structural pruning: a smaller
+Transformer, equal to the masked one, built layer by layer by MultiHeadAttention.select_heads.
 """
 
+import copy
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from headcount.config.model import ModelConfig, resolve_head_dim, validate_model_config
 from headcount.errors import ConfigError
-from headcount.model.attention import MultiHeadAttention
+from headcount.model.block import Block
 
 
-class MLP(nn.Module):
-    def __init__(self, d_model: int, hidden: int, dropout: float):
-        super().__init__()
-        self.fc, self.proj, self.drop = nn.Linear(d_model, hidden), nn.Linear(hidden, d_model), nn.Dropout(dropout)
+@dataclass(frozen=True)
+class ActivationFloats:
+    """Floats per position a pass holds, for memory budgets: generous counts, not measurements."""
 
-    def forward(self, x_BTC: Tensor) -> Tensor:
-        return self.drop(self.proj(F.gelu(self.fc(x_BTC))))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, n_heads: int, head_dim: int):
-        super().__init__()
-        a = cfg.attn
-        self.ln_attn = nn.LayerNorm(cfg.d_model)
-        self.attn = MultiHeadAttention(cfg.d_model, n_heads, head_dim, a.combine, a.qkv_bias, a.out_bias, cfg.dropout)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.ln_mlp = nn.LayerNorm(cfg.d_model) if cfg.mlp else None
-        self.mlp = MLP(cfg.d_model, cfg.mlp_ratio * cfg.d_model, cfg.dropout) if cfg.mlp else None
-
-    def forward(self, x_BTC, gate=None, replacement=None, cache=None, need_pattern=False) -> Tensor:
-        x_BTC = x_BTC + self.drop(self.attn(self.ln_attn(x_BTC), gate, replacement, cache, need_pattern))
-        if self.mlp is not None:
-            x_BTC = x_BTC + self.mlp(self.ln_mlp(x_BTC))
-        return x_BTC
+    resid: int  # the residual stream
+    z: int  # the widest layer's z
+    layer: int  # what the widest layer holds while it runs
+    logits: int  # the unembedding's output
 
 
 class Transformer(nn.Module):
@@ -112,7 +99,9 @@ class Transformer(nn.Module):
         cache: dict | None = None,
         need_patterns: bool = False,
     ) -> Tensor:
-        """Run blocks start..L-1 on a residual stream; gates and replacements index layers absolutely."""
+        """The stream after the last layer, starting at layer `start` from the stream before it, resid (B, T, C):
+        runs blocks start..L-1. gates, replacements, cache and need_patterns as in forward; they index layers
+        absolutely (gates[..., start, :] is layer start's)."""
         if need_patterns and cache is None:
             raise ValueError("need_patterns=True needs a cache dict to put the patterns in")
         if gates is not None:
@@ -141,6 +130,38 @@ class Transformer(nn.Module):
         # A data-dependent check would break the graph under torch.compile; eager calls still get it.
         if not torch.compiler.is_compiling() and not bool(((gates >= 0) & (gates <= 1)).all()):
             raise ConfigError("gates", "values outside [0, 1]", "every gate must lie in [0, 1]")
+
+    def select_heads(self, keep_LH: Tensor, replacements: list[Tensor | None] | None = None) -> "Transformer":
+        """A new, smaller Transformer with only the heads keep_LH (bool, (L, max_heads)) marks, equal to this one with
+        the others gated to 0, in the same dtype, device and train/eval mode; its config records heads_per_layer.
+        replacements: None (zero ablation) or one entry per layer, None or a constant per head (H_l, D) that folds
+        into the output bias."""
+        keeps = [keep_LH[layer, :n].cpu() for layer, n in enumerate(self.heads_per_layer)]
+        replacements = replacements or [None] * self.n_layers
+        cfg = copy.deepcopy(self.cfg)
+        # One out_bias setting covers every layer: if any layer folds a replacement into its bias, all get one.
+        folds = any(r is not None and not keep_H.all() for keep_H, r in zip(keeps, replacements))
+        cfg.attn.out_bias = cfg.attn.out_bias or folds
+        state = self.state_dict()
+        for layer, (keep_H, r) in enumerate(zip(keeps, replacements)):
+            attn = self.blocks[layer].attn.select_heads(keep_H, r, add_out_bias=cfg.attn.out_bias)
+            state.update({f"blocks.{layer}.attn.{name}": t for name, t in attn.state_dict().items()})
+        cfg.heads_per_layer = [int(keep_H.sum()) for keep_H in keeps]
+        param = next(self.parameters())
+        # Building the new model draws random init values that the state overwrites; keep the caller's random stream.
+        with torch.random.fork_rng(devices=[]):
+            selected = Transformer(cfg).to(device=param.device, dtype=param.dtype)
+        selected.load_state_dict(state)
+        return selected.train(self.training)
+
+    def activation_floats(self, seq_len: int) -> ActivationFloats:
+        """What a pass over seq_len positions holds per position (the evaluator's memory budget reads these)."""
+        return ActivationFloats(
+            resid=self.cfg.d_model,
+            z=max(block.attn.z_floats() for block in self.blocks),
+            layer=max(block.activation_floats(seq_len) for block in self.blocks),
+            logits=self.cfg.vocab_size,
+        )
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
