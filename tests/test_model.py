@@ -207,7 +207,9 @@ def test_per_head_views_share_the_parameters():
 @pytest.mark.parametrize("mlp", [True, False])
 def test_block_finish_from_z_equals_block_forward(dtype, combine, mlp):
     torch.manual_seed(0)
-    cfg = ModelConfig(n_layers=2, d_model=32, n_ctx=16, vocab_size=50, mlp=mlp, attn=AttentionConfig(combine=combine))
+    cfg = ModelConfig(
+        n_layers=2, d_model=32, n_ctx=16, vocab_size=50, mlp=mlp, attn=AttentionConfig(n_heads=4, combine=combine)
+    )
     model, x = Transformer(cfg).to(dtype).eval(), tokens()
     block, resid_BTC = model.blocks[1], model.embed(x)
     cache = {}

@@ -11,13 +11,13 @@ the pruned checkpoint and measures its speed. Heads keep their order; a pruned m
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import lightning
 import torch
 from torch import Tensor
 
+from headcount.config import plain
 from headcount.config.train import OptimConfig, TrainerConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_write
@@ -99,8 +99,8 @@ def save_pruned_checkpoint(model: Transformer, path: str | Path, meta: dict) -> 
     checkpoint = {
         "state_dict": {f"model.{name}": tensor.detach().cpu() for name, tensor in model.state_dict().items()},
         "hyper_parameters": {
-            "model": {**asdict(model.cfg), "heads_per_layer": list(model.heads_per_layer)},
-            "optim": asdict(OptimConfig()),
+            "model": {**plain(model.cfg), "heads_per_layer": list(model.heads_per_layer)},
+            "optim": plain(OptimConfig()),
             "max_steps": TrainerConfig().max_steps,
             "compile": False,
         },
