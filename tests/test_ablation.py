@@ -10,15 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 from datasets import Dataset
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from headcount import plotting as plots
-from headcount.ablation import runner, scans
+from headcount.ablation import replacements, resumable
 from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.examples import split_examples
 from headcount.ablation.masks import (
     all_heads,
     gates_to_masks,
@@ -31,13 +30,16 @@ from headcount.ablation.masks import (
     single_head_masks,
 )
 from headcount.ablation.replacements import resample_sources
-from headcount.ablation.scans import SCAN_COLUMNS
+from headcount.ablation.scans import KINDS, validate_scans
+from headcount.ablation.scans.mask_scan import SCAN_COLUMNS
+from headcount.ablation.scans.pruning import pruning_figure
 from headcount.cli.ablate import ablate, typed_ablation_keys
 from headcount.cli.errors import BAD_INPUT, as_config_error
 from headcount.cli.train import run
 from headcount.config import CONF_DIR
+from headcount.config.ablation import AblationConfig, L0GatesConfig, PruningConfig, ScanConfig
 from headcount.errors import ConfigError
-from headcount.run_dir import RunPaths, load_model
+from headcount.run_dir import RunPaths, load_model, split_examples
 
 SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "logger=none"]
 SMOKE += ["data.n_train=64", "data.n_val=24", "data.n_test=16", "data.seq_len=32"]
@@ -155,6 +157,34 @@ def test_command_line_keys_that_override_the_run_settings():
     assert typed_ablation_keys(overrides) == ["ablation.mode", "ablation.n_eval"]
 
 
+# --- scan kinds -------------------------------------------------------------------------------------------------
+
+
+def test_every_scan_config_file_is_a_registered_kind():
+    kinds = {
+        path.stem: yaml.safe_load(path.read_text())["kind"] for path in (Path(CONF_DIR) / "ablation").glob("*.yaml")
+    }
+    assert all(stem == kind for stem, kind in kinds.items())
+    assert set(kinds) == set(KINDS)
+
+
+@pytest.mark.parametrize(
+    "scan, settings, key",
+    [
+        (ScanConfig(kind="triples"), {}, "ablation.scans.s.kind"),
+        (ScanConfig(kind="custom"), {}, "ablation.scans.s.masks_file"),
+        (ScanConfig(kind="pairs", top_k=1), {}, "ablation.scans.s.top_k"),
+        (ScanConfig(kind="l0_gates", l0=L0GatesConfig(steps=0)), {}, "ablation.scans.s.l0.steps"),
+        (ScanConfig(kind="pruning"), {"pruning": PruningConfig(step=0)}, "ablation.pruning.step"),
+    ],
+)
+def test_scan_checks_need_no_model(scan, settings, key):
+    with pytest.raises(ConfigError) as error:
+        validate_scans(AblationConfig(scans={"s": scan}, **settings))
+    assert error.value.key == key
+    validate_scans(AblationConfig(scans={"s": ScanConfig(kind="pairs", top_k=2)}))
+
+
 # --- figures ----------------------------------------------------------------------------------------------------
 
 
@@ -184,7 +214,7 @@ def scan_frame(kind: str, masks) -> pd.DataFrame:
     ],
 )
 def test_scan_figures_are_written(tmp_path, kind, masks):
-    path = plots.scan_figure(scan_frame(kind, masks), kind, tmp_path / f"{kind}.png")
+    path = KINDS[kind].figure(scan_frame(kind, masks), tmp_path / f"{kind}.png")
     assert path.exists() and path.stat().st_size > 1000
 
 
@@ -196,7 +226,7 @@ def test_pruning_figure_is_written(tmp_path):
         for f in (0.0, 0.5, 1.0)
     ]
     curves = pd.DataFrame(rows, columns=["order", "seed", "fraction", "loss"])
-    path = plots.pruning_figure(curves, tmp_path / "pruning.png", baseline_loss=1.0, tolerance=0.05, title="t")
+    path = pruning_figure(curves, tmp_path / "pruning.png", baseline_loss=1.0, tolerance=0.05, title="t")
     assert path.exists() and path.stat().st_size > 1000
 
 
@@ -287,7 +317,7 @@ def test_interrupted_ablation_resumes_to_the_same_csv(run_copy, monkeypatch):
     uninterrupted = (out / "single_head.csv").read_text()
     shutil.rmtree(out)
 
-    monkeypatch.setattr(scans, "SAVE_INTERVAL_S", 0.0)
+    monkeypatch.setattr(resumable, "SAVE_INTERVAL_S", 0.0)
     real_pass, passes = MaskEvaluator.masked_pass, []
 
     def interrupted_pass(self, clean, gates_PLH, start):
@@ -323,7 +353,7 @@ def test_resample_sources_are_saved_and_reused(run_copy, monkeypatch):
     def not_again(*args):
         raise AssertionError("the saved pairing should have been reused")
 
-    monkeypatch.setattr(runner, "resample_sources", not_again)
+    monkeypatch.setattr(replacements, "resample_sources", not_again)
     ablate_with(run_copy, "ablation=single_head", "ablation.mode=resample", "ablation.reference_split=val")
     table = pd.read_csv(out / "single_head.csv")
     assert (table["mode"] == "resample").all() and table["delta_loss"].abs().max() > 0

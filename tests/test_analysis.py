@@ -2,7 +2,7 @@
 
 import torch
 
-from headcount.ablation.head_scores import head_pattern_scores
+from headcount.ablation.scans.head_scores import head_pattern_scores
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from headcount.ablation import scans
+from headcount.ablation import resumable
 from headcount.ablation.evaluator import MaskEvaluator, MaskTotals
 from headcount.ablation.masks import (
     HeadMask,
@@ -16,7 +16,8 @@ from headcount.ablation.masks import (
     single_head_masks,
 )
 from headcount.ablation.replacements import Replacements, mean_z
-from headcount.ablation.results import fingerprint, load_partial
+from headcount.ablation.results import fingerprint
+from headcount.ablation.resumable import load_partial
 from headcount.metrics import token_nll_and_correct
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 
@@ -200,8 +201,8 @@ def test_interrupted_scan_resumes_without_redoing_done_masks(tmp_path, monkeypat
     model, batches = make_model(torch.float64), make_batches(n_batches=3)
     masks = single_head_masks(HEADS_PER_LAYER)
     partial = tmp_path / "scan.partial.csv"
-    monkeypatch.setattr(scans, "SAVE_INTERVAL_S", 0.0)
-    complete = scans.evaluate_resumably(
+    monkeypatch.setattr(resumable, "SAVE_INTERVAL_S", 0.0)
+    complete = resumable.evaluate_resumably(
         MaskEvaluator(model, batches, masks_per_pass=2), masks, partial, "k", "x", False
     )
     partial.unlink()
@@ -217,14 +218,14 @@ def test_interrupted_scan_resumes_without_redoing_done_masks(tmp_path, monkeypat
 
     monkeypatch.setattr(evaluator, "masked_pass", failing_pass)
     with pytest.raises(KeyboardInterrupt):
-        scans.evaluate_resumably(evaluator, masks, partial, "k", "x", False)
+        resumable.evaluate_resumably(evaluator, masks, partial, "k", "x", False)
     key = fingerprint("k", [(m.name, m.heads_off) for m in masks], evaluator.batch_size, len(evaluator.batches))
     saved = load_partial(partial, key, masks)
     assert int(saved.batches_done.sum()) == sum(done_sizes)  # every pass before the interruption is saved
 
     resumed = MaskEvaluator(model, batches, masks_per_pass=2)
     monkeypatch.setattr(resumed, "masked_pass", counting(resumed.masked_pass, calls := []))
-    totals = scans.evaluate_resumably(resumed, masks, partial, "k", "x", False)
+    totals = resumable.evaluate_resumably(resumed, masks, partial, "k", "x", False)
     n_masks_run = sum(len(args[1]) for args in calls)
     assert n_masks_run == len(masks) * len(batches) - sum(done_sizes)
     for field in ("batches_done", "nll_sum", "n_correct", "n_targets"):
@@ -235,11 +236,11 @@ def test_partial_file_from_other_settings_is_ignored(tmp_path, monkeypatch):
     model, batches = make_model(torch.float64), make_batches()
     masks = single_head_masks(HEADS_PER_LAYER)
     partial = tmp_path / "scan.partial.csv"
-    monkeypatch.setattr(scans, "SAVE_INTERVAL_S", 0.0)
-    first = scans.evaluate_resumably(MaskEvaluator(model, batches), masks, partial, "mode=zero", "x", False)
+    monkeypatch.setattr(resumable, "SAVE_INTERVAL_S", 0.0)
+    first = resumable.evaluate_resumably(MaskEvaluator(model, batches), masks, partial, "mode=zero", "x", False)
     key = fingerprint("mode=mean", [(m.name, m.heads_off) for m in masks], 5, 2)
     assert load_partial(partial, key, masks) is None
-    again = scans.evaluate_resumably(MaskEvaluator(model, batches), masks, partial, "mode=mean", "x", False)
+    again = resumable.evaluate_resumably(MaskEvaluator(model, batches), masks, partial, "mode=mean", "x", False)
     assert torch.equal(first.nll_sum, again.nll_sum)
 
 

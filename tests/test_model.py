@@ -1,4 +1,4 @@
-"""The DESIGN.md invariants of the model, in float32 and float64, for both ways of combining heads."""
+"""The docs/DESIGN.md invariants of the model, in float32 and float64, for both ways of combining heads."""
 
 import pytest
 import torch

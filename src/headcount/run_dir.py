@@ -1,18 +1,27 @@
-"""The run directory contract (DESIGN.md): `.hydra/`, `checkpoints/last.ckpt`, `metrics.json`, `ablation/`, `DONE` last.
+"""The run directory contract (docs/DESIGN.md): `.hydra/`, `checkpoints/last.ckpt`, `metrics.json`, `ablation/`,
+`DONE` last.
 
-Each stage reads the previous stage's files from here, so any stage can be rerun alone.
+Each stage reads the previous stage's files from here, so any stage can be rerun alone. `load_run` is the one way a
+later stage (the ablations, the findings) opens a finished run: its config, checkpoint, model and data splits.
 """
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
 
+from headcount.config.data import DataConfig
 from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text
 from headcount.model.transformer import Transformer
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 
 @dataclass(frozen=True)
@@ -81,3 +90,57 @@ def finished_checkpoint(run_dir: str | Path) -> Path:
             "run_dir", str(run_dir), "has no finished training run (needs checkpoints/last.ckpt and metrics.json)"
         )
     return paths.last_ckpt
+
+
+@dataclass
+class FinishedRun:
+    """A finished training run, opened for a later stage. The data splits are built on first use, so that checks
+    against the model fail before any data is read."""
+
+    config: DictConfig  # the run's config (train config: model, data, seed, ablation)
+    checkpoint: Path
+    model: Transformer  # on the CPU, in eval mode, in the checkpoint's dtype
+
+    @cached_property
+    def splits(self) -> dict[str, "Dataset"]:
+        from headcount.data import HeadcountDataModule  # datasets and tokenisers load only when data is needed
+
+        data_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), self.config.data))
+        data = HeadcountDataModule(data_cfg)
+        data.setup()
+        return data.splits
+
+    def examples(self, split: str, n: int | None, key: str) -> dict[str, Tensor]:
+        """The first n examples of a split (all when n is None); ConfigError names `key` for a split it lacks."""
+        return split_examples(self.splits, split, n, key)
+
+    def eval_batches(self, device: str | torch.device = "cpu") -> list[dict[str, Tensor]]:
+        """The ablation split's examples in the ablation batches, as the scans saw them."""
+        a = self.config.ablation
+        return to_batches(self.examples(a.split, a.n_eval, "ablation.split"), a.batch_size, torch.device(device))
+
+
+def load_run(run_dir: str | Path, config: DictConfig | None = None) -> FinishedRun:
+    """The finished run in run_dir, under `config` (default: the run's own .hydra/config.yaml)."""
+    config = load_run_config(run_dir) if config is None else config
+    checkpoint = finished_checkpoint(run_dir)
+    return FinishedRun(config, checkpoint, load_model(checkpoint).eval())
+
+
+def split_examples(splits: dict, split: str, n: int | None, key: str) -> dict[str, Tensor]:
+    """input_ids (N, T) int64 and loss_mask (N, T) bool of the first n examples (all when n is None)."""
+    if split not in splits:
+        raise ConfigError(key, split, f"allowed: {', '.join(splits)}")
+    dataset = splits[split].with_format("torch")
+    n = len(dataset) if n is None else min(n, len(dataset))
+    if n == 0:
+        raise ConfigError(key, split, "has no examples")
+    rows = dataset[:n]
+    return {"input_ids": rows["input_ids"].long(), "loss_mask": rows["loss_mask"].bool()}
+
+
+def to_batches(examples: dict[str, Tensor], batch_size: int, device: torch.device) -> list[dict[str, Tensor]]:
+    n = len(examples["input_ids"])
+    return [
+        {key: value[i : i + batch_size].to(device) for key, value in examples.items()} for i in range(0, n, batch_size)
+    ]

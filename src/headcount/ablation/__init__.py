@@ -6,6 +6,6 @@
 from headcount.ablation.evaluator import MaskEvaluator, MaskTotals
 from headcount.ablation.masks import HeadMask, masks_to_gates
 from headcount.ablation.replacements import Replacements
-from headcount.ablation.runner import run_ablations
+from headcount.ablation.session import run_ablations
 
 __all__ = ["HeadMask", "MaskEvaluator", "MaskTotals", "Replacements", "masks_to_gates", "run_ablations"]

@@ -17,6 +17,9 @@ cheaper, all exact:
 The unembedding runs only at the positions loss_mask marks as targets. Batches are the outer loop, so the clean pass
 is computed once per batch for all masks, and `MaskTotals` (per-mask sums over the batches done) is all an
 interrupted scan needs to resume.
+
+The module runs a little over 250 lines on purpose: the three reuses and the memory sizing that decides how many masks
+share a pass are one algorithm, and its exactness argument is easiest to check when it reads in one place.
 """
 
 from collections.abc import Callable, Iterator

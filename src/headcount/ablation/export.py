@@ -1,5 +1,8 @@
-"""Structural export: which heads a pruning order removes at a given fraction, the smaller checkpoint without them, and
-how much faster it runs than the full model."""
+"""Structural export (ablation.prune.export): which heads to remove (exactly ablation.prune.heads, the mask the l0_gates
+scan learned, or what a pruning order removes at a given or its prunable fraction), the smaller checkpoint
+ablation/pruned.ckpt without them, and how much faster it runs than the full model."""
+
+from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
@@ -7,11 +10,48 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from headcount.ablation.context import ScanContext
 from headcount.ablation.evaluator import MaskEvaluator
-from headcount.config.ablation import PruningConfig
+from headcount.ablation.masks import HeadMask, check_head_exists, masks_to_gates
+from headcount.ablation.scans.l0_gates import l0_keep_gates
+from headcount.ablation.scans.pruning import prunable_fraction
+from headcount.ablation.scans.single_head import single_head_delta
+from headcount.config.ablation import PruneExportConfig, PruningConfig
+from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 
 SPEED_REPEATS = 5
+
+
+def check_prune_heads(prune: PruneExportConfig, heads_per_layer: list[int]) -> None:
+    for pair in prune.heads or []:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ConfigError("ablation.prune.heads", pair, "each entry must be a [layer, head] pair")
+        check_head_exists(*pair, heads_per_layer, "ablation.prune.heads")
+
+
+def export_pruned_model(session: ScanContext) -> None:
+    """Write ablation/pruned.ckpt without the heads the settings choose, and record it in summary.json."""
+    s, prune, hpl = session.settings, session.settings.prune, session.heads_per_layer
+    if prune.heads is not None:
+        chosen = HeadMask("ablation.prune.heads", tuple(tuple(pair) for pair in prune.heads))
+        keep_LH = masks_to_gates([chosen], hpl)[0]
+        meta = {"chosen_by": "ablation.prune.heads"}
+    elif prune.order == "l0_gates":
+        keep_LH = l0_keep_gates(session, prune.l0_target_heads)
+        meta = {"chosen_by": "l0_gates", "order": "l0_gates", "target_heads": prune.l0_target_heads}
+    else:
+        fraction = prune.fraction if prune.fraction is not None else prunable_fraction(session, prune.order)
+        delta = lambda: single_head_delta(session)  # noqa: E731
+        keep_LH = removal_gates(prune.order, fraction, hpl, s.pruning, s.seed, session.importance, delta)
+        meta = {"chosen_by": f"pruning order {prune.order}", "order": prune.order, "fraction": fraction}
+    path = session.out / "pruned.ckpt"
+    means = session.replacements.means if s.mode == "mean" else None
+    speed_shape = (s.batch_size, session.batches[0]["input_ids"].shape[1])
+    evaluator, model = session.evaluator, session.model
+    record = export_pruned(model, evaluator, keep_LH, means, path, {**meta, "mode": s.mode}, speed_shape)
+    session.files.written.append(path)
+    session.files.update_summary({"pruned": record})
 
 
 def removal_gates(

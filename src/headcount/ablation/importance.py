@@ -1,12 +1,13 @@
 """Gradient head importance (Michel, Levy, Neubig 2019): I_{l,h} = E_batches |dL/dg_{l,h}|.
 
-The gates are the model's own head gates (DESIGN.md: z_h <- g z_h + (1 - g) r_h), so the gradient says how fast the
+The gates are the model's own head gates (docs/DESIGN.md: z_h <- g z_h + (1 - g) r_h), so the gradient says how fast the
 loss moves as a head slides toward its replacement: zero, mean or resample, whichever `replacements` holds.
 """
 
 import torch
 from torch import Tensor
 
+from headcount.ablation.replacements import Replacements
 from headcount.errors import ConfigError
 from headcount.metrics import token_nll_and_correct
 from headcount.model.transformer import Transformer
@@ -49,3 +50,22 @@ def gradient_importance(
         norm_L1 = importance_LH.norm(dim=1, keepdim=True)
         importance_LH = importance_LH / norm_L1.clamp_min(torch.finfo(importance_LH.dtype).tiny)
     return importance_LH
+
+
+def importance_under(
+    model: Transformer, batches: list[dict], replacements: Replacements, normalize: bool, mask_LH: Tensor
+) -> Tensor:
+    """gradient_importance at gates mask_LH, with each batch's heads sliding toward `replacements`."""
+    if replacements.mode != "resample":
+        return gradient_importance(model, batches, replacements.for_batch(model, batches[0]), normalize, mask_LH)
+    # Resample replacements differ per batch, and gradient_importance takes one set: average per-batch calls
+    # (the same E_batches |dL/dg|), then normalise as it would.
+    per_batch = []
+    for batch in batches:
+        with torch.no_grad():
+            batch_replacements = replacements.for_batch(model, batch)
+        per_batch.append(gradient_importance(model, [batch], batch_replacements, False, mask_LH))
+    importance_LH = torch.stack(per_batch).mean(dim=0)
+    if not normalize:
+        return importance_LH
+    return importance_LH / importance_LH.norm(dim=1, keepdim=True).clamp_min(torch.finfo(importance_LH.dtype).tiny)

@@ -11,7 +11,7 @@
   mask, rather than from disk: stored, it would be L x N x T x H x D floats.
 
 The means and the pairing are saved as ablation/replacements_<mode>.pt with a fingerprint of everything they depend
-on, and reused while the fingerprint matches.
+on, and reused while the fingerprint matches (`prepare_replacements`).
 """
 
 from dataclasses import dataclass
@@ -20,7 +20,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from headcount.ablation.results import ResultFiles
+from headcount.config.ablation import AblationConfig
 from headcount.model.transformer import Transformer
+from headcount.run_dir import FinishedRun, to_batches
 
 
 @dataclass
@@ -37,6 +40,37 @@ class Replacements:
             T = batch["input_ids"].shape[1]
             return [mean[:T] if mean.ndim == 3 else mean for mean in self.means]
         return clean_z(model, batch["source_ids"])
+
+
+def prepare_replacements(
+    s: AblationConfig, run: FinishedRun, model: Transformer, examples: dict[str, Tensor], files: ResultFiles
+) -> Replacements:
+    """The session's replacements: the means or the resample pairing, from ablation/replacements_<mode>.pt when they
+    were computed under the same settings (files.key). For resample, adds each eval example's source tokens to
+    `examples` as source_ids."""
+    if s.mode == "zero":
+        return Replacements("zero")
+    path = files.out / f"replacements_{s.mode}.pt"
+    saved = load_saved(path, files.key)
+    reference = None
+    if saved is None or s.mode == "resample":
+        reference = run.examples(s.reference_split, s.n_reference, "ablation.reference_split")
+    device = next(model.parameters()).device
+    if s.mode == "mean":
+        if saved is None:
+            batches = to_batches(reference, s.batch_size, device)
+            saved = {"means": [m.cpu() for m in mean_z(model, batches, s.mean_per_position)]}
+            save(path, files.key, saved)
+            files.written.append(path)
+        return Replacements("mean", [m.to(device) for m in saved["means"]])
+    if saved is None:
+        same_split = s.split == s.reference_split
+        n_eval, n_reference = len(examples["input_ids"]), len(reference["input_ids"])
+        saved = {"source_index": resample_sources(n_eval, n_reference, s.seed, same_split)}
+        save(path, files.key, saved)
+        files.written.append(path)
+    examples["source_ids"] = reference["input_ids"][saved["source_index"]]
+    return Replacements("resample")
 
 
 def clean_z(model: Transformer, idx_BT: Tensor) -> list[Tensor]:

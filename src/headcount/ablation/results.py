@@ -1,25 +1,17 @@
-"""Result files in <run>/ablation/: a scan's CSV appears only once it is complete, a partial file lets an interrupted
-scan resume, and summary.json collects the headline numbers as scans finish. Every write is atomic.
-
-The partial file `<scan>.partial.csv` starts with a `# fingerprint=...` line (what the numbers depend on: checkpoint,
-data, settings, masks, batching); a partial file with another fingerprint is ignored and overwritten. Its rows hold
-each mask's running sums in float64 (written with repr, read back exactly), so a resumed scan ends with the same
-numbers as an uninterrupted one.
+"""Result files in <run>/ablation/: a scan's CSV appears only once it is complete, and summary.json collects the
+headline numbers as scans finish, with each scan's fingerprint (what its numbers depend on), so that a scan whose
+CSV is up to date is read back rather than rerun. summary.json starts afresh when the session's settings change.
+Every write is atomic.
 """
 
-import csv
 import hashlib
-import io
 import json
 from pathlib import Path
 
 import pandas as pd
+from rich.console import Console
 
-from headcount.ablation.evaluator import MaskTotals
-from headcount.ablation.masks import HeadMask
 from headcount.io import atomic_write_json, atomic_write_text
-
-PARTIAL_COLUMNS = ["mask", "batches_done", "nll_sum", "n_correct", "n_targets"]
 
 
 def fingerprint(*parts) -> str:
@@ -33,45 +25,6 @@ def file_digest(path: Path) -> str:
         for block in iter(lambda: f.read(2**20), b""):
             digest.update(block)
     return digest.hexdigest()[:16]
-
-
-def save_partial(path: Path, key: str, masks: list[HeadMask], totals: MaskTotals) -> None:
-    out = io.StringIO()
-    out.write(f"# fingerprint={key}\n")
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(PARTIAL_COLUMNS)
-    for i, mask in enumerate(masks):
-        writer.writerow(
-            [
-                mask.name,
-                int(totals.batches_done[i]),
-                repr(float(totals.nll_sum[i])),
-                repr(float(totals.n_correct[i])),
-                int(totals.n_targets[i]),
-            ]
-        )
-    atomic_write_text(path, out.getvalue())
-
-
-def load_partial(path: Path, key: str, masks: list[HeadMask]) -> MaskTotals | None:
-    """The sums saved for these masks under the same fingerprint, or None."""
-    if not path.exists():
-        return None
-    with open(path) as f:
-        if f.readline().strip() != f"# fingerprint={key}":
-            return None
-        saved = pd.read_csv(f, float_precision="round_trip", keep_default_na=False, dtype={"mask": str}).set_index(
-            "mask"
-        )
-    totals = MaskTotals.empty(len(masks))
-    for i, mask in enumerate(masks):
-        if mask.name in saved.index:
-            row = saved.loc[mask.name]
-            totals.batches_done[i] = int(row["batches_done"])
-            totals.nll_sum[i] = float(row["nll_sum"])
-            totals.n_correct[i] = float(row["n_correct"])
-            totals.n_targets[i] = int(row["n_targets"])
-    return totals
 
 
 def write_csv(path: Path, table: pd.DataFrame) -> None:
@@ -97,3 +50,34 @@ def update_summary(path: Path, key: str, updates: dict) -> dict:
             summary[name] = value
     atomic_write_json(path, summary)
     return summary
+
+
+class ResultFiles:
+    """One session's <run>/ablation/ folder: summary.json under the settings fingerprint `key`, what is up to date,
+    and every file the session wrote."""
+
+    def __init__(self, out: Path, key: str):
+        self.out, self.key = out, key
+        self.summary_path = out / "summary.json"
+        self.written: list[Path] = []
+        self.console = Console(stderr=True)
+
+    def up_to_date(self, name: str, key: str, csv_path: Path, announce: bool = True) -> pd.DataFrame | None:
+        """The scan's table if summary.json says it was computed under this fingerprint and its CSV is there."""
+        entry = read_summary(self.summary_path, self.key).get("scans", {}).get(name, {})
+        if entry.get("fingerprint") != key or not csv_path.exists():
+            return None
+        if announce:
+            self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False)
+        return pd.read_csv(csv_path, keep_default_na=False, dtype={"mask": str})
+
+    def record(self, name: str, kind: str, key: str, files: list[Path | None], seconds: float, rows: int) -> None:
+        files = [f for f in files if f is not None]
+        self.written.extend(files)
+        entry = {"kind": kind, "fingerprint": key, "files": [f.name for f in files], "rows": rows, "seconds": seconds}
+        self.update_summary({"scans": {name: entry}})
+
+    def update_summary(self, updates: dict) -> None:
+        update_summary(self.summary_path, self.key, updates)
+        if self.summary_path not in self.written:
+            self.written.append(self.summary_path)

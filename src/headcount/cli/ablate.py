@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from headcount.ablation.runner import run_ablations
+from headcount.ablation.session import run_ablations
 from headcount.cli.errors import exit_on_config_error, run_hydra_command
 from headcount.config import CONF_DIR, register_configs
 from headcount.config.ablation import AblationConfig

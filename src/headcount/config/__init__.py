@@ -1,6 +1,6 @@
 """Every config section as a typed dataclass with the checks on it, and the schemas Hydra composes them into.
 
-This package is the bottom of the import order (DESIGN.md): it imports nothing else of headcount but errors.
+This package is the bottom of the import order (docs/DESIGN.md): it imports nothing else of headcount but errors.
 """
 
 from headcount.config.schema import (

@@ -55,23 +55,9 @@ class ExportOrder(Choice):
     l0_gates = "l0_gates"
 
 
-SCAN_KINDS = (
-    "baseline",
-    "single_head",
-    "layer",
-    "leave_one_in",
-    "pairs",
-    "custom",
-    "importance",
-    "pruning",
-    "l0_gates",
-    "head_scores",
-)
-
-
 @dataclass
 class ScanConfig:
-    kind: str = "single_head"  # one of SCAN_KINDS
+    kind: str = "single_head"  # a kind registered in headcount.ablation.scans (one module per kind)
     top_k: int | None = None  # pairs: only pairs among the k most important heads (None: all pairs)
     masks_file: str | None = None  # custom: YAML/JSON list of masks
     l0: L0GatesConfig = field(default_factory=L0GatesConfig)  # l0_gates: the hard-concrete gate training
@@ -161,7 +147,6 @@ def validate_pruning_config(cfg: PruningConfig) -> None:
         raise ConfigError("ablation.pruning.tolerance", cfg.tolerance, "must be a non-negative number")
 
 
-SCAN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # scan names become file names
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -180,22 +165,8 @@ def validate_ablation_config(cfg: AblationConfig) -> None:
                 f"ablation.{key}", value, "must be a positive integer" + ("" if key == "batch_size" else " or null")
             )
     validate_device(cfg.device)
-    for name, scan in cfg.scans.items():
-        if not SCAN_NAME.match(name):
-            raise ConfigError(f"ablation.scans.{name}", name, "scan names may use letters, digits, '_', '.' and '-'")
-        if scan.kind not in SCAN_KINDS:
-            raise ConfigError(f"ablation.scans.{name}.kind", scan.kind, f"allowed: {', '.join(SCAN_KINDS)}")
-        if scan.kind == "custom" and not scan.masks_file:
-            raise ConfigError(
-                f"ablation.scans.{name}.masks_file", scan.masks_file, "a custom scan needs a YAML/JSON file of masks"
-            )
-        if scan.top_k is not None and scan.top_k < 2:
-            raise ConfigError(
-                f"ablation.scans.{name}.top_k", scan.top_k, "must be at least 2 (pairs among the top k heads) or null"
-            )
-    if cfg.prune.export or any(scan.kind == "pruning" for scan in cfg.scans.values()):
-        validate_pruning_config(cfg.pruning)
     if cfg.prune.export:
+        validate_pruning_config(cfg.pruning)
         validate_prune_export(cfg)
 
 

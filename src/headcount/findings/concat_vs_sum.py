@@ -1,6 +1,6 @@
 """Concatenated heads against summed heads. Summing is concatenation with every head's output projection tied to one
-shared matrix (DESIGN.md), so at equal width it can only lose; the question is by how much, whether giving the summed
-heads the parameters back closes the gap, and which of the two leaves more heads to prune."""
+shared matrix (docs/DESIGN.md), so at equal width it can only lose; the question is by how much, whether giving the
+summed heads the parameters back closes the gap, and which of the two leaves more heads to prune."""
 
 from pathlib import Path
 

@@ -11,8 +11,8 @@ import torch
 from headcount.data import induction_first_part_mask
 from headcount.findings import figures
 from headcount.findings.claims import Claim, Finding, verdict
-from headcount.findings.run_data import FinishedRun
-from headcount.run_dir import RunPaths
+from headcount.findings.run_data import run_evaluator
+from headcount.run_dir import RunPaths, load_run
 
 PAPER = "Olsson et al. 2022, In-context learning and induction heads"
 CRITICAL = 1.0  # nats on the repeated part: the bar for a head that carries the task
@@ -34,9 +34,9 @@ def head_table(run_dir: Path) -> pd.DataFrame:
 
 def check(run_dir: Path, out: Path) -> Finding:
     heads = head_table(run_dir)
-    run = FinishedRun.load(run_dir)
-    repeated = run.evaluator().baseline()["loss"]
-    first = run.evaluator(induction_first_part_mask).baseline()["loss"]
+    run = load_run(run_dir)
+    repeated = run_evaluator(run).baseline()["loss"]
+    first = run_evaluator(run, induction_first_part_mask).baseline()["loss"]
     # The first part is random, so no model beats a uniform guess there; ours is not even trained on it (the loss
     # mask covers the repeat), so its first-part loss is reported but the guess is the bar.
     guess = math.log(run.config.data.vocab_size - 1)
@@ -47,7 +47,7 @@ def check(run_dir: Path, out: Path) -> Finding:
     induction_heads = layer1[layer1.induction_score > INDUCTION_PATTERN]
     gates_1LH = torch.ones(1, run.model.n_layers, run.model.max_heads)
     gates_1LH[0, 1, induction_heads["head"].tolist()] = 0
-    joint = float(run.evaluator().evaluate(gates_1LH)["loss"][0]) - repeated if len(induction_heads) else 0.0
+    joint = float(run_evaluator(run).evaluate(gates_1LH)["loss"][0]) - repeated if len(induction_heads) else 0.0
 
     has_prev_head = prev_head.prev_token_score > PREV_TOKEN_PATTERN
     critical = heads[heads.delta_loss > CRITICAL]

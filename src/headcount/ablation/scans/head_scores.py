@@ -1,16 +1,34 @@
-"""What each head attends to, read off its attention pattern (Olsson et al. 2022).
+"""`head_scores`: what each head attends to, read off its attention pattern on the eval split (Olsson et al. 2022).
 
 - previous-token score: the mean attention a position pays to the position just before it;
 - induction score: the mean attention a position pays to tokens whose *previous* token equals its own token (where an
   induction head looks: "the token after the last time I saw this token"), over positions that have such an earlier
   occurrence.
-Both lie in [0, 1]; a head that does the job puts most of its attention there.
+Both lie in [0, 1]; a head that does the job puts most of its attention there. One heatmap per score.
 """
+
+from pathlib import Path
 
 import pandas as pd
 import torch
 
+from headcount.ablation.scans.base import Scan, register
 from headcount.model import Transformer
+from headcount.plotting import head_heatmap
+
+SCORES = ("prev_token_score", "induction_score")
+
+
+@register
+class HeadScoresScan(Scan):
+    kind = "head_scores"
+
+    def compute(self, key: str) -> pd.DataFrame:
+        return head_pattern_scores(self.session.model, self.session.batches)
+
+    def figures(self, table: pd.DataFrame) -> list[Path | None]:
+        out, name = self.session.out, self.name
+        return [head_heatmap(table, out / f"{name}_{s}.png", s, f"{name}: {s.replace('_', ' ')}") for s in SCORES]
 
 
 @torch.no_grad()

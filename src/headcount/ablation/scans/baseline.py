@@ -1,0 +1,13 @@
+"""`baseline`: the unmasked model alone, loss and accuracy on ablation.split; one number, so no figure."""
+
+from headcount.ablation.masks import HeadMask, baseline_masks
+from headcount.ablation.scans.base import register
+from headcount.ablation.scans.mask_scan import MaskScan
+
+
+@register
+class BaselineScan(MaskScan):
+    kind = "baseline"
+
+    def masks(self) -> list[HeadMask]:
+        return baseline_masks()

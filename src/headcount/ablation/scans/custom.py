@@ -1,0 +1,48 @@
+"""`custom`: masks from a YAML/JSON file (masks.py), read and checked against the model before any work; its figure
+is one bar per mask."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from headcount.ablation.masks import HeadMask, load_custom_masks
+from headcount.ablation.scans.base import register
+from headcount.ablation.scans.mask_scan import FIGURE_VALUE, MaskScan, figure_title
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.errors import ConfigError
+from headcount.io import atomic_savefig
+from headcount.plotting import new_figure
+
+
+@register
+class CustomScan(MaskScan):
+    kind = "custom"
+
+    @classmethod
+    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+        if not cfg.masks_file:
+            raise ConfigError(
+                f"ablation.scans.{name}.masks_file", cfg.masks_file, "a custom scan needs a YAML/JSON file of masks"
+            )
+
+    def prepare(self) -> None:
+        key = f"ablation.scans.{self.name}.masks_file"
+        self.file_masks = load_custom_masks(self.cfg.masks_file, self.session.heads_per_layer, key)
+
+    def masks(self) -> list[HeadMask]:
+        return self.file_masks
+
+    @classmethod
+    def figure(cls, table: pd.DataFrame, path: Path) -> Path:
+        """One horizontal bar per mask, coloured by sign."""
+        fig = new_figure(8, min(1.5 + 0.3 * len(table), 20))
+        ax = fig.add_subplot()
+        values = table[FIGURE_VALUE].to_numpy(float)
+        ax.barh(range(len(table)), values, color=np.where(values >= 0, "tab:red", "tab:blue"))
+        ax.set_yticks(range(len(table)), table["mask"].tolist())
+        ax.invert_yaxis()
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set(xlabel=FIGURE_VALUE, title=figure_title(table))
+        atomic_savefig(fig, path, dpi=120)
+        return Path(path)

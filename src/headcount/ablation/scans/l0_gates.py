@@ -1,0 +1,64 @@
+"""`l0_gates`: Voita et al.'s learned hard-concrete gates (ablation/l0_gates.py), trained on reference_split, their
+binary masks evaluated exactly on the eval split like every other mask. Its figure: the share of runs that keep each
+head. The structural export with order=l0_gates removes the heads a run's mask closes."""
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+from torch import Tensor
+
+from headcount.ablation.l0_gates import l0_gates_table, train_l0_gates
+from headcount.ablation.scans.base import Scan, register
+from headcount.config.ablation import AblationConfig, ScanConfig, l0_targets, validate_l0_config
+from headcount.plotting import head_heatmap
+from headcount.run_dir import to_batches
+
+
+@register
+class L0GatesScan(Scan):
+    kind = "l0_gates"
+
+    @classmethod
+    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+        validate_l0_config(cfg.l0, None, f"ablation.scans.{name}.l0")
+
+    def prepare(self) -> None:
+        validate_l0_config(self.cfg.l0, sum(self.session.heads_per_layer), f"ablation.scans.{self.name}.l0")
+
+    def fingerprint_parts(self) -> tuple:
+        s = self.session.settings
+        return (self.kind, asdict(self.cfg.l0), s.reference_split, s.n_reference)
+
+    def compute(self, key: str) -> pd.DataFrame:
+        session, s, l0 = self.session, self.session.settings, self.cfg.l0
+        reference = session.run.examples(s.reference_split, s.n_reference, "ablation.reference_split")
+        batches = to_batches(reference, s.batch_size, session.device)
+        replacements = session.replacements.for_batch(session.model, batches[0]) if s.mode == "mean" else None
+        results = [train_l0_gates(session.model, batches, l0, t, replacements, s.progress) for t in l0_targets(l0)]
+        table = l0_gates_table(results, lambda gates_MLH: session.evaluator.evaluate(gates_MLH.to(session.device)))
+        runs = table.drop_duplicates("target_heads" if l0.target_heads is not None else "n_kept")
+        session.files.update_summary(
+            {
+                "l0_gates": [
+                    {"target_heads": r.target_heads, "n_kept": int(r.n_kept), "loss": float(r.loss)}
+                    for r in runs.itertuples()
+                ]
+            }
+        )
+        return table
+
+    def figures(self, table: pd.DataFrame) -> list[Path | None]:
+        kept = table.groupby(["layer", "head"], as_index=False)["kept"].mean().rename(columns={"kept": "kept_share"})
+        title = f"{self.name}: share of L0 runs that keep each head ({len(l0_targets(self.cfg.l0))} run(s))"
+        return [head_heatmap(kept, self.session.out / f"{self.name}.png", "kept_share", title)]
+
+
+def l0_keep_gates(session, target_heads: int | None) -> Tensor:
+    """(L, H) keep-gates of the binary mask the session's l0_gates scan learned for target_heads (its only run if
+    None), read back quietly: the scan itself ran just before."""
+    scan = next(scan for scan in session.scans.values() if scan.kind == L0GatesScan.kind)
+    table = scan.run(announce=False)
+    if target_heads is not None:
+        table = table[table["target_heads"] == target_heads]
+    return session.layer_head_tensor(table, "kept").float()

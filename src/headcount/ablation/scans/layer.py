@@ -1,0 +1,24 @@
+"""`layer`: every head of one layer off together; its figure is one column, a cell per layer."""
+
+from pathlib import Path
+
+import pandas as pd
+
+from headcount.ablation.masks import HeadMask, layer_masks
+from headcount.ablation.scans.base import register
+from headcount.ablation.scans.mask_scan import FIGURE_VALUE, MaskScan, figure_title
+from headcount.plotting import heatmap
+
+
+@register
+class LayerScan(MaskScan):
+    kind = "layer"
+
+    def masks(self) -> list[HeadMask]:
+        return layer_masks(self.session.heads_per_layer)
+
+    @classmethod
+    def figure(cls, table: pd.DataFrame, path: Path) -> Path:
+        grid = table[FIGURE_VALUE].to_numpy(float)[:, None]
+        labels = [str(layer) for layer in table["layer"]]
+        return heatmap(grid, path, figure_title(table), labels, ["all heads"], "", "layer", FIGURE_VALUE)

@@ -1,0 +1,22 @@
+"""`leave_one_in`: Michel et al.'s "all but one": in one layer only one head stays on."""
+
+from pathlib import Path
+
+import pandas as pd
+
+from headcount.ablation.masks import HeadMask, leave_one_in_masks
+from headcount.ablation.scans.base import register
+from headcount.ablation.scans.mask_scan import FIGURE_VALUE, MaskScan, figure_title
+from headcount.plotting import head_heatmap
+
+
+@register
+class LeaveOneInScan(MaskScan):
+    kind = "leave_one_in"
+
+    def masks(self) -> list[HeadMask]:
+        return leave_one_in_masks(self.session.heads_per_layer)
+
+    @classmethod
+    def figure(cls, table: pd.DataFrame, path: Path) -> Path:
+        return head_heatmap(table, path, FIGURE_VALUE, figure_title(table))

@@ -1,0 +1,48 @@
+"""`pairs`: two heads off together: every pair, or with top_k=k the pairs among the k heads whose single-head
+ablation raised the loss most (the single_head scan runs first if it has not). Its figure is a heads x heads grid."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from headcount.ablation.masks import HeadMask, all_heads, most_important_heads, pair_masks
+from headcount.ablation.scans.base import register
+from headcount.ablation.scans.mask_scan import FIGURE_VALUE, MaskScan, figure_title
+from headcount.ablation.scans.single_head import single_head_delta
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.errors import ConfigError
+from headcount.plotting import heatmap
+
+HEAD_NAME = re.compile(r"L(\d+)H(\d+)")
+
+
+@register
+class PairsScan(MaskScan):
+    kind = "pairs"
+
+    @classmethod
+    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+        if cfg.top_k is not None and cfg.top_k < 2:
+            raise ConfigError(
+                f"ablation.scans.{name}.top_k", cfg.top_k, "must be at least 2 (pairs among the top k heads) or null"
+            )
+
+    def masks(self) -> list[HeadMask]:
+        hpl = self.session.heads_per_layer
+        if self.cfg.top_k is None:
+            return pair_masks(all_heads(hpl))
+        return pair_masks(most_important_heads(single_head_delta(self.session), hpl, self.cfg.top_k))
+
+    @classmethod
+    def figure(cls, table: pd.DataFrame, path: Path) -> Path:
+        """Heads x heads, symmetric: the cell of (a, b) is the pair's value."""
+        pairs = [tuple(HEAD_NAME.findall(name)) for name in table["mask"]]
+        heads = sorted({head for pair in pairs for head in pair}, key=lambda h: (int(h[0]), int(h[1])))
+        index = {head: i for i, head in enumerate(heads)}
+        grid = np.full((len(heads), len(heads)), np.nan)
+        for (a, b), v in zip(pairs, table[FIGURE_VALUE].to_numpy(float)):
+            grid[index[a], index[b]] = grid[index[b], index[a]] = v
+        labels = [f"L{layer}H{head}" for layer, head in heads]
+        return heatmap(grid, path, figure_title(table), labels, labels, "head", "head", FIGURE_VALUE)

@@ -1,0 +1,121 @@
+"""run_ablations: every scan the ablation section lists, on one finished run, with results in <run>/ablation/.
+
+A session opens the run once (headcount.run_dir.load_run), checks the settings and what they name against the model
+before any work, prepares the replacements and the evaluator, computes the baseline, then runs the scans in the order
+given through their kinds (ablation/scans/), and finally the structural export if asked. Scans that others need
+(single_head for pairs' top_k and the single_head pruning order, pruning for a prunable-fraction export) run on demand
+under their kind's name. Every result carries a fingerprint of what it depends on (checkpoint bytes, data config,
+ablation settings, masks): a scan whose CSV is up to date is read back rather than rerun, an interrupted one resumes
+from its partial file, and summary.json starts afresh when the settings change.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
+
+from headcount.ablation.evaluator import MaskEvaluator
+from headcount.ablation.export import check_prune_heads, export_pruned_model
+from headcount.ablation.importance import importance_under
+from headcount.ablation.replacements import prepare_replacements
+from headcount.ablation.results import ResultFiles, file_digest, fingerprint
+from headcount.ablation.scans import KINDS, Scan, validate_scans
+from headcount.config.ablation import AblationConfig, ScanConfig, validate_ablation_config
+from headcount.run_dir import RunPaths, load_run, to_batches
+
+DATA_KEYS_IGNORED = ("batch_size", "num_workers", "cache_dir")  # they do not change which examples a split holds
+
+
+def run_ablations(cfg: DictConfig, run_dir: str | Path) -> list[Path]:
+    """Run cfg.ablation's scans (and the pruned export, if asked) on the finished run in run_dir; cfg is a train
+    config (model, data, seed, ablation). Returns the files written."""
+    session = AblationSession(cfg, Path(run_dir))
+    for scan in session.scans.values():
+        scan.run()
+    if session.settings.prune.export:
+        export_pruned_model(session)
+    return session.files.written
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def typed_ablation(section: DictConfig) -> AblationConfig:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AblationConfig), section))
+
+
+class AblationSession:
+    """What every scan of one run shares: the settings, the model and its evaluator on the eval batches, the
+    replacements, the baseline, the result files, and what scans have handed to others (`shared`)."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path):
+        self.settings = s = typed_ablation(cfg.ablation)
+        validate_ablation_config(s)
+        validate_scans(s)
+        self.run = load_run(run_dir, cfg)
+        self.out = RunPaths(run_dir).ablation
+        self.device = resolve_device(s.device)
+        self.model = self.run.model.to(self.device, torch.float32).eval()
+        self.heads_per_layer = self.model.heads_per_layer
+        # Everything a file or a head list can get wrong is checked before any work starts.
+        self.scans = {name: self.new_scan(name, scan) for name, scan in s.scans.items()}
+        for scan in self.scans.values():
+            scan.prepare()
+        check_prune_heads(s.prune, self.heads_per_layer)
+
+        examples = self.run.examples(s.split, s.n_eval, "ablation.split")
+        data_key = {k: v for k, v in OmegaConf.to_container(cfg.data).items() if k not in DATA_KEYS_IGNORED}
+        settings_record = {
+            "mode": s.mode,
+            "split": s.split,
+            "n_eval": len(examples["input_ids"]),
+            **({} if s.mode == "zero" else {"reference_split": s.reference_split, "n_reference": s.n_reference}),
+            **({"mean_per_position": s.mean_per_position} if s.mode == "mean" else {}),
+            **({"seed": s.seed} if s.mode == "resample" else {}),
+        }
+        self.key = fingerprint(file_digest(self.run.checkpoint), data_key, settings_record)
+        self.files = ResultFiles(self.out, self.key)
+        self.replacements = prepare_replacements(s, self.run, self.model, examples, self.files)
+        self.batches = to_batches(examples, s.batch_size, self.device)
+        budget = None if s.memory_budget_mb is None else s.memory_budget_mb * 2**20
+        self.evaluator = MaskEvaluator(self.model, self.batches, self.replacements, s.masks_per_pass, budget)
+        self.baseline = self.evaluator.baseline()
+        self.files.update_summary(
+            {
+                "settings": settings_record,
+                "mode": s.mode,
+                "baseline_loss": self.baseline["loss"],
+                "baseline_acc": self.baseline["acc"],
+                "n_targets": self.baseline["n_targets"],
+            }
+        )
+        self.shared: dict[str, Any] = {}  # scan kind -> what its last run here handed to other scans
+
+    def new_scan(self, name: str, cfg: ScanConfig) -> Scan:
+        return KINDS[cfg.kind](name, cfg, self)
+
+    def provided(self, kind: str, compute: bool = True) -> Any:
+        """What a scan of this kind hands to others, from this session's run of it, else from its up-to-date
+        results under its kind's name; failing both, runs it under that name, or with compute=False returns None."""
+        if kind not in self.shared:
+            scan = self.new_scan(kind, ScanConfig(kind=kind))
+            if compute or scan.read_back(announce=False) is not None:
+                scan.run()
+        return self.shared.get(kind)
+
+    def importance(self, mask_LH: Tensor) -> Tensor:
+        """Gradient importance at gates mask_LH, on the eval batches, under this session's replacements."""
+        s = self.settings
+        return importance_under(self.model, self.batches, self.replacements, s.normalize_importance, mask_LH)
+
+    def layer_head_tensor(self, table: pd.DataFrame, column: str) -> Tensor:
+        """(L, H) float64 from a table's layer, head and `column`; 0 where a head has no row."""
+        values_LH = torch.zeros(self.model.n_layers, self.model.max_heads, dtype=torch.float64)
+        values_LH[table["layer"].tolist(), table["head"].tolist()] = torch.tensor(table[column].tolist()).double()
+        return values_LH
