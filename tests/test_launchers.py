@@ -62,6 +62,9 @@ def test_launcher_configs_extend_the_plugins(launcher, target):
     if launcher == "slurm":
         assert (cfg.hydra.launcher.gpus_per_node, cfg.hydra.launcher.max_num_timeout) == (1, 3)
         assert cfg.hydra.launcher.timeout_min == 5 and "partition" in cfg.hydra.launcher
+        # submitit's answer to a time limit is `scontrol requeue`, which clusters with JobRequeue=0 allow only to
+        # jobs submitted with --requeue (tests/test_slurm.py runs such a cluster)
+        assert cfg.hydra.launcher.additional_parameters == {"requeue": True}
 
 
 def test_each_job_claims_a_gpu_no_other_job_holds(tmp_path):
