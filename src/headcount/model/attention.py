@@ -3,19 +3,25 @@
 Every operation on heads lives here, and everything else (the block, the ablation evaluator, structural pruning)
 calls these rather than re-deriving the weight layout:
 
-- `heads`: project to per-head q, k, v (`project`), then attend, z_h = softmax(q_h k_h^T / sqrt(head_dim) + causal)
-  v_h, by SDPA or, when the attention pattern is wanted, by the explicit reference path (`reference_attention`).
+- `heads`: project to q, k, v (`project`, which also applies rotary positions), share each key/value head with its
+  group of query heads, then attend, z_h = softmax(q_h k_h^T / sqrt(head_dim) + causal) v_h, by SDPA or, when the
+  attention pattern is wanted, by the explicit reference path (`reference_attention`).
 - `gate_z`: a gate g and a replacement r act on z before heads combine, z_h <- g z_h + (1 - g) r_h.
 - `combine_heads`: concatenation (one W_o slice per head) or summation (one W_o shared by all heads, as in the first
   Transformer), then the output projection.
 - `select_heads`: structural pruning, a new module with only the kept heads; a removed head's constant replacement
-  r_h W_o^h is the same at every position, so it folds into the output bias.
-- Per-head weight views in TransformerLens's layout: W_Q, W_K, W_V (H, C, D), W_O (H, D, C) and their biases.
+  r_h W_o^h is the same at every position, so it folds into the output bias. Under grouped-query attention a
+  key/value head goes only when all the query heads of its group go.
+- Per-head weight views in TransformerLens's layout: W_Q (H, C, D), W_K, W_V (H_kv, C, D), W_O (H, D, C) and biases.
 - `activation_floats` / `z_floats`: what a pass holds per position, for memory budgets.
 
-The parameters are one fused `qkv` Linear whose output rows are laid out (3, H, D) (q of every head, then k, then v)
-and one `out` Linear; checkpoints store them under those names. Tensor names carry their shape: B batch, T positions,
-C model width, H heads, D head width.
+A head is a query head. Grouped-query attention (`kv_groups`: how many consecutive query heads share each key/value
+head, regular [H / H_kv] * H_kv as trained, any sizes after pruning) changes only where k and v come from: z stays
+per query head, so gates, masks and replacements do not change.
+
+The parameters are one fused `qkv` Linear whose output rows are laid out [q: H*D | k: H_kv*D | v: H_kv*D] (with
+H_kv = H, the (3, H, D) layout of every headcount checkpoint) and one `out` Linear; checkpoints store them under those
+names. Tensor names carry their shape: B batch, T positions, C model width, H heads, G key/value heads, D head width.
 """
 
 import warnings
@@ -23,6 +29,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from headcount.model.rotary import Rotary
 
 
 class MultiHeadAttention(nn.Module):
@@ -35,14 +43,27 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bool = True,
         out_bias: bool = True,
         dropout: float = 0.0,
+        kv_groups: list[int] | None = None,
+        rotary: Rotary | None = None,
     ):
+        """kv_groups: query heads per key/value head, in order, adding up to n_heads; None: one key/value head per
+        query head. rotary: rotary positions applied to q and k, or None (positions enter elsewhere)."""
         super().__init__()
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.combine, self.dropout = combine, dropout
+        self.kv_groups = list(kv_groups) if kv_groups is not None else [1] * n_heads
+        if sum(self.kv_groups) != n_heads:
+            raise ValueError(f"kv_groups {self.kv_groups} must add up to n_heads={n_heads}")
+        self.n_kv_heads = len(self.kv_groups)
+        self.grouped = self.n_kv_heads != n_heads
+        # The key/value head each query head reads; not a checkpoint entry, the config rebuilds it.
+        kv_of_H = torch.repeat_interleave(torch.arange(self.n_kv_heads), torch.tensor(self.kv_groups, dtype=torch.long))
+        self.register_buffer("kv_head_of", kv_of_H, persistent=False)
+        self.rotary = rotary
         with warnings.catch_warnings():
             # A layer structurally pruned to zero heads has empty projections; initialising them is a harmless no-op.
             warnings.filterwarnings("ignore", "Initializing zero-element tensors is a no-op")
-            self.qkv = nn.Linear(d_model, 3 * n_heads * head_dim, bias=qkv_bias)
+            self.qkv = nn.Linear(d_model, (n_heads + 2 * self.n_kv_heads) * head_dim, bias=qkv_bias)
             # concat: W_o is (H*D) x C, head h owns rows h*D:(h+1)*D. sum: W_o is D x C, shared by every head.
             self.out = nn.Linear(n_heads * head_dim if combine == "concat" else head_dim, d_model, bias=out_bias)
 
@@ -59,12 +80,13 @@ class MultiHeadAttention(nn.Module):
 
     def heads(self, x_BTC: Tensor, cache: dict | None = None, need_pattern: bool = False) -> Tensor:
         """z (B, T, H, D). cache: if given, receives "z" and, with need_pattern, "pattern" (B, H, T, T)."""
-        q_BHTD, k_BHTD, v_BHTD = self.project(x_BTC)
+        q_BHTD, k_BGTD, v_BGTD = self.project(x_BTC)
+        k_BHTD, v_BHTD = self.per_query_head(k_BGTD), self.per_query_head(v_BGTD)
         if need_pattern:
             z_BHTD, pattern_BHTT = self.reference_attention(q_BHTD, k_BHTD, v_BHTD)
             cache["pattern"] = pattern_BHTT
         elif self.n_heads == 0:  # pruned to no heads: z is empty, and SDPA's fused kernels refuse zero-size inputs
-            z_BHTD = v_BHTD
+            z_BHTD = q_BHTD
         else:
             z_BHTD = F.scaled_dot_product_attention(
                 q_BHTD, k_BHTD, v_BHTD, is_causal=True, dropout_p=self.dropout if self.training else 0.0
@@ -75,9 +97,20 @@ class MultiHeadAttention(nn.Module):
         return z_BTHD
 
     def project(self, x_BTC: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v per head, each (B, H, T, D), from one fused projection."""
+        """q (B, H, T, D), and k and v (B, H_kv, T, D) per key/value head, from one fused projection; q and k rotated
+        by their positions when the model uses rotary positions."""
         B, T, _ = x_BTC.shape
-        return self.qkv(x_BTC).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q_BTX, k_BTX, v_BTX = self.qkv(x_BTC).split([H * D, G * D, G * D], dim=-1)
+        q_BHTD = q_BTX.view(B, T, H, D).transpose(1, 2)
+        k_BGTD, v_BGTD = (t.view(B, T, G, D).transpose(1, 2) for t in (k_BTX, v_BTX))
+        if self.rotary is not None:
+            q_BHTD, k_BGTD = self.rotary(q_BHTD, k_BGTD)
+        return q_BHTD, k_BGTD, v_BGTD
+
+    def per_query_head(self, x_BGTD: Tensor) -> Tensor:
+        """k or v repeated for the query heads sharing it (B, H, T, D); as it is without grouping."""
+        return x_BGTD.index_select(1, self.kv_head_of) if self.grouped else x_BGTD
 
     def reference_attention(self, q_BHTD: Tensor, k_BHTD: Tensor, v_BHTD: Tensor) -> tuple[Tensor, Tensor]:
         """The explicit softmax path: slower than SDPA, but it returns the attention pattern for analysis."""
@@ -109,12 +142,15 @@ class MultiHeadAttention(nn.Module):
     ) -> "MultiHeadAttention":
         """A new module with only the heads keep_H (bool, (H,)) marks, in order, in the same dtype, device and mode.
         It equals this one with the other heads gated to 0 and replaced by replacement_HD, a constant per head (H, D)
-        (None: zero ablation), whose contribution folds into the output bias. The new module has an output bias when
-        this one has, when a replacement folds, or when add_out_bias asks for one (a zero bias, for a model whose
-        layers share one out_bias setting)."""
-        H, D, C = self.n_heads, self.head_dim, self.d_model
+        (None: zero ablation), whose contribution folds into the output bias. A key/value head stays while any query
+        head of its group stays. The new module has an output bias when this one has, when a replacement folds, or
+        when add_out_bias asks for one (a zero bias, for a model whose layers share one out_bias setting)."""
+        H, G, D, C = self.n_heads, self.n_kv_heads, self.head_dim, self.d_model
         W_XC = self.qkv.weight.detach()
         keep_H = keep_H.to(W_XC.device)
+        kv_of_H = self.kv_head_of.to(W_XC.device)
+        keep_G = torch.zeros(G, dtype=torch.bool, device=W_XC.device).index_fill(0, kv_of_H[keep_H], True)
+        kept_groups = [int((keep_H & (kv_of_H == g)).sum()) for g in range(G) if keep_G[g]]
         fold_C = None
         if replacement_HD is not None and not keep_H.all():
             W_HDC = self.W_O.detach()
@@ -122,48 +158,59 @@ class MultiHeadAttention(nn.Module):
             fold_C = torch.einsum("rd,rdc->c", r_RD, W_HDC[~keep_H])
         has_out_bias = self.out.bias is not None
         out_bias = has_out_bias or fold_C is not None or add_out_bias
-        state = {"qkv.weight": W_XC.view(3, H, D, C)[:, keep_H].reshape(-1, C)}
+        state = {"qkv.weight": self._select_qkv_rows(W_XC, keep_H, keep_G, (C,))}
         if self.qkv.bias is not None:
-            state["qkv.bias"] = self.qkv.bias.detach().view(3, H, D)[:, keep_H].reshape(-1)
+            state["qkv.bias"] = self._select_qkv_rows(self.qkv.bias.detach(), keep_H, keep_G, ())
         W_CX = self.out.weight.detach()
         state["out.weight"] = W_CX.view(C, H, D)[:, keep_H].reshape(C, -1) if self.combine == "concat" else W_CX
         if out_bias:
             bias_C = self.out.bias.detach() if has_out_bias else W_CX.new_zeros(C)
             state["out.bias"] = bias_C if fold_C is None else bias_C + fold_C
-        n_kept = int(keep_H.sum())
         # Building the module draws random init values that the state overwrites; keep the caller's random stream.
         with torch.random.fork_rng(devices=[]):
-            selected = MultiHeadAttention(C, n_kept, D, self.combine, self.qkv.bias is not None, out_bias, self.dropout)
+            qkv_bias = self.qkv.bias is not None
+            selected = MultiHeadAttention(
+                C, sum(kept_groups), D, self.combine, qkv_bias, out_bias, self.dropout, kept_groups, self.rotary
+            )
         selected.to(device=W_XC.device, dtype=W_XC.dtype).load_state_dict(state)
         return selected.train(self.training)
+
+    def _select_qkv_rows(self, rows_X: Tensor, keep_H: Tensor, keep_G: Tensor, tail: tuple) -> Tensor:
+        """The fused projection's rows (weights (X, C) or biases (X,)) of the kept query and key/value heads."""
+        H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = rows_X.split([H * D, G * D, G * D])
+        kept = [q.view(H, D, *tail)[keep_H], k.view(G, D, *tail)[keep_G], v.view(G, D, *tail)[keep_G]]
+        return torch.cat([t.reshape(-1, *tail) for t in kept])
 
     # Per-head views of the fused weights (they share storage and gradients with the parameters).
 
     @property
     def W_Q(self) -> Tensor:
-        """(H, C, D): q_h = x W_Q[h] + b_Q[h]."""
-        return self._qkv_weight_3HDC()[0].transpose(1, 2)
+        """(H, C, D): q_h = x W_Q[h] + b_Q[h] (before rotary positions)."""
+        return self._qkv_rows(0).transpose(1, 2)
 
     @property
     def W_K(self) -> Tensor:
-        return self._qkv_weight_3HDC()[1].transpose(1, 2)
+        """(H_kv, C, D): query head h reads key/value head kv_head_of[h]."""
+        return self._qkv_rows(1).transpose(1, 2)
 
     @property
     def W_V(self) -> Tensor:
-        return self._qkv_weight_3HDC()[2].transpose(1, 2)
+        """(H_kv, C, D)."""
+        return self._qkv_rows(2).transpose(1, 2)
 
     @property
     def b_Q(self) -> Tensor | None:
-        """(H, D), or None without qkv biases; likewise b_K, b_V."""
-        return None if self.qkv.bias is None else self.qkv.bias.view(3, self.n_heads, self.head_dim)[0]
+        """(H, D), or None without qkv biases; likewise b_K, b_V (H_kv, D)."""
+        return self._qkv_bias(0)
 
     @property
     def b_K(self) -> Tensor | None:
-        return None if self.qkv.bias is None else self.qkv.bias.view(3, self.n_heads, self.head_dim)[1]
+        return self._qkv_bias(1)
 
     @property
     def b_V(self) -> Tensor | None:
-        return None if self.qkv.bias is None else self.qkv.bias.view(3, self.n_heads, self.head_dim)[2]
+        return self._qkv_bias(2)
 
     @property
     def W_O(self) -> Tensor:
@@ -178,8 +225,20 @@ class MultiHeadAttention(nn.Module):
         """(C,), or None without an output bias."""
         return self.out.bias
 
-    def _qkv_weight_3HDC(self) -> Tensor:
-        return self.qkv.weight.view(3, self.n_heads, self.head_dim, self.d_model)
+    def _qkv_heads(self) -> list[int]:
+        return [self.n_heads, self.n_kv_heads, self.n_kv_heads]
+
+    def _qkv_rows(self, which: int) -> Tensor:
+        """q (0), k (1) or v (2) rows of the fused weight as (heads, D, C)."""
+        heads = self._qkv_heads()
+        rows_XC = self.qkv.weight.split([n * self.head_dim for n in heads])[which]
+        return rows_XC.view(heads[which], self.head_dim, self.d_model)  # sizes spelt out: a layer may have no heads
+
+    def _qkv_bias(self, which: int) -> Tensor | None:
+        if self.qkv.bias is None:
+            return None
+        heads = self._qkv_heads()
+        return self.qkv.bias.split([n * self.head_dim for n in heads])[which].view(heads[which], self.head_dim)
 
     # Sizes for memory budgets: generous counts of floats per position, not measurements.
 
@@ -189,5 +248,12 @@ class MultiHeadAttention(nn.Module):
 
     def activation_floats(self, seq_len: int) -> int:
         """What the layer holds per position while it runs: q, k, v, z, its gated and combined copies, and the
-        attention scores over seq_len keys."""
-        return 6 * self.z_floats() + self.n_heads * seq_len
+        attention scores over seq_len keys; with grouping also k and v before they are shared out, with rotary
+        positions the rotated q and k and a temporary of each."""
+        kv_floats = 2 * self.n_kv_heads * self.head_dim
+        floats = 6 * self.z_floats() + self.n_heads * seq_len
+        if self.grouped:
+            floats += kv_floats
+        if self.rotary is not None:
+            floats += 2 * self.z_floats() + kv_floats
+        return floats

@@ -1,4 +1,5 @@
-"""One transformer layer: pre-LayerNorm attention, then an optional MLP, each added to the residual stream.
+"""One transformer layer: pre-norm attention, then an optional MLP, each added to the residual stream, one after the
+other or, with parallel_residual (GPT-NeoX), both read from the block's input.
 
 `Block.forward` is heads -> gate -> finish: the attention module produces z, gates it, and `finish` takes the block
 input and that z the rest of the way (combine heads, project, add, MLP). The ablation evaluator calls the same
@@ -6,34 +7,27 @@ input and that z the rest of the way (combine heads, project, add, MLP). The abl
 """
 
 from torch import Tensor, nn
-from torch.nn import functional as F
 
-from headcount.config.model import ModelConfig
+from headcount.config.model import ModelConfig, Positions, rotary_dims
 from headcount.model.attention import MultiHeadAttention
-
-
-class MLP(nn.Module):
-    def __init__(self, d_model: int, hidden: int, dropout: float):
-        super().__init__()
-        self.fc, self.proj, self.drop = nn.Linear(d_model, hidden), nn.Linear(hidden, d_model), nn.Dropout(dropout)
-
-    def forward(self, x_BTC: Tensor) -> Tensor:
-        return self.drop(self.proj(F.gelu(self.fc(x_BTC))))
-
-    def activation_floats(self) -> int:
-        """What it holds per position: the hidden layer before and after the nonlinearity."""
-        return 2 * self.fc.out_features
+from headcount.model.mlp import MLP
+from headcount.model.norm import make_norm
+from headcount.model.rotary import Rotary
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, n_heads: int, head_dim: int):
+    def __init__(self, cfg: ModelConfig, n_heads: int, head_dim: int, kv_groups: list[int] | None = None):
         super().__init__()
         a = cfg.attn
-        self.ln_attn = nn.LayerNorm(cfg.d_model)
-        self.attn = MultiHeadAttention(cfg.d_model, n_heads, head_dim, a.combine, a.qkv_bias, a.out_bias, cfg.dropout)
+        rotary = Rotary(rotary_dims(cfg), cfg.rotary_theta) if cfg.positions == Positions.rotary else None
+        self.ln_attn = make_norm(cfg)
+        self.attn = MultiHeadAttention(
+            cfg.d_model, n_heads, head_dim, a.combine, a.qkv_bias, a.out_bias, cfg.dropout, kv_groups, rotary
+        )
         self.drop = nn.Dropout(cfg.dropout)
-        self.ln_mlp = nn.LayerNorm(cfg.d_model) if cfg.mlp else None
-        self.mlp = MLP(cfg.d_model, cfg.mlp_ratio * cfg.d_model, cfg.dropout) if cfg.mlp else None
+        self.ln_mlp = make_norm(cfg) if cfg.mlp else None
+        self.mlp = MLP(cfg) if cfg.mlp else None
+        self.parallel_residual = cfg.parallel_residual
 
     def forward(
         self,
@@ -48,11 +42,14 @@ class Block(nn.Module):
         return self.finish(x_BTC, self.attn.gate_z(z_BTHD, gate, replacement))
 
     def finish(self, x_BTC: Tensor, z_BTHD: Tensor) -> Tensor:
-        """The block's output given its input x and its heads' (gated) z: add the combined heads, then the MLP."""
-        x_BTC = x_BTC + self.drop(self.attn.combine_heads(z_BTHD))
-        if self.mlp is not None:
-            x_BTC = x_BTC + self.mlp(self.ln_mlp(x_BTC))
-        return x_BTC
+        """The block's output given its input x and its heads' (gated) z: add the combined heads and the MLP."""
+        attn_BTC = self.drop(self.attn.combine_heads(z_BTHD))
+        if self.mlp is None:
+            return x_BTC + attn_BTC
+        if self.parallel_residual:
+            return x_BTC + attn_BTC + self.mlp(self.ln_mlp(x_BTC))
+        x_BTC = x_BTC + attn_BTC
+        return x_BTC + self.mlp(self.ln_mlp(x_BTC))
 
     def activation_floats(self, seq_len: int) -> int:
         """A generous count of the floats the block holds per position while it runs: the stream and its copies,

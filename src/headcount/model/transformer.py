@@ -1,9 +1,11 @@
 """A decoder-only transformer whose attention heads can be gated, replaced, counted and removed.
 
-Pre-LayerNorm blocks (model/block.py), learned position embeddings, optional MLP (attention-only models are
-`mlp: false`), tied or untied unembedding. The forward pass is split in three (`embed`, `forward_layers`, `unembed`):
-`forward_layers(resid, start)` starts at any layer from the residual stream before it, which the ablation evaluator
-uses to reuse the stream before the first layer a mask touches. `select_heads` is structural pruning: a smaller
+Pre-norm blocks (model/block.py; LayerNorm or RMSNorm, sequential or parallel residual), learned or rotary positions,
+optional MLP (attention-only models are `mlp: false`; GELU or SwiGLU), tied or untied unembedding: GPT-2, Llama and
+GPT-NeoX are settings of one model (config/model.py), and headcount.pretrained converts their checkpoints into it.
+The forward pass is split in three (`embed`, `forward_layers`, `unembed`): `forward_layers(resid, start)` starts at
+any layer from the residual stream before it, which the ablation evaluator uses to reuse the stream before the first
+layer a mask touches. `select_heads` is structural pruning: a smaller
 Transformer, equal to the masked one, built layer by layer by MultiHeadAttention.select_heads.
 """
 
@@ -14,9 +16,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from headcount.config.model import ModelConfig, resolve_head_dim, validate_model_config
+from headcount.config.model import ModelConfig, Positions, resolve_head_dim, resolve_kv_groups, validate_model_config
 from headcount.errors import ConfigError
 from headcount.model.block import Block
+from headcount.model.norm import make_norm
 
 
 @dataclass(frozen=True)
@@ -36,11 +39,12 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.head_dim = resolve_head_dim(cfg.d_model, cfg.attn)
         self.heads_per_layer = list(cfg.heads_per_layer or [cfg.attn.n_heads] * cfg.n_layers)
+        kv_groups = resolve_kv_groups(cfg)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.n_ctx, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positions == Positions.learned else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, h, self.head_dim) for h in self.heads_per_layer)
-        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, h, self.head_dim, g) for h, g in zip(self.heads_per_layer, kv_groups))
+        self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
@@ -87,6 +91,8 @@ class Transformer(nn.Module):
         T = idx_BT.shape[1]
         if T > self.cfg.n_ctx:
             raise ConfigError("data.seq_len", T, f"must be at most model.n_ctx={self.cfg.n_ctx}")
+        if self.pos_emb is None:  # rotary positions enter in every layer's attention
+            return self.drop(self.tok_emb(idx_BT))
         pos_T = torch.arange(T, device=idx_BT.device)
         return self.drop(self.tok_emb(idx_BT) + self.pos_emb(pos_T))
 
@@ -133,7 +139,8 @@ class Transformer(nn.Module):
 
     def select_heads(self, keep_LH: Tensor, replacements: list[Tensor | None] | None = None) -> "Transformer":
         """A new, smaller Transformer with only the heads keep_LH (bool, (L, max_heads)) marks, equal to this one with
-        the others gated to 0, in the same dtype, device and train/eval mode; its config records heads_per_layer.
+        the others gated to 0, in the same dtype, device and train/eval mode; its config records heads_per_layer
+        and, for a grouped-query model, the key/value groups left (kv_groups_per_layer).
         replacements: None (zero ablation) or one entry per layer, None or a constant per head (H_l, D) that folds
         into the output bias."""
         keeps = [keep_LH[layer, :n].cpu() for layer, n in enumerate(self.heads_per_layer)]
@@ -142,11 +149,14 @@ class Transformer(nn.Module):
         # One out_bias setting covers every layer: if any layer folds a replacement into its bias, all get one.
         folds = any(r is not None and not keep_H.all() for keep_H, r in zip(keeps, replacements))
         cfg.attn.out_bias = cfg.attn.out_bias or folds
-        state = self.state_dict()
+        state, kept_groups = self.state_dict(), []
         for layer, (keep_H, r) in enumerate(zip(keeps, replacements)):
             attn = self.blocks[layer].attn.select_heads(keep_H, r, add_out_bias=cfg.attn.out_bias)
+            kept_groups.append(attn.kv_groups)
             state.update({f"blocks.{layer}.attn.{name}": t for name, t in attn.state_dict().items()})
         cfg.heads_per_layer = [int(keep_H.sum()) for keep_H in keeps]
+        if cfg.attn.n_kv_heads is not None or cfg.kv_groups_per_layer is not None:
+            cfg.kv_groups_per_layer = kept_groups
         param = next(self.parameters())
         # Building the new model draws random init values that the state overwrites; keep the caller's random stream.
         with torch.random.fork_rng(devices=[]):
@@ -166,7 +176,7 @@ class Transformer(nn.Module):
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.pos_emb.weight.numel() + self.tok_emb.weight.numel()
+            n -= self.tok_emb.weight.numel() + (self.pos_emb.weight.numel() if self.pos_emb is not None else 0)
             if not self.cfg.tie_embeddings:
                 n -= self.lm_head.weight.numel()
         return n

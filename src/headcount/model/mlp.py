@@ -1,0 +1,27 @@
+"""The position-wise MLP: fc -> activation -> proj, or SwiGLU's proj(silu(gate x) * fc x) (Llama), with any hidden
+width. Parameter names (fc, proj, gate) are those checkpoints store."""
+
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from headcount.config.model import Activation, ModelConfig
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, hidden, bias = cfg.d_model, cfg.mlp_hidden or cfg.mlp_ratio * cfg.d_model, cfg.mlp_bias
+        self.act = cfg.mlp_act
+        self.fc, self.proj, self.drop = nn.Linear(d, hidden, bias), nn.Linear(hidden, d, bias), nn.Dropout(cfg.dropout)
+        self.gate = nn.Linear(d, hidden, bias) if self.act == Activation.swiglu else None
+
+    def forward(self, x_BTC: Tensor) -> Tensor:
+        if self.gate is not None:
+            return self.drop(self.proj(F.silu(self.gate(x_BTC)) * self.fc(x_BTC)))
+        approximate = "tanh" if self.act == Activation.gelu_tanh else "none"
+        return self.drop(self.proj(F.gelu(self.fc(x_BTC), approximate=approximate)))
+
+    def activation_floats(self) -> int:
+        """What it holds per position: the hidden layer before and after the nonlinearity (SwiGLU: gate, up, the
+        gate's activation and the product)."""
+        return (4 if self.gate is not None else 2) * self.fc.out_features

@@ -1,0 +1,40 @@
+"""A transformers causal LM converted into headcount's Transformer: the config it implies, then its weights.
+
+The conversion is exact: the converted model computes the same function (equal logits up to float rounding), and the
+result is an ordinary Transformer with an ordinary ModelConfig, so checkpoints, the evaluator, importance, L0 gates,
+structural export and head-pattern scores work on it unchanged. Dropout is 0: imported models are for analysis.
+"""
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from headcount.config.model import ModelConfig
+from headcount.model.transformer import Transformer
+from headcount.pretrained.families import family
+from headcount.pretrained.weights import HFWeights
+
+
+def hf_model_config(hf_config: Any, source: str | None = None) -> ModelConfig:
+    """The ModelConfig a transformers config implies; a ConfigError (key model.pretrained) for what headcount's
+    model cannot reproduce. source names the checkpoint in messages (default: the config's name or type)."""
+    source = source or getattr(hf_config, "_name_or_path", None) or hf_config.model_type
+    return family(hf_config.model_type, source).model_config(hf_config, source)
+
+
+@torch.no_grad()
+def convert(hf_model: nn.Module, source: str | None = None) -> Transformer:
+    """headcount's Transformer equal to hf_model (a transformers *ForCausalLM), in its dtype and on its device, in
+    eval mode. hf_model is left as it is."""
+    cfg = hf_model_config(hf_model.config, source)
+    params = dict(hf_model.named_parameters(remove_duplicate=False))  # tied weights appear under both names
+    hf = HFWeights({name: p.detach() for name, p in params.items()}, hf_model.config.model_type)
+    state = family(hf_model.config.model_type, "").state_dict(hf, cfg)
+    hf.check_all_taken()
+    first = next(iter(params.values()))
+    # Building the model draws random init values that the state overwrites; keep the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        model = Transformer(cfg).to(dtype=first.dtype)
+    model.load_state_dict(state)
+    return model.to(first.device).eval()

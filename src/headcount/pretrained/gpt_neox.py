@@ -1,0 +1,54 @@
+"""GPT-NeoX (Pythia): rotary positions on a leading fraction of each head (rotary_pct), LayerNorm, exact GELU,
+parallel residual (or not: use_parallel_residual), untied unembedding.
+
+The fused query_key_value projection is laid out per head, (H, 3, D): regrouped into headcount's (3, H, D).
+"""
+
+from typing import Any
+
+from torch import Tensor
+
+from headcount.config.model import AttentionConfig, ModelConfig, Norm, Positions
+from headcount.pretrained.checks import gelu_activation, rope
+from headcount.pretrained.weights import HFWeights, put_linear, put_norm
+
+
+def model_config(hf: Any, source: str) -> ModelConfig:
+    theta, fraction = rope(hf, source)
+    return ModelConfig(
+        n_layers=hf.num_hidden_layers,
+        d_model=hf.hidden_size,
+        n_ctx=hf.max_position_embeddings,
+        vocab_size=hf.vocab_size,
+        attn=AttentionConfig(n_heads=hf.num_attention_heads, qkv_bias=hf.attention_bias, out_bias=hf.attention_bias),
+        positions=Positions.rotary,
+        rotary_theta=theta,
+        rotary_fraction=fraction,
+        norm=Norm.layernorm,
+        norm_eps=hf.layer_norm_eps,
+        parallel_residual=hf.use_parallel_residual,
+        mlp=True,
+        mlp_hidden=hf.intermediate_size,
+        mlp_act=gelu_activation(hf, "hidden_act", source),
+        tie_embeddings=hf.tie_word_embeddings,
+    )
+
+
+def state_dict(hf: HFWeights, cfg: ModelConfig) -> dict[str, Tensor]:
+    H, C = cfg.attn.n_heads, cfg.d_model
+    D = C // H
+    state = {"tok_emb.weight": hf.take("gpt_neox.embed_in.weight")}
+    for layer in range(cfg.n_layers):
+        ours, theirs = f"blocks.{layer}", f"gpt_neox.layers.{layer}"
+        put_norm(state, f"{ours}.ln_attn", hf, f"{theirs}.input_layernorm")
+        weight, bias = hf.take_linear(f"{theirs}.attention.query_key_value")
+        weight = weight.view(H, 3, D, C).transpose(0, 1).reshape(3 * H * D, C)
+        bias = None if bias is None else bias.view(H, 3, D).transpose(0, 1).reshape(3 * H * D)
+        put_linear(state, f"{ours}.attn.qkv", weight, bias)
+        put_linear(state, f"{ours}.attn.out", *hf.take_linear(f"{theirs}.attention.dense"))
+        put_norm(state, f"{ours}.ln_mlp", hf, f"{theirs}.post_attention_layernorm")
+        put_linear(state, f"{ours}.mlp.fc", *hf.take_linear(f"{theirs}.mlp.dense_h_to_4h"))
+        put_linear(state, f"{ours}.mlp.proj", *hf.take_linear(f"{theirs}.mlp.dense_4h_to_h"))
+    put_norm(state, "ln_f", hf, "gpt_neox.final_layer_norm")
+    state["lm_head.weight"] = hf.take("lm_head.weight")
+    return state

@@ -1,0 +1,120 @@
+"""load_pretrained: a checkpoint folder, a .gguf file or a Hub name -> headcount's Transformer, its tokenizer and a
+record of where it came from. transformers reads the checkpoint (safetensors, or GGUF dequantised to float32);
+headcount converts it (convert.py) and checks the config first, so an unsupported model fails before its weights load.
+"""
+
+import hashlib
+from collections import Counter
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from headcount.config.model import ModelConfig
+from headcount.errors import ConfigError
+from headcount.model.transformer import Transformer
+from headcount.pretrained.checks import KEY
+from headcount.pretrained.convert import convert, hf_model_config
+from headcount.pretrained.source import Source, hub_errors, locate, require
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+class Pretrained(NamedTuple):
+    model: Transformer  # in eval mode, on the CPU; model.cfg is the ModelConfig the checkpoint implies
+    tokenizer: Any  # the checkpoint's transformers tokenizer
+    provenance: dict  # plain JSON values: where the weights came from, to record beside results
+
+
+def pretrained_config(source: str) -> ModelConfig:
+    """The ModelConfig a checkpoint implies, read from its config alone (no weights): checks a source early."""
+    where = locate(source)
+    transformers = require(where)
+    return hf_model_config(_hf_config(transformers, where), where.given)
+
+
+def load_pretrained(source: str, dtype: torch.dtype = torch.float32) -> Pretrained:
+    """Load a GPT-2, Llama-family (Llama, SmolLM, Qwen2) or GPT-NeoX (Pythia) causal LM and convert it exactly.
+
+    source: a folder written by transformers' save_pretrained (config.json, safetensors weights, tokenizer), a
+    .gguf file (llama.cpp's format; quantised weights are dequantised), or a Hugging Face Hub name (downloaded, or
+    read from the Hugging Face cache). dtype: the converted model's; the checkpoint is read in float32 and cast.
+    Bad input raises a one-line ConfigError naming model.pretrained: an unsupported architecture or feature, a
+    missing optional package (`pip install 'headcount[pretrained]'`), a Hub name without a network."""
+    where = locate(source)
+    transformers = require(where)
+    hf_config = _hf_config(transformers, where)
+    hf_model_config(hf_config, where.given)  # refuse what cannot be converted before reading any weights
+    name, kwargs = where.from_pretrained_args()
+    with hub_errors(where):
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
+        tokenizer = _tokenizer(transformers, where)
+    model = convert(hf_model, where.given).to(dtype)
+    return Pretrained(model, tokenizer, provenance(where, hf_model.config, dtype))
+
+
+def _hf_config(transformers: Any, where: Source) -> Any:
+    name, kwargs = where.from_pretrained_args()
+    with hub_errors(where):
+        try:
+            return transformers.AutoConfig.from_pretrained(name, **kwargs)
+        except ValueError as err:  # a model type this transformers does not know
+            raise ConfigError(KEY, where.given, f"transformers cannot read its config: {first_line(err)}") from None
+
+
+def _tokenizer(transformers: Any, where: Source) -> Any:
+    name, kwargs = where.from_pretrained_args()
+    try:
+        return transformers.AutoTokenizer.from_pretrained(name, **kwargs)
+    except (OSError, ValueError, TypeError) as err:
+        if where.kind == "hub":
+            raise
+        raise ConfigError(KEY, where.given, f"has no tokenizer transformers can load: {first_line(err)}") from None
+
+
+def provenance(where: Source, hf_config: Any, dtype: torch.dtype) -> dict:
+    """Where the weights came from: the source, its files' sha256 (local sources) or the Hub revision, the GGUF
+    tensor types (quantisation), the architecture, and the versions that read it."""
+    import transformers
+
+    record = {
+        "source": where.given,
+        "kind": where.kind,
+        "model_type": hf_config.model_type,
+        "architectures": list(getattr(hf_config, "architectures", None) or []),
+        "name_or_path": str(getattr(hf_config, "_name_or_path", "")),
+        "dtype": str(dtype).removeprefix("torch."),
+        "transformers": transformers.__version__,
+    }
+    if where.kind == "hub":
+        record["revision"] = getattr(hf_config, "_commit_hash", None)
+    elif where.kind == "gguf":
+        path = Path(where.location) / where.gguf_file
+        record["files"] = {path.name: sha256(path)}
+        record["gguf_tensor_types"] = gguf_tensor_types(path)
+    else:
+        folder = Path(where.location)
+        files = sorted(p for p in folder.iterdir() if p.name == "config.json" or p.name.endswith(WEIGHT_SUFFIXES))
+        record["files"] = {p.name: sha256(p) for p in files}
+    return record
+
+
+def gguf_tensor_types(path: Path) -> dict[str, int]:
+    """How many tensors of each type (F32, Q4_1, ...) the file stores: its quantisation, for the record."""
+    from gguf import GGUFReader
+
+    counts = Counter(t.tensor_type.name for t in GGUFReader(path).tensors)
+    return dict(sorted(counts.items()))
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(2**24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,87 @@
+"""Where a pretrained checkpoint comes from: a local folder, a local .gguf file or a Hugging Face Hub name, and the
+optional packages that read it. Every way this can fail is one line naming model.pretrained."""
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import ModuleType
+
+from headcount.errors import ConfigError
+from headcount.pretrained.checks import KEY
+
+EXTRA = "pip install 'headcount[pretrained]'"
+MIN_TRANSFORMERS = 5
+
+
+@dataclass(frozen=True)
+class Source:
+    given: str  # as the user wrote it
+    kind: str  # "folder", "gguf" or "hub"
+    location: str  # the folder, the .gguf file's folder, or the hub name
+    gguf_file: str | None = None  # the .gguf file's name inside location
+
+    def from_pretrained_args(self) -> tuple[str, dict]:
+        """What transformers' from_pretrained takes: the name or folder, and gguf_file for a GGUF file."""
+        return self.location, ({"gguf_file": self.gguf_file} if self.gguf_file else {})
+
+
+def locate(source: str | os.PathLike) -> Source:
+    """A local folder or .gguf file, else (when it reads like `org/name` or `name`) a Hub name."""
+    given = str(source)
+    path = Path(given).expanduser()
+    if given.endswith(".gguf"):
+        if not path.is_file():
+            raise ConfigError(KEY, given, "no such .gguf file")
+        return Source(given, "gguf", str(path.resolve().parent), path.name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                KEY, given, "a folder needs the config.json, weights and tokenizer of a Hugging Face save_pretrained"
+            )
+        return Source(given, "folder", str(path.resolve()))
+    if path.exists():
+        raise ConfigError(KEY, given, "allowed: a checkpoint folder, a .gguf file or a Hugging Face Hub name")
+    looks_local = given.startswith(("/", ".", "~")) or given.count("/") > 1 or os.sep != "/" and os.sep in given
+    if looks_local or not given:
+        raise ConfigError(KEY, given, "no such folder or .gguf file (a Hub name reads org/name)")
+    return Source(given, "hub", given)
+
+
+def require(source: Source) -> ModuleType:
+    """transformers (and gguf for a GGUF file), or a ConfigError naming the extra that installs them."""
+    needed = ["transformers"] + (["gguf"] if source.kind == "gguf" else [])
+    for name in needed:
+        try:
+            import_module(name)
+        except ImportError:
+            raise ConfigError(KEY, source.given, f"needs the optional package {name}: {EXTRA}") from None
+    try:
+        major = int(version("transformers").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        major = MIN_TRANSFORMERS
+    if major < MIN_TRANSFORMERS:
+        found = version("transformers")
+        raise ConfigError(KEY, source.given, f"needs transformers>={MIN_TRANSFORMERS} (found {found}): {EXTRA}")
+    return import_module("transformers")
+
+
+@contextmanager
+def hub_errors(source: Source):
+    """transformers' OSError for a Hub name it cannot fetch, as one line: offline, no network, or no such repo."""
+    try:
+        yield
+    except OSError as err:
+        if source.kind != "hub":
+            raise
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:
+            reason = "HF_HUB_OFFLINE is set and it is not in the Hugging Face cache"
+        else:
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            KEY, source.given, f"is not a local folder or .gguf file, and the Hub cannot provide it: {reason}"
+        ) from None
