@@ -286,3 +286,222 @@ def test_activation_floats_count_the_widest_layer():
     assert sizes.layer == 4 * 32 + 6 * 32 + 4 * 12 + 2 * 128
     pruned = model.select_heads(torch.tensor([[True, False, False, False], [True, True, False, False]]))
     assert pruned.activation_floats(12).z == 2 * 8
+
+
+# Model families: every part a family can have keeps the invariants above, alone and together.
+
+FEATURES = {
+    "rotary": {"positions": "rotary"},
+    "rotary_partial": {"positions": "rotary", "rotary_fraction": 0.5, "rotary_theta": 500.0},
+    "rmsnorm_swiglu": {"norm": "rmsnorm", "norm_eps": 1e-6, "mlp_act": "swiglu", "mlp_hidden": 40},
+    "gqa": {"attn": {"n_kv_heads": 2}},
+    "mqa_rotary": {"positions": "rotary", "attn": {"n_kv_heads": 1}},
+    "parallel_tanh_no_biases": {
+        "parallel_residual": True,
+        "mlp_act": "gelu_tanh",
+        "mlp_bias": False,
+        "attn": {"qkv_bias": False, "out_bias": False},
+    },
+    "llama_like": {
+        "positions": "rotary",
+        "norm": "rmsnorm",
+        "mlp_act": "swiglu",
+        "mlp_bias": False,
+        "tie_embeddings": True,
+        "attn": {"n_kv_heads": 2, "qkv_bias": False, "out_bias": False},
+    },
+}
+
+
+def family_model(feature: str, dtype=torch.float64, seed=0, combine="concat") -> Transformer:
+    torch.manual_seed(seed)
+    settings = dict(FEATURES[feature])
+    attn_cfg = AttentionConfig(**{"n_heads": 4, "combine": combine, **settings.pop("attn", {})})
+    cfg = ModelConfig(n_layers=2, d_model=32, n_ctx=16, vocab_size=50, attn=attn_cfg, mlp=True, **settings)
+    model = Transformer(cfg).to(dtype).eval()
+    with torch.no_grad():  # weights larger than the init's (norm weights too), so every part shows in the logits
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_families_keep_the_invariants(feature, dtype):
+    model, x = family_model(feature, dtype), tokens()
+    plain = model(x)
+    assert torch.equal(model(x, gates=torch.ones(3, 2, 4, dtype=dtype)), plain)
+    fast, slow = {}, {}
+    torch.testing.assert_close(model(x, cache=slow, need_patterns=True), model(x, cache=fast), rtol=0, atol=TOL[dtype])
+    for layer in range(2):
+        torch.testing.assert_close(fast["z", layer], slow["z", layer], rtol=0, atol=TOL[dtype])
+        assert torch.all(slow["pattern", layer].triu(1) == 0)
+    layer, head, D = 1, 2, model.head_dim
+    gates = torch.ones(2, 4, dtype=dtype)
+    gates[layer, head] = 0
+    gated = model(x, gates=gates)
+    assert not torch.allclose(gated, plain, atol=1e-3)
+    with torch.no_grad():
+        model.blocks[layer].attn.out.weight[:, head * D : (head + 1) * D] = 0
+    torch.testing.assert_close(gated, model(x), rtol=0, atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_families_finish_from_z_and_start_at_any_layer(feature):
+    model, x = family_model(feature), tokens()
+    cache = {}
+    full = model.forward_layers(model.embed(x), 0, cache=cache)
+    block = model.blocks[1]
+    assert torch.equal(block.finish(cache["resid_pre", 1], cache["z", 1]), full)
+    assert torch.equal(model.forward_layers(cache["resid_pre", 1], 1), full)
+
+
+@pytest.mark.parametrize("feature", ["gqa", "mqa_rotary", "llama_like"])
+def test_grouped_query_per_head_views_reproduce_the_layer(feature):
+    model, x = family_model(feature), tokens()
+    attn = model.blocks[0].attn
+    G = model.cfg.attn.n_kv_heads
+    assert attn.W_Q.shape == (4, 32, 8) and attn.W_K.shape == attn.W_V.shape == (G, 32, 8)
+    assert attn.kv_head_of.tolist() == [h * G // 4 for h in range(4)]
+    h_BTC = model.blocks[0].ln_attn(model.embed(x))
+
+    def per_head(W, b):
+        out = torch.einsum("btc,hcd->bhtd", h_BTC, W)
+        return out if b is None else out + b[:, None]
+
+    q_BHTD, k_BGTD = per_head(attn.W_Q, attn.b_Q), per_head(attn.W_K, attn.b_K)
+    v_BGTD = per_head(attn.W_V, attn.b_V)
+    if attn.rotary is not None:
+        q_BHTD, k_BGTD = attn.rotary(q_BHTD, k_BGTD)
+    k_BHTD, v_BHTD = k_BGTD[:, attn.kv_head_of], v_BGTD[:, attn.kv_head_of]
+    T = x.shape[1]
+    scores_BHTT = (q_BHTD @ k_BHTD.transpose(-2, -1)) / 8**0.5
+    scores_BHTT = scores_BHTT.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    out_BTC = torch.einsum("bhtd,hdc->btc", scores_BHTT.softmax(-1) @ v_BHTD, attn.W_O)
+    if attn.b_O is not None:
+        out_BTC = out_BTC + attn.b_O
+    torch.testing.assert_close(out_BTC, attn(h_BTC), rtol=0, atol=1e-12)
+
+
+def test_rotary_turns_dimension_pairs_by_position():
+    """Rotary positions make q.k depend on the offset between positions only, on the rotating dimensions."""
+    model = family_model("rotary_partial")
+    rotary = model.blocks[0].attn.rotary
+    assert (rotary.dims, rotary.theta) == (4, 500.0)
+    q_11TD = torch.randn(1, 1, 1, 8, dtype=torch.float64).expand(1, 1, 10, 8)
+    k_11TD = torch.randn(1, 1, 1, 8, dtype=torch.float64).expand(1, 1, 10, 8)
+    q_rot, k_rot = rotary(q_11TD, k_11TD)
+    assert torch.equal(q_rot[..., 4:], q_11TD[..., 4:])  # the other dimensions pass through
+    dots_TT = (q_rot @ k_rot.transpose(-2, -1))[0, 0]
+    torch.testing.assert_close(dots_TT.diagonal(0), dots_TT.diagonal(0)[:1].expand(10), atol=1e-6, rtol=0)
+    torch.testing.assert_close(dots_TT.diagonal(-3), dots_TT.diagonal(-3)[:1].expand(7), atol=1e-6, rtol=0)
+    assert torch.equal(q_rot[..., 0, :], q_11TD[..., 0, :])  # position 0 does not turn
+
+
+def test_grouped_query_attention_shares_key_value_weights():
+    grouped, full = family_model("gqa"), make_model(n_heads=4)
+    # Each of 2 layers drops 2 of its 4 key heads and 2 of its 4 value heads, each 8 wide with a bias.
+    assert grouped.num_params() == full.num_params() - 2 * 2 * 2 * (8 * 32 + 8)
+    assert grouped.blocks[0].attn.qkv.weight.shape == ((4 + 2 * 2) * 8, 32)
+
+
+def group_removal_cases() -> dict[str, torch.Tensor]:
+    return {
+        "one_of_a_group": torch.tensor([True, False, True, True]),  # its key/value head stays for the other
+        "a_whole_group": torch.tensor([False, False, True, True]),  # its key/value head goes
+        "one_per_group": torch.tensor([False, True, True, False]),
+        "all": torch.zeros(4, dtype=torch.bool),
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("feature", ["gqa", "mqa_rotary", "llama_like"])
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+@pytest.mark.parametrize("case", list(group_removal_cases()))
+def test_grouped_select_heads_drops_a_key_value_head_with_its_last_query_head(dtype, feature, mode, case):
+    model, x = family_model(feature, dtype), tokens()
+    attn, keep_H = model.blocks[0].attn, group_removal_cases()[case]
+    h_BTC = model.blocks[0].ln_attn(model.embed(x))
+    r_HD = torch.randn(4, model.head_dim, dtype=dtype) if mode == "mean" else None
+    selected = attn.select_heads(keep_H, r_HD)
+    kept_groups = [int(keep_H[attn.kv_head_of == g].sum()) for g in range(attn.n_kv_heads)]
+    assert selected.kv_groups == [n for n in kept_groups if n]
+    assert selected.W_K.shape[0] == selected.n_kv_heads == sum(1 for n in kept_groups if n)
+    masked = attn(h_BTC, gate=keep_H.to(dtype), replacement=r_HD)
+    torch.testing.assert_close(selected(h_BTC), masked, rtol=0, atol=TOL[dtype])
+
+
+def test_pruned_grouped_model_records_its_groups_and_rebuilds_from_its_config():
+    model = family_model("llama_like")
+    keep_LH = torch.tensor([[False, False, True, True], [True, False, False, True]])
+    pruned = model.select_heads(keep_LH)
+    assert pruned.cfg.heads_per_layer == [2, 2] and pruned.cfg.kv_groups_per_layer == [[2], [1, 1]]
+    rebuilt = Transformer(pruned.cfg).double().eval()
+    rebuilt.load_state_dict(pruned.state_dict())
+    torch.testing.assert_close(rebuilt(tokens()), model(tokens(), gates=keep_LH.double()), rtol=0, atol=1e-12)
+    # Ungrouped models keep today's config: no groups recorded.
+    assert make_model().select_heads(keep_LH).cfg.kv_groups_per_layer is None
+
+
+def test_activation_floats_count_shared_and_rotated_keys():
+    plain, grouped, rotary = make_model(), family_model("gqa"), family_model("mqa_rotary")
+    H, G, D, T = 4, 2, 8, 12
+    base = 6 * H * D + H * T
+    assert plain.blocks[0].attn.activation_floats(T) == base
+    assert grouped.blocks[0].attn.activation_floats(T) == base + 2 * G * D
+    assert rotary.blocks[0].attn.activation_floats(T) == base + 2 * 1 * D + 2 * H * D + 2 * 1 * D
+    swiglu = family_model("rmsnorm_swiglu")
+    assert swiglu.blocks[0].mlp.activation_floats() == 4 * 40
+
+
+def test_default_model_keeps_its_checkpoint_names():
+    model = Transformer(ModelConfig(mlp=True))
+    block = ["ln_attn.weight", "ln_attn.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.out.weight", "attn.out.bias"]
+    block += ["ln_mlp.weight", "ln_mlp.bias", "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"]
+    names = ["tok_emb.weight", "pos_emb.weight", *(f"blocks.{i}.{n}" for i in range(2) for n in block)]
+    assert list(model.state_dict()) == [*names, "ln_f.weight", "ln_f.bias", "lm_head.weight"]
+    rotary = family_model("llama_like")
+    assert rotary.pos_emb is None and "blocks.0.mlp.gate.weight" in rotary.state_dict()
+
+
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"attn": AttentionConfig(n_heads=4, n_kv_heads=3)}, "model.attn.n_kv_heads=3"),
+        ({"attn": AttentionConfig(n_heads=4, n_kv_heads=0)}, "model.attn.n_kv_heads=0"),
+        ({"positions": "alibi"}, "model.positions='alibi'"),
+        ({"norm": "batchnorm"}, "model.norm='batchnorm'"),
+        ({"mlp_act": "relu"}, "model.mlp_act='relu'"),
+        ({"positions": "rotary", "rotary_fraction": 0.0}, "model.rotary_fraction=0.0"),
+        ({"positions": "rotary", "rotary_fraction": 1.5}, "model.rotary_fraction=1.5"),
+        ({"positions": "rotary", "rotary_fraction": 0.125}, r"rotary_fraction=0.125.*fraction\) = 1"),
+        ({"positions": "rotary", "rotary_theta": 0.0}, "model.rotary_theta=0.0"),
+        ({"norm_eps": 0.0}, "model.norm_eps=0.0"),
+        ({"mlp_hidden": 0}, "model.mlp_hidden=0"),
+        ({"kv_groups_per_layer": [[2, 2], [3]]}, r"model.kv_groups_per_layer=\[\[2, 2\], \[3\]\]"),
+        (
+            {"attn": AttentionConfig(n_heads=4, n_kv_heads=2), "heads_per_layer": [4, 2]},
+            "model.kv_groups_per_layer=None: is needed",
+        ),
+    ],
+)
+def test_bad_family_settings_name_key_and_value(settings, key):
+    with pytest.raises(ConfigError, match=key) as err:
+        Transformer(ModelConfig(d_model=32, **{"attn": AttentionConfig(n_heads=4), **settings}))
+    assert "\n" not in str(err.value)
+
+
+def test_family_settings_compose_from_the_command_line(compose_train):
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+
+    from headcount.config import validate_train_config
+
+    overrides = ["model=tiny", "model.positions=rotary", "model.norm=rmsnorm", "model.mlp_act=swiglu"]
+    cfg = compose_train([*overrides, "model.attn.n_kv_heads=2", "model.mlp_hidden=48", "model.parallel_residual=true"])
+    validate_train_config(cfg)
+    model = Transformer(OmegaConf.to_object(cfg.model))
+    assert model.blocks[0].attn.n_kv_heads == 2 and model.blocks[0].mlp.gate.out_features == 48
+    with pytest.raises(ConfigCompositionException) as err:  # refused when composed, naming the allowed values
+        compose_train(["model.norm=batchnorm"])
+    assert "expected one of [layernorm, rmsnorm]" in str(err.value.__cause__)

@@ -146,3 +146,46 @@ def test_measure_speed_reports_tokens_per_second_and_keeps_the_mode():
     pruned = measure_speed(prune_heads(model, remove_masks()["layer_gone"]), 2, T, "cpu", 2)
     assert full > 0 and pruned > 0
     assert model.training
+
+
+# Every converted family, grouped-query models included: masked equals structurally pruned.
+
+FAMILY_MASKS = {
+    "whole_groups": torch.tensor([[True, True, False, False], [False, False, False, True]]),  # layer 0 loses a k/v head
+    "random": torch.tensor([[False, True, True, False], [True, False, True, True]]),
+}
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+@pytest.mark.parametrize("mask", list(FAMILY_MASKS))
+@pytest.mark.parametrize("case", ["gpt2_tied", "llama_gqa_untied", "llama_mqa_tied_biases_wide_heads", "qwen2_gqa",
+                                  "neox_parallel", "neox_sequential_tied"])  # fmt: skip
+def test_pruned_converted_family_equals_masked(case, mask, mode):
+    pytest.importorskip("transformers")
+    from pretrained_helpers import converted, tokens
+
+    _, model = converted(case, torch.float64)
+    remove_LH = FAMILY_MASKS[mask]
+    g = torch.Generator().manual_seed(2)
+    replacements = [torch.randn(4, model.head_dim, generator=g).double() for _ in range(2)] if mode == "mean" else None
+    pruned = prune_heads(model, remove_LH, replacements)
+    masked = model(tokens(), gates=(~remove_LH).double(), replacements=replacements)
+    torch.testing.assert_close(pruned(tokens()), masked, rtol=0, atol=1e-10)
+    if model.cfg.attn.n_kv_heads is not None:  # a key/value head goes only with the last query head of its group
+        kv_groups = model.blocks[0].attn.kv_groups
+        assert pruned.blocks[0].attn.n_kv_heads == len(kv_groups) - (mask == "whole_groups" and kv_groups[0] == 2)
+        assert sum(map(sum, pruned.cfg.kv_groups_per_layer)) == int((~remove_LH).sum())
+    if mode == "mean":  # Llama and Qwen2 have no output bias: the folded means bring one
+        assert pruned.cfg.attn.out_bias and all(block.attn.out.bias is not None for block in pruned.blocks)
+
+
+def test_pruned_grouped_query_checkpoint_loads(tmp_path):
+    pytest.importorskip("transformers")
+    from pretrained_helpers import converted, tokens
+
+    _, model = converted("llama_gqa_untied")
+    pruned = prune_heads(model, FAMILY_MASKS["whole_groups"], [torch.randn(4, model.head_dim)] * 2)
+    save_pruned_checkpoint(pruned, tmp_path / "pruned.ckpt", {"removed": [[0, 0], [0, 1], [1, 3]]})
+    loaded = load_model(tmp_path / "pruned.ckpt").eval()
+    assert loaded.cfg.kv_groups_per_layer == [[2], [2, 1]] and loaded.cfg.positions == "rotary"
+    assert torch.equal(loaded(tokens()), pruned(tokens()))

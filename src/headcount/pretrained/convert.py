@@ -12,6 +12,7 @@ from torch import nn
 
 from headcount.config.model import ModelConfig
 from headcount.model.transformer import Transformer
+from headcount.pretrained.checks import refuse_if
 from headcount.pretrained.families import family
 from headcount.pretrained.weights import HFWeights
 
@@ -20,7 +21,10 @@ def hf_model_config(hf_config: Any, source: str | None = None) -> ModelConfig:
     """The ModelConfig a transformers config implies; a ConfigError (key model.pretrained) for what headcount's
     model cannot reproduce. source names the checkpoint in messages (default: the config's name or type)."""
     source = source or getattr(hf_config, "_name_or_path", None) or hf_config.model_type
-    return family(hf_config.model_type, source).model_config(hf_config, source)
+    converter = family(hf_config.model_type, source)
+    heterogeneous = bool(getattr(hf_config, "is_heterogeneous", False))
+    refuse_if(heterogeneous, source, hf_config.model_type, "with layers of different shapes (per_layer_config)")
+    return converter.model_config(hf_config, source)
 
 
 @torch.no_grad()

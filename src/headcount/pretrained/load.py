@@ -65,11 +65,15 @@ def _hf_config(transformers: Any, where: Source) -> Any:
 def _tokenizer(transformers: Any, where: Source) -> Any:
     name, kwargs = where.from_pretrained_args()
     try:
-        return transformers.AutoTokenizer.from_pretrained(name, **kwargs)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, ValueError, TypeError) as err:
         if where.kind == "hub":
             raise
         raise ConfigError(KEY, where.given, f"has no tokenizer transformers can load: {first_line(err)}") from None
+    # Without tokenizer files transformers builds an empty tokenizer of the config's class rather than failing.
+    if not tokenizer.vocab_size:
+        raise ConfigError(KEY, where.given, "has no tokenizer (tokenizer.json, or the files its tokenizer class reads)")
+    return tokenizer
 
 
 def provenance(where: Source, hf_config: Any, dtype: torch.dtype) -> dict:
