@@ -32,7 +32,7 @@ CASES = {
         max_position_embeddings=16,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0},
         **COMMON,
-    ),  # fmt: skip
+    ),
     "qwen2_gqa": lambda: tf.Qwen2Config(**LLAMA, num_key_value_heads=2, max_position_embeddings=16, **COMMON),
     "neox_parallel": lambda: tf.GPTNeoXConfig(**NEOX, max_position_embeddings=16, rotary_pct=0.5, **COMMON),
     "neox_sequential_tied": lambda: tf.GPTNeoXConfig(
@@ -42,7 +42,7 @@ CASES = {
         use_parallel_residual=False,
         tie_word_embeddings=True,
         **COMMON,
-    ),  # fmt: skip
+    ),
 }
 
 

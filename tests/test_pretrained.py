@@ -13,7 +13,7 @@ import transformers as tf  # noqa: E402
 from pretrained_helpers import CASES, converted, hf_model, out_projection, tokens  # noqa: E402
 
 from headcount.errors import ConfigError  # noqa: E402
-from headcount.pretrained import SUPPORTED, convert, hf_model_config, load_pretrained  # noqa: E402
+from headcount.pretrained import SUPPORTED, convert, hf_model_config, load_pretrained, pretrained_config  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
@@ -160,6 +160,7 @@ def test_load_pretrained_reads_a_saved_folder_with_its_tokenizer(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(model(ids), hf.double()(ids).logits, rtol=0, atol=1e-10)
     assert model.cfg.parallel_residual and next(model.parameters()).dtype == torch.float64
+    assert pretrained_config(str(tmp_path)) == model.cfg
     assert (provenance["kind"], provenance["model_type"], provenance["dtype"]) == ("folder", "gpt_neox", "float64")
     assert set(provenance["files"]) == {"config.json", "model.safetensors"}
     assert all(len(digest) == 64 for digest in provenance["files"].values())

@@ -158,8 +158,17 @@ FAMILY_MASKS = {
 
 @pytest.mark.parametrize("mode", ["zero", "mean"])
 @pytest.mark.parametrize("mask", list(FAMILY_MASKS))
-@pytest.mark.parametrize("case", ["gpt2_tied", "llama_gqa_untied", "llama_mqa_tied_biases_wide_heads", "qwen2_gqa",
-                                  "neox_parallel", "neox_sequential_tied"])  # fmt: skip
+@pytest.mark.parametrize(
+    "case",
+    [
+        "gpt2_tied",
+        "llama_gqa_untied",
+        "llama_mqa_tied_biases_wide_heads",
+        "qwen2_gqa",
+        "neox_parallel",
+        "neox_sequential_tied",
+    ],
+)
 def test_pruned_converted_family_equals_masked(case, mask, mode):
     pytest.importorskip("transformers")
     from pretrained_helpers import converted, tokens

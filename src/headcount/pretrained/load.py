@@ -1,10 +1,10 @@
 """load_pretrained: a checkpoint folder, a .gguf file or a Hub name -> headcount's Transformer, its tokenizer and a
 record of where it came from. transformers reads the checkpoint (safetensors, or GGUF dequantised to float32);
-headcount converts it (convert.py) and checks the config first, so an unsupported model fails before its weights load.
+headcount converts it (convert.py), checking a folder's or Hub model's config first, so an unsupported model fails
+before its weights are downloaded or read.
 """
 
 import hashlib
-from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -43,8 +43,9 @@ def load_pretrained(source: str, dtype: torch.dtype = torch.float32) -> Pretrain
     missing optional package (`pip install 'headcount[pretrained]'`), a Hub name without a network."""
     where = locate(source)
     transformers = require(where)
-    hf_config = _hf_config(transformers, where)
-    hf_model_config(hf_config, where.given)  # refuse what cannot be converted before reading any weights
+    if where.kind != "gguf":  # refuse what cannot be converted before downloading or reading any weights
+        hf_model_config(_hf_config(transformers, where), where.given)
+    # (A GGUF file's config costs as much to read as its weights: it is checked when convert reads it.)
     name, kwargs = where.from_pretrained_args()
     with hub_errors(where):
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
@@ -77,8 +78,8 @@ def _tokenizer(transformers: Any, where: Source) -> Any:
 
 
 def provenance(where: Source, hf_config: Any, dtype: torch.dtype) -> dict:
-    """Where the weights came from: the source, its files' sha256 (local sources) or the Hub revision, the GGUF
-    tensor types (quantisation), the architecture, and the versions that read it."""
+    """Where the weights came from: the source, its files' sha256 (local sources) or the Hub revision, the
+    architecture, and the versions that read it."""
     import transformers
 
     record = {
@@ -86,29 +87,19 @@ def provenance(where: Source, hf_config: Any, dtype: torch.dtype) -> dict:
         "kind": where.kind,
         "model_type": hf_config.model_type,
         "architectures": list(getattr(hf_config, "architectures", None) or []),
-        "name_or_path": str(getattr(hf_config, "_name_or_path", "")),
         "dtype": str(dtype).removeprefix("torch."),
         "transformers": transformers.__version__,
     }
     if where.kind == "hub":
         record["revision"] = getattr(hf_config, "_commit_hash", None)
-    elif where.kind == "gguf":
-        path = Path(where.location) / where.gguf_file
-        record["files"] = {path.name: sha256(path)}
-        record["gguf_tensor_types"] = gguf_tensor_types(path)
+        return record
+    folder = Path(where.location)
+    if where.kind == "gguf":
+        files = [folder / where.gguf_file]
     else:
-        folder = Path(where.location)
         files = sorted(p for p in folder.iterdir() if p.name == "config.json" or p.name.endswith(WEIGHT_SUFFIXES))
-        record["files"] = {p.name: sha256(p) for p in files}
+    record["files"] = {p.name: sha256(p) for p in files}
     return record
-
-
-def gguf_tensor_types(path: Path) -> dict[str, int]:
-    """How many tensors of each type (F32, Q4_1, ...) the file stores: its quantisation, for the record."""
-    from gguf import GGUFReader
-
-    counts = Counter(t.tensor_type.name for t in GGUFReader(path).tensors)
-    return dict(sorted(counts.items()))
 
 
 def sha256(path: Path) -> str:
