@@ -158,9 +158,9 @@ class MultiHeadAttention(nn.Module):
             fold_C = torch.einsum("rd,rdc->c", r_RD, W_HDC[~keep_H])
         has_out_bias = self.out.bias is not None
         out_bias = has_out_bias or fold_C is not None or add_out_bias
-        state = {"qkv.weight": self._select_qkv_rows(W_XC, keep_H, keep_G, (C,))}
+        state = {"qkv.weight": self._select_qkv_rows(W_XC, keep_H, keep_G)}
         if self.qkv.bias is not None:
-            state["qkv.bias"] = self._select_qkv_rows(self.qkv.bias.detach(), keep_H, keep_G, ())
+            state["qkv.bias"] = self._select_qkv_rows(self.qkv.bias.detach(), keep_H, keep_G)
         W_CX = self.out.weight.detach()
         state["out.weight"] = W_CX.view(C, H, D)[:, keep_H].reshape(C, -1) if self.combine == "concat" else W_CX
         if out_bias:
@@ -175,42 +175,39 @@ class MultiHeadAttention(nn.Module):
         selected.to(device=W_XC.device, dtype=W_XC.dtype).load_state_dict(state)
         return selected.train(self.training)
 
-    def _select_qkv_rows(self, rows_X: Tensor, keep_H: Tensor, keep_G: Tensor, tail: tuple) -> Tensor:
+    def _select_qkv_rows(self, rows_X: Tensor, keep_H: Tensor, keep_G: Tensor) -> Tensor:
         """The fused projection's rows (weights (X, C) or biases (X,)) of the kept query and key/value heads."""
-        H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
-        q, k, v = rows_X.split([H * D, G * D, G * D])
-        kept = [q.view(H, D, *tail)[keep_H], k.view(G, D, *tail)[keep_G], v.view(G, D, *tail)[keep_G]]
-        return torch.cat([t.reshape(-1, *tail) for t in kept])
+        kept = [self._qkv_part(rows_X, 0)[keep_H], self._qkv_part(rows_X, 1)[keep_G], self._qkv_part(rows_X, 2)[keep_G]]
+        return torch.cat([t.flatten(0, 1) for t in kept])
 
     # Per-head views of the fused weights (they share storage and gradients with the parameters).
 
     @property
     def W_Q(self) -> Tensor:
         """(H, C, D): q_h = x W_Q[h] + b_Q[h] (before rotary positions)."""
-        return self._qkv_rows(0).transpose(1, 2)
+        return self._qkv_part(self.qkv.weight, 0).transpose(1, 2)
 
     @property
     def W_K(self) -> Tensor:
-        """(H_kv, C, D): query head h reads key/value head kv_head_of[h]."""
-        return self._qkv_rows(1).transpose(1, 2)
+        """(H_kv, C, D): query head h reads key/value head kv_head_of[h]; likewise W_V."""
+        return self._qkv_part(self.qkv.weight, 1).transpose(1, 2)
 
     @property
     def W_V(self) -> Tensor:
-        """(H_kv, C, D)."""
-        return self._qkv_rows(2).transpose(1, 2)
+        return self._qkv_part(self.qkv.weight, 2).transpose(1, 2)
 
     @property
     def b_Q(self) -> Tensor | None:
         """(H, D), or None without qkv biases; likewise b_K, b_V (H_kv, D)."""
-        return self._qkv_bias(0)
+        return None if self.qkv.bias is None else self._qkv_part(self.qkv.bias, 0)
 
     @property
     def b_K(self) -> Tensor | None:
-        return self._qkv_bias(1)
+        return None if self.qkv.bias is None else self._qkv_part(self.qkv.bias, 1)
 
     @property
     def b_V(self) -> Tensor | None:
-        return self._qkv_bias(2)
+        return None if self.qkv.bias is None else self._qkv_part(self.qkv.bias, 2)
 
     @property
     def W_O(self) -> Tensor:
@@ -225,20 +222,11 @@ class MultiHeadAttention(nn.Module):
         """(C,), or None without an output bias."""
         return self.out.bias
 
-    def _qkv_heads(self) -> list[int]:
-        return [self.n_heads, self.n_kv_heads, self.n_kv_heads]
-
-    def _qkv_rows(self, which: int) -> Tensor:
-        """q (0), k (1) or v (2) rows of the fused weight as (heads, D, C)."""
-        heads = self._qkv_heads()
-        rows_XC = self.qkv.weight.split([n * self.head_dim for n in heads])[which]
-        return rows_XC.view(heads[which], self.head_dim, self.d_model)  # sizes spelt out: a layer may have no heads
-
-    def _qkv_bias(self, which: int) -> Tensor | None:
-        if self.qkv.bias is None:
-            return None
-        heads = self._qkv_heads()
-        return self.qkv.bias.split([n * self.head_dim for n in heads])[which].view(heads[which], self.head_dim)
+    def _qkv_part(self, rows_X: Tensor, which: int) -> Tensor:
+        """The q (0), k (1) or v (2) rows of the fused weight (X, C) or bias (X,), as (heads, D, C) or (heads, D)."""
+        heads = [self.n_heads, self.n_kv_heads, self.n_kv_heads]
+        part = rows_X.split([n * self.head_dim for n in heads])[which]
+        return part.view(heads[which], self.head_dim, *rows_X.shape[1:])  # sizes spelt out: a layer may have no heads
 
     # Sizes for memory budgets: generous counts of floats per position, not measurements.
 

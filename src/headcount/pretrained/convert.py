@@ -13,7 +13,7 @@ from torch import nn
 from headcount.config.model import ModelConfig
 from headcount.model.transformer import Transformer
 from headcount.pretrained.checks import refuse_if
-from headcount.pretrained.families import family
+from headcount.pretrained.families import FAMILIES, family
 from headcount.pretrained.weights import HFWeights
 
 
@@ -31,10 +31,11 @@ def hf_model_config(hf_config: Any, source: str | None = None) -> ModelConfig:
 def convert(hf_model: nn.Module, source: str | None = None) -> Transformer:
     """headcount's Transformer equal to hf_model (a transformers *ForCausalLM), in its dtype and on its device, in
     eval mode. hf_model is left as it is."""
-    cfg = hf_model_config(hf_model.config, source)
+    cfg = hf_model_config(hf_model.config, source)  # the family is known from here on
+    model_type = hf_model.config.model_type
     params = dict(hf_model.named_parameters(remove_duplicate=False))  # tied weights appear under both names
-    hf = HFWeights({name: p.detach() for name, p in params.items()}, hf_model.config.model_type)
-    state = family(hf_model.config.model_type, "").state_dict(hf, cfg)
+    hf = HFWeights({name: p.detach() for name, p in params.items()}, model_type)
+    state = FAMILIES[model_type].state_dict(hf, cfg)
     hf.check_all_taken()
     first = next(iter(params.values()))
     # Building the model draws random init values that the state overwrites; keep the caller's random stream.

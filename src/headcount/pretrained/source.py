@@ -44,7 +44,8 @@ def locate(source: str | os.PathLike) -> Source:
         return Source(given, "folder", str(path.resolve()))
     if path.exists():
         raise ConfigError(KEY, given, "allowed: a checkpoint folder, a .gguf file or a Hugging Face Hub name")
-    looks_local = given.startswith(("/", ".", "~")) or given.count("/") > 1 or os.sep != "/" and os.sep in given
+    # A Hub name is `name` or `org/name`; anything else was meant as a local path.
+    looks_local = given.startswith(("/", ".", "~")) or given.count("/") > 1 or (os.sep != "/" and os.sep in given)
     if looks_local or not given:
         raise ConfigError(KEY, given, "no such folder or .gguf file (a Hub name reads org/name)")
     return Source(given, "hub", given)
