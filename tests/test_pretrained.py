@@ -237,3 +237,17 @@ def test_converted_grouped_model_runs_through_every_ablation_stage(tmp_path):
 
 def b_args(batch: dict) -> dict:
     return {"input_ids_BT": batch["input_ids"], "loss_mask_BT": batch["loss_mask"]}
+
+
+def test_a_hub_name_without_a_network_is_one_line(monkeypatch):
+    """Online mode with no network: transformers' OSError (several lines) becomes its first line."""
+    from huggingface_hub import constants
+
+    from headcount.pretrained.source import hub_errors, locate
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    message = "We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your internet connection."
+    expected = "org/model.*the Hub cannot provide it: We couldn't connect"
+    with pytest.raises(ConfigError, match=expected) as err, hub_errors(locate("org/model")):
+        raise OSError(message)
+    assert "\n" not in str(err.value)
