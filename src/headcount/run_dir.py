@@ -66,6 +66,16 @@ def model_config_from_dict(model: dict | DictConfig) -> ModelConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), model))
 
 
+def read_checkpoint(path: str | Path, remedy: str) -> dict:
+    """A checkpoint's contents, its tensors memory-mapped rather than read; a file that cannot be read (truncated,
+    damaged, not a checkpoint) is a ConfigError naming it and what to do."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as error:  # a damaged file fails in the zip reader or the unpickler, in many ways
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError("checkpoint", str(path), f"cannot be read ({reason}); {remedy}") from error
+
+
 def load_model(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> Transformer:
     """The Transformer stored in a headcount checkpoint (a Lightning one or a structurally pruned export)."""
     ckpt = torch.load(ckpt_path, map_location=map_location, weights_only=False)
