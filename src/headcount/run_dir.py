@@ -5,6 +5,7 @@ Each stage reads the previous stage's files from here, so any stage can be rerun
 later stage (the ablations, the findings) opens a finished run: its config, checkpoint, model and data splits.
 """
 
+import zipfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -72,8 +73,8 @@ def read_checkpoint(path: str | Path, remedy: str) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as error:  # a damaged file fails in the zip reader or the unpickler, in many ways
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ConfigError("checkpoint", str(path), f"cannot be read ({reason}); {remedy}") from error
+        reason = "not a complete zip archive" if not zipfile.is_zipfile(path) else str(error).strip().split("\n")[0]
+        raise ConfigError("checkpoint", str(path), f"is damaged or incomplete ({reason}); {remedy}") from error
 
 
 def load_model(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> Transformer:

@@ -9,6 +9,7 @@ with -v (train/quiet.py).
 The CSV logger is train/curves.py's: metrics.csv survives resumes.
 """
 
+import logging
 import netrc
 import os
 import secrets
@@ -130,7 +131,9 @@ def make_logger(cfg: DictConfig, run_dir: Path) -> "Logger | None":
                 raise
             import wandb
 
-            wandb.finish(exit_code=1)
+            wandb.teardown()  # W&B's service holds on to the failed run's id; the offline run starts a fresh one
+            # W&B's telemetry keeps posting to the server that refused the run, and logs each failure at exit.
+            logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
             problem = f"refused the run ({first_line(error)})"
     if problem is not None:
         mode, logger = "offline", started_wandb_logger(cfg, run_dir, "offline")
@@ -145,17 +148,15 @@ def make_logger(cfg: DictConfig, run_dir: Path) -> "Logger | None":
     return logger
 
 
-def first_line(error: BaseException) -> str:
+def first_line(error: BaseException, width: int = 100) -> str:
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    line = text.splitlines()[0] if text else type(error).__name__
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def started_wandb_logger(cfg: DictConfig, run_dir: Path, mode: str) -> "Logger":
     """A WandbLogger whose run has started (the first contact with the server), its config logged."""
-    import wandb
     from lightning.pytorch.loggers import WandbLogger
-
-    from headcount.train.quiet import verbosity
 
     w = cfg.logger.wandb
     logger = WandbLogger(
@@ -167,7 +168,6 @@ def started_wandb_logger(cfg: DictConfig, run_dir: Path, mode: str) -> "Logger":
         save_dir=str(run_dir),
         id=wandb_run_id(run_dir),
         mode=mode,
-        settings=wandb.Settings(silent=verbosity() == 0),
     )
     # Lightning passes anonymous=None, which W&B answers with a deprecation notice in every run: pass nothing.
     logger._wandb_init.pop("anonymous", None)

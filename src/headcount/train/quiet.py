@@ -53,5 +53,6 @@ def quiet_third_party() -> None:
         logging.getLogger("headcount").setLevel(logging.DEBUG)
     if level > 0:
         return
+    os.environ.setdefault("WANDB_SILENT", "true")  # W&B's notices (login, sync hints, the run's history at exit)
     for message in NOISE:
         warnings.filterwarnings("ignore", message=message)

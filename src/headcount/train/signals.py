@@ -51,13 +51,14 @@ class StopRequests:
         self._previous = {}
 
     def _request(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.signum is not None:
+            sys.stderr.write("\nSIGINT: exiting now, without a checkpoint\n")
+            raise KeyboardInterrupt
         if self.signum is None:
             self.signum = signum
             name = signal.Signals(signum).name
             then = " (Ctrl-C again to exit at once, without a checkpoint)" if signum == signal.SIGINT else ""
             sys.stderr.write(f"\n{name}: stopping after this step, once last.ckpt is written{then}\n")
-        if signum == signal.SIGINT:
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # the next Ctrl-C raises KeyboardInterrupt
 
     def launcher_handler(self, signum: int) -> Callable | None:
         """The launcher's own handler for a deferred requeue signal, to call once the checkpoint is written."""
