@@ -13,8 +13,10 @@ import torch
 from headcount.cli.errors import exit_on_config_error
 from headcount.cli.train import run
 from headcount.config import CONF_DIR, validate_train_config
-from headcount.run_dir import RunPaths, load_model
+from headcount.metrics import masked_loss_and_accuracy
+from headcount.run_dir import RunPaths, load_model, load_run, to_batches
 from headcount.train.job import train
+from headcount.train.quiet import VERBOSITY_ENV, take_verbosity_flags, verbosity
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "data.n_train=64", "data.n_val=32", "data.n_test=32"]
@@ -111,6 +113,13 @@ def test_run_writes_the_run_directory_contract_through_the_cli(tmp_path):
         (["data=pystdlib", "model.vocab_size=64"], "model.vocab_size=64"),
         (["data=text", "data.path=/no/such/file.txt"], "data.path='/no/such/file.txt'"),
         (["trainer.precision=fp8"], "trainer.precision='fp8'"),
+        (["trainer.val_check_interval=0"], "trainer.val_check_interval=0"),
+        (["trainer.checkpoint_every_n_steps=0"], "trainer.checkpoint_every_n_steps=0"),
+        (["trainer.max_steps=-5"], "trainer.max_steps=-5"),
+        (["trainer.log_every_n_steps=-1"], "trainer.log_every_n_steps=-1"),
+        (["trainer.limit_val_batches=-1"], "trainer.limit_val_batches=-1"),
+        (["trainer.optim.lr=0"], "trainer.optim.lr=0"),
+        (["trainer.optim.beta2=1.5"], "trainer.optim.beta2=1.5"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_with_nothing_finished(compose_train, tmp_path, capsys, overrides, message):
@@ -153,3 +162,45 @@ def test_nan_loss_stops_and_names_the_step(compose_train, tmp_path, capsys, monk
     err = capsys.readouterr().err
     assert "at step 2" in err
     assert not RunPaths(tmp_path).done.exists()
+
+
+def test_val_and_test_loss_are_per_token_as_the_ablation_baseline(compose_train, tmp_path):
+    """40 validation examples in batches of 32 and 8: a mean of the batches' means would weight the 8 like the 32."""
+    overrides = ["data.n_val=40", "ablation=[baseline]", "ablation.split=val", "ablation.progress=false"]
+    cfg = compose_train(SMOKE + overrides)
+    run(cfg, tmp_path)
+    metrics = json.loads(RunPaths(tmp_path).metrics.read_text())
+    baseline = json.loads((RunPaths(tmp_path).ablation / "summary.json").read_text())
+    assert metrics["val/loss"] == pytest.approx(baseline["baseline_loss"], rel=1e-6, abs=0)
+    assert metrics["val/acc"] == pytest.approx(baseline["baseline_acc"], rel=1e-6, abs=0)
+
+    finished = load_run(tmp_path, cfg)
+    with torch.no_grad():
+        batch_means = [
+            masked_loss_and_accuracy(finished.model(b["input_ids"]), b["input_ids"], b["loss_mask"])[0].item()
+            for b in to_batches(finished.examples("val", None, "split"), 32, torch.device("cpu"))
+        ]
+    assert len(batch_means) == 2 and abs(sum(batch_means) / 2 - metrics["val/loss"]) > 1e-4  # the test can tell
+
+
+def test_a_run_prints_no_third_party_noise_unless_asked_with_v(tmp_path):
+    def stderr_of(*flags: str) -> str:
+        run_dir = tmp_path / f"run{''.join(flags)}"
+        args = [*flags, *SMOKE, "ablation=[]", "trainer.progress_bar=true", f"hydra.run.dir={run_dir}"]
+        command = [sys.executable, str(REPO / "scripts" / "train.py"), *args]
+        proc = subprocess.run(command, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stderr
+
+    quiet = stderr_of()
+    for noise in ("Tip", "srun", "LeafSpec", "Epoch 0/-2", "Total FLOPs", "GPU available", "Trainer.fit"):
+        assert noise not in quiet, quiet
+    assert "step 4/4" in quiet and "trained 4 steps" in quiet and "per target token" in quiet
+    assert "GPU available" in stderr_of("-v")  # Lightning's own output is back
+
+
+def test_verbosity_flags_leave_the_command_line_before_hydra_reads_it(monkeypatch):
+    monkeypatch.delenv(VERBOSITY_ENV, raising=False)
+    assert take_verbosity_flags(["model=tiny", "-m", "seed=0,1"]) == ["model=tiny", "-m", "seed=0,1"]
+    assert verbosity() == 0
+    assert take_verbosity_flags(["-vv", "model=tiny"]) == ["model=tiny"] and verbosity() == 2

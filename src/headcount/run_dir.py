@@ -5,6 +5,7 @@ Each stage reads the previous stage's files from here, so any stage can be rerun
 later stage (the ablations, the findings) opens a finished run: its config, checkpoint, model and data splits.
 """
 
+import zipfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -64,6 +65,16 @@ def mark_done(run_dir: str | Path) -> None:
 def model_config_from_dict(model: dict | DictConfig) -> ModelConfig:
     """A typed ModelConfig from a plain or OmegaConf mapping (what checkpoints and run configs store)."""
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), model))
+
+
+def read_checkpoint(path: str | Path, remedy: str) -> dict:
+    """A checkpoint's contents, its tensors memory-mapped rather than read; a file that cannot be read (truncated,
+    damaged, not a checkpoint) is a ConfigError naming it and what to do."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as error:  # a damaged file fails in the zip reader or the unpickler, in many ways
+        reason = "not a complete zip archive" if not zipfile.is_zipfile(path) else str(error).strip().split("\n")[0]
+        raise ConfigError("checkpoint", str(path), f"is damaged or incomplete ({reason}); {remedy}") from error
 
 
 def load_model(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> Transformer:

@@ -1,5 +1,6 @@
 """`headcount-train [-m] <overrides>`: train, run the ablation scans, then check the finding, for a run or a sweep."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -16,10 +17,11 @@ from headcount.cli.sweep import check_launcher_installed, register_resolvers
 from headcount.config import CONF_DIR, register_configs, validate_train_config
 from headcount.findings import check_finding, reads_sweep, validate_finding
 from headcount.report.tracking import log_run_results
-from headcount.run_dir import is_done, mark_done
+from headcount.run_dir import RunPaths, is_done, mark_done
 from headcount.train.job import train
 from headcount.train.launch import ddp_confined_to_this_job, own_gpu_in_a_sweep
 from headcount.train.loggers import closing_wandb_run
+from headcount.train.quiet import take_verbosity_flags
 
 
 def validate_job(cfg: DictConfig) -> None:
@@ -44,7 +46,31 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
         if cfg.logger.kind == "wandb":
             log_run_results(run_dir, metrics)
         mark_done(run_dir)
-    console.print(f"[bold]val/loss[/bold] {metrics['val/loss']:.4f}  [bold]test/loss[/bold] {metrics['test/loss']:.4f}")
+    print_run_summary(console, run_dir, metrics)
+
+
+def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
+    """The end of a run: what was trained and measured, the headline numbers, and the files written."""
+    resumed = " (resumed)" if metrics.get("tokens_per_second") is None else ""
+    console.print(
+        f"[bold]trained[/bold] {metrics['steps']:,} steps in {metrics['train_seconds']:.0f} s{resumed}: "
+        f"{metrics['params']:,} parameters, {metrics['flops_per_token']:,.0f} training FLOPs per token",
+        highlight=False,
+        soft_wrap=True,
+    )
+    measured = [key for key in ("val/loss", "val/acc", "test/loss", "test/acc") if key in metrics]
+    numbers = "  ".join(f"{key} {metrics[key]:.4f}" for key in measured)
+    console.print(f"[bold]measured[/bold] {numbers} (per target token)", highlight=False, soft_wrap=True)
+    summary_path = RunPaths(run_dir).ablation / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        settings = summary.get("settings", {})
+        said = [f"{', '.join(summary.get('scans', {}))} ({settings.get('mode')} ablation on {settings.get('split')})"]
+        if head := summary.get("most_important_head"):
+            said.append(f"most important head {head['mask']} (loss {head['delta_loss']:+.4f} without it)")
+        if fractions := summary.get("prunable_fraction"):
+            said.append("prunable " + ", ".join(f"{fraction:.0%} by {order}" for order, fraction in fractions.items()))
+        console.print("[bold]ablated[/bold] " + "; ".join(said), highlight=False, soft_wrap=True)
     console.print(f"[green]wrote[/green] {escape(str(run_dir))}")
     written = (p for p in run_dir.rglob("*") if p.suffix in {".json", ".csv", ".png", ".ckpt"})
     for path in sorted(p.relative_to(run_dir) for p in written):
@@ -67,7 +93,9 @@ def train_job(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """`headcount-train [-m] <overrides>`: a missing launcher plugin is reported before Hydra reads any config."""
+    """`headcount-train [-v|-vv] [-m] <overrides>`: -v brings back Lightning's own output and warnings, -vv debug logs
+    too (train/quiet.py). A missing launcher plugin is reported before Hydra reads any config."""
+    sys.argv = [sys.argv[0], *take_verbosity_flags(sys.argv[1:])]
     exit_on_config_error(check_launcher_installed)(sys.argv[1:])
     run_hydra_command(train_job)
 

@@ -1,4 +1,4 @@
-"""The trainer section: how Lightning trains (steps, precision, devices) and the optimiser.
+"""The trainer section: how Lightning trains (steps, precision, devices), how often it checkpoints, and the optimiser.
 
 The defaults are the default preset, `trainer=cpu`. Every field named like an argument of `lightning.Trainer` goes to
 it unchanged (train/trainer.py), so a new Trainer setting needs only a field here.
@@ -37,12 +37,31 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     deterministic: bool = True
     # headcount's own settings, not Trainer arguments:
+    checkpoint_every_n_steps: int = 250  # steps between writes of last.ckpt, the point a killed run resumes from
     compile: bool = False  # torch.compile the model
     progress_bar: bool = True
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 
+def check_at_least(key: str, value: float, least: float, what: str) -> None:
+    if value < least:
+        raise ConfigError(key, value, what)
+
+
 def validate_trainer_config(cfg: TrainerConfig) -> None:
+    """What a type cannot check: values Lightning would fail on deep inside a run, or silently misuse."""
     check_choice("trainer.precision", cfg.precision, Precision)
-    if cfg.max_steps < 1:
-        raise ConfigError("trainer.max_steps", cfg.max_steps, "must be a positive integer")
+    for key in ("max_steps", "val_check_interval", "checkpoint_every_n_steps", "log_every_n_steps", "num_nodes"):
+        check_at_least(f"trainer.{key}", getattr(cfg, key), 1, "must be a positive integer")
+    if cfg.limit_val_batches < 0:
+        raise ConfigError("trainer.limit_val_batches", cfg.limit_val_batches, "must be 0 or more (0: no validation)")
+    o = cfg.optim
+    if not o.lr > 0:
+        raise ConfigError("trainer.optim.lr", o.lr, "must be positive")
+    for key in ("weight_decay", "warmup_steps", "grad_clip"):
+        check_at_least(f"trainer.optim.{key}", getattr(o, key), 0, "must be 0 or more")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(o, key) < 1:
+            raise ConfigError(f"trainer.optim.{key}", getattr(o, key), "must be in [0, 1)")
+    if not 0 <= o.min_lr_ratio <= 1:
+        raise ConfigError("trainer.optim.min_lr_ratio", o.min_lr_ratio, "must be in [0, 1]")

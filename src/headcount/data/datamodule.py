@@ -1,11 +1,11 @@
 """The LightningDataModule: build_splits' splits as batches {"input_ids": (B, T) int64, "loss_mask": (B, T) bool}."""
 
 import lightning as L
-import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader
 
 from headcount.config.data import TEXT_SOURCES, DataConfig, data_vocab_size
+from headcount.data.resumable import resumable_loader
 from headcount.data.splits import build_splits, validate_data_config
 from headcount.errors import ConfigError
 
@@ -40,23 +40,15 @@ class HeadcountDataModule(L.LightningDataModule):
             raise RuntimeError("HeadcountDataModule.setup() has not run yet")
         return self._splits
 
-    def _loader(self, split: str, train: bool) -> DataLoader:
-        return DataLoader(
-            self.splits[split],
-            batch_size=self.cfg.batch_size,
-            shuffle=train,
-            drop_last=train,
-            # A fresh generator per loader: the same seed replays the same batches, run after run.
-            generator=torch.Generator().manual_seed(self.cfg.seed) if train else None,
-            num_workers=self.cfg.num_workers,
-            persistent_workers=self.cfg.num_workers > 0,
-        )
+    def _workers(self) -> dict:
+        return dict(num_workers=self.cfg.num_workers, persistent_workers=self.cfg.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
+        # Resumable mid-epoch (data/resumable.py), with a fresh generator: the same seed replays the same batches.
+        return resumable_loader(self.splits["train"], self.cfg.batch_size, self.cfg.seed, **self._workers())
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", train=False)
+        return DataLoader(self.splits["val"], batch_size=self.cfg.batch_size, **self._workers())
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", train=False)
+        return DataLoader(self.splits["test"], batch_size=self.cfg.batch_size, **self._workers())

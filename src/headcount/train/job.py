@@ -1,4 +1,10 @@
-"""Training one run: fit, resume from last.ckpt if the run was interrupted, evaluate, write metrics.json."""
+"""Training one run: fit, resume from last.ckpt if the run was interrupted, evaluate, write metrics.json.
+
+A rerun of an interrupted run (killed, stopped by a signal, requeued) resumes from checkpoints/last.ckpt and ends
+bit for bit where the uninterrupted run ends, on the same machine at the same CPU thread count
+(train/checkpointing.py says what a checkpoint holds). A last.ckpt that cannot be read is refused before anything is
+written or deleted.
+"""
 
 import logging
 import time
@@ -11,19 +17,39 @@ from omegaconf import DictConfig
 from headcount.config import plain, typed
 from headcount.config.data import DataConfig
 from headcount.io import atomic_write_json
-from headcount.run_dir import RunPaths
+from headcount.run_dir import RunPaths, read_checkpoint
 from headcount.train.loggers import make_logger
 from headcount.train.module import HeadcountModule
+from headcount.train.quiet import quiet_third_party
 from headcount.train.trainer import build_trainer
 
 log = logging.getLogger(__name__)
+
+DAMAGED_LAST = "delete it to train from scratch, or copy best.ckpt over it to resume from the best validation"
+
+
+def resume_step(paths: RunPaths) -> int | None:
+    """The step last.ckpt was written at, None without one; ConfigError if it cannot be read."""
+    if not paths.last_ckpt.exists():
+        return None
+    return int(read_checkpoint(paths.last_ckpt, DAMAGED_LAST)["global_step"])
+
+
+def describe_model(module: HeadcountModule, seq_len: int) -> str:
+    model = module.model
+    return (
+        f"model: {model.num_params():,} parameters ({model.num_params(non_embedding=True):,} without embeddings), "
+        f"{model.flops_per_token(seq_len):,.0f} training FLOPs per token"
+    )
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Train (resuming from last.ckpt if the run was interrupted), evaluate, write metrics.json; returns the metrics."""
     from headcount.data import HeadcountDataModule
 
+    quiet_third_party()
     paths = RunPaths(run_dir)
+    resumed_at = resume_step(paths)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = HeadcountDataModule(typed(cfg.data, DataConfig))
     data.setup()  # bad data input fails here, before any checkpoint or log is written
@@ -35,11 +61,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     )
     logger = make_logger(cfg, run_dir)
     trainer = build_trainer(cfg, run_dir, logger)
-    resume = paths.last_ckpt if paths.last_ckpt.exists() else None
-    if resume:
-        log.info("resuming from %s", resume)
+    if trainer.is_global_zero:
+        log.info(describe_model(module, cfg.data.seq_len))
+        if resumed_at is not None:
+            log.info("resuming from %s (step %d of %d)", paths.last_ckpt, resumed_at, cfg.trainer.max_steps)
     start = time.perf_counter()
-    trainer.fit(module, datamodule=data, ckpt_path=resume)
+    trainer.fit(module, datamodule=data, ckpt_path=paths.last_ckpt if resumed_at is not None else None)
     seconds = time.perf_counter() - start
     val = trainer.validate(module, datamodule=data, verbose=False)[0]
     test = trainer.test(module, datamodule=data, verbose=False)[0]
@@ -51,7 +78,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "flops_per_token": module.model.flops_per_token(cfg.data.seq_len),
         "steps": int(trainer.global_step),
         "train_seconds": seconds,
-        "tokens_per_second": tokens / seconds if not resume else None,
+        "tokens_per_second": tokens / seconds if resumed_at is None else None,
         # CPU results are bit for bit only at the same thread count: float sums split differently across threads.
         "cpu_threads": torch.get_num_threads(),
     }

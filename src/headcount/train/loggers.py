@@ -1,11 +1,15 @@
 """Experiment loggers for training: CSV by default, W&B on request.
 
 W&B never blocks a run: without an API key it logs offline; with a key it first checks within seconds that the server
-answers, and logs offline (saying so) when it does not. Offline runs upload later with
-`wandb sync <run>/wandb/offline-run-*`. The W&B run id is kept in `<run>/wandb_id.txt`, so a resumed job continues
-the same W&B run.
+answers, and logs offline (saying so in one line) when it does not, or when starting the run fails in any other way (a
+server that is not W&B, a key it refuses). Offline runs upload later with `wandb sync <run>/wandb/offline-run-*`. The
+W&B run id is kept in `<run>/wandb_id.txt`, so a resumed job continues the same W&B run. W&B's own notices show only
+with -v (train/quiet.py).
+
+The CSV logger is train/curves.py's: metrics.csv survives resumes.
 """
 
+import logging
 import netrc
 import os
 import secrets
@@ -21,6 +25,7 @@ from urllib.request import getproxies
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 
 from headcount.io import atomic_write_text
 from headcount.train.launch import in_multirun
@@ -53,13 +58,18 @@ def reachable(url: str, timeout: float = REACHABLE_TIMEOUT_S) -> bool:
         return False
 
 
-def wandb_mode(requested: str, console: Console | None = None) -> str:
-    """online | offline | disabled. auto: WANDB_MODE if set, else online with an API key, else offline. A run asked to
-    be online whose server does not answer within seconds goes offline and says so, rather than hanging."""
-    console = console or Console(stderr=True)
-    mode = requested
+def requested_wandb_mode(requested: str) -> str:
+    """online | offline | disabled. auto: WANDB_MODE if set, else online with an API key, else offline."""
     if requested == "auto":
-        mode = os.environ.get("WANDB_MODE") or ("online" if has_api_key(wandb_base_url()) else "offline")
+        return os.environ.get("WANDB_MODE") or ("online" if has_api_key(wandb_base_url()) else "offline")
+    return requested
+
+
+def wandb_mode(requested: str, console: Console | None = None) -> str:
+    """The requested mode (see requested_wandb_mode), except that a run asked to be online whose server does not
+    answer within seconds goes offline and says so, rather than hanging."""
+    console = console or Console(stderr=True)
+    mode = requested_wandb_mode(requested)
     if mode == "online" and not reachable(wandb_base_url()):
         console.print(
             f"[yellow]W&B: {wandb_base_url()} does not answer; logging offline (upload later with wandb sync)[/yellow]"
@@ -103,19 +113,52 @@ def wandb_run_name(cfg: DictConfig) -> str | None:
 def make_logger(cfg: DictConfig, run_dir: Path) -> "Logger | None":
     # Lightning is imported here, not at the top: `headcount-report` uses this module and starts faster without it.
     from lightning.fabric.utilities.rank_zero import rank_zero_only
-    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
+    from headcount.train.curves import AppendOnlyCSVLogger
 
     if cfg.logger.kind == "none":
         return None
     if cfg.logger.kind == "csv":
-        return CSVLogger(save_dir=run_dir, name="logs", version="")
-    w = cfg.logger.wandb
-    console = Console(stderr=True)
-    mode = wandb_mode(w.mode, console)
+        return AppendOnlyCSVLogger(save_dir=run_dir, name="logs", version="")
+    mode, problem, logger = requested_wandb_mode(cfg.logger.wandb.mode), None, None
+    if mode == "online" and not reachable(wandb_base_url()):
+        problem = "does not answer"
+    else:
+        try:
+            logger = started_wandb_logger(cfg, run_dir, mode)
+        except Exception as error:  # W&B fails at start in many ways (CommError, AuthenticationError, UsageError, ...)
+            if mode != "online":
+                raise
+            import wandb
+
+            wandb.teardown()  # W&B's service holds on to the failed run's id; the offline run starts a fresh one
+            # W&B's telemetry keeps posting to the server that refused the run, and logs each failure at exit.
+            logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
+            problem = f"refused the run ({first_line(error)})"
+    if problem is not None:
+        mode, logger = "offline", started_wandb_logger(cfg, run_dir, "offline")
     if mode == "offline" and rank_zero_only.rank == 0:
-        console.print(
-            f"W&B offline: upload later with [bold]wandb sync {run_dir}/wandb/offline-run-*[/bold]", soft_wrap=True
+        why = (
+            f"[yellow]W&B: {wandb_base_url()} {escape(problem)}; logging offline[/yellow]: "
+            if problem
+            else "W&B offline: "
         )
+        sync = f"upload later with [bold]wandb sync {run_dir}/wandb/offline-run-*[/bold]"
+        Console(stderr=True).print(why + sync, soft_wrap=True)
+    return logger
+
+
+def first_line(error: BaseException, width: int = 100) -> str:
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else type(error).__name__
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def started_wandb_logger(cfg: DictConfig, run_dir: Path, mode: str) -> "Logger":
+    """A WandbLogger whose run has started (the first contact with the server), its config logged."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    w = cfg.logger.wandb
     logger = WandbLogger(
         project=w.project,
         entity=w.entity,
@@ -126,6 +169,8 @@ def make_logger(cfg: DictConfig, run_dir: Path) -> "Logger | None":
         id=wandb_run_id(run_dir),
         mode=mode,
     )
+    # Lightning passes anonymous=None, which W&B answers with a deprecation notice in every run: pass nothing.
+    logger._wandb_init.pop("anonymous", None)
     logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     return logger
 

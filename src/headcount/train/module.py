@@ -5,7 +5,7 @@ import math
 import lightning as L
 import torch
 
-from headcount.metrics import masked_loss_and_accuracy
+from headcount.metrics import masked_loss_and_accuracy, masked_token_sums, per_token
 from headcount.run_dir import model_config_from_dict
 
 
@@ -15,7 +15,11 @@ class NonFiniteLossError(RuntimeError):
 
 class HeadcountModule(L.LightningModule):
     """Next-token training on the loss_mask positions. Hyperparameters hold the model config as a plain dict, so a
-    checkpoint alone rebuilds its model (see run_dir.load_model)."""
+    checkpoint alone rebuilds its model (see run_dir.load_model).
+
+    Training logs the step's batch loss to the progress bar only: the curve's rows are written by train/curves.py, so
+    that a step's row is on disk before that step's checkpoint. Validation and test log per-token numbers over the
+    whole split (metrics.py), summed across processes under DDP."""
 
     def __init__(self, model: dict, optim: dict, max_steps: int, compile: bool = False):
         super().__init__()
@@ -25,31 +29,50 @@ class HeadcountModule(L.LightningModule):
         self.model = Transformer(model_config_from_dict(model))
         if compile:
             self.model.compile()
+        self._split_sums: torch.Tensor | None = None
 
     def forward(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids_BT)
 
-    def _step(self, batch: dict, split: str) -> torch.Tensor:
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         logits_BTV = self.model(batch["input_ids"])
         loss, acc = masked_loss_and_accuracy(logits_BTV, batch["input_ids"], batch["loss_mask"])
-        on_step = split == "train"
-        # Under DDP each process sees a shard of val/test: average the epoch metrics over processes.
-        when = dict(on_step=on_step, on_epoch=not on_step, sync_dist=not on_step)
-        self.log(f"{split}/loss", loss, prog_bar=True, **when)
-        self.log(f"{split}/acc", acc, prog_bar=split != "train", **when)
-        return loss
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self._step(batch, "train")
         if not torch.isfinite(loss):
             raise NonFiniteLossError(f"training loss is {loss.item()} at step {self.global_step}; stopping")
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
+        self.log("train/acc", acc, on_step=True, on_epoch=False, logger=False)
         return loss
 
+    def _add_batch(self, batch: dict) -> None:
+        logits_BTV = self.model(batch["input_ids"])
+        sums = masked_token_sums(logits_BTV, batch["input_ids"], batch["loss_mask"])
+        self._split_sums = sums if self._split_sums is None else self._split_sums + sums
+
+    def _log_split(self, split: str) -> None:
+        sums, self._split_sums = self._split_sums, None
+        if sums is None:  # no batch at all (limit_val_batches=0)
+            return
+        loss, acc = per_token(self.trainer.strategy.reduce(sums, reduce_op="sum"))
+        self.log(f"{split}/loss", loss, prog_bar=True)
+        self.log(f"{split}/acc", acc, prog_bar=split == "val")
+
+    def on_validation_epoch_start(self) -> None:
+        self._split_sums = None  # a validation cut short by an exception leaves its partial sums behind
+
+    def on_test_epoch_start(self) -> None:
+        self._split_sums = None
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._step(batch, "val")
+        self._add_batch(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_split("val")
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._step(batch, "test")
+        self._add_batch(batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_split("test")
 
     def configure_optimizers(self):
         o = self.hparams.optim
