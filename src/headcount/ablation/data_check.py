@@ -10,6 +10,7 @@ now, and summary.json records that they were.
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from headcount.data.fingerprint import changed_splits, data_fingerprint
 from headcount.errors import ConfigError
@@ -23,8 +24,8 @@ def checked_data(run_dir: Path, run: FinishedRun, allow_change: bool) -> dict:
     trained_on = read_data_fingerprint(run_dir)
     if trained_on is None:
         Console(stderr=True).print(
-            f"[yellow]note:[/yellow] {run_dir} recorded no data fingerprint at training time (trained by an older "
-            "headcount): the data cannot be checked against the data it trained on",
+            f"[yellow]note:[/yellow] {escape(str(run_dir))} recorded no data fingerprint at training time (trained by "
+            "an older headcount): the data cannot be checked against the data it trained on",
             highlight=False,
             soft_wrap=True,
         )

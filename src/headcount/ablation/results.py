@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 
 from headcount.ablation import summary as summary_file
 from headcount.config import plain
@@ -97,8 +98,8 @@ class ResultFiles:
         self.note_written(self.summary_path)
         if reason is not None:
             self.console.print(
-                f"[yellow]note:[/yellow] earlier {self.mode}-mode results no longer apply ({reason}); summary.json "
-                "keeps their record under `superseded`, and their files are replaced as scans rerun",
+                f"[yellow]note:[/yellow] earlier {self.mode}-mode results no longer apply ({escape(reason)}); "
+                "summary.json keeps their record under `superseded`, and their files are replaced as scans rerun",
                 highlight=False,
                 soft_wrap=True,
             )
