@@ -100,8 +100,8 @@ def pruning_curves(
     tables, tolerances = [], set()
     for _, run in runs.iterrows():
         csv = ablation_csv(sweep_dir, run["run"], "pruning")
-        if csv.exists():
-            curves = pd.read_csv(csv)
+        curves = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
+        if "fraction" in curves and (curves["fraction"] == 0).any():  # a scan that drew no curve: nothing to compare
             baseline = float(curves.loc[curves["fraction"] == 0, "loss"].iloc[0])
             config = config_label(configs, tuple(run[k] for k in configs))
             tables.append(curves.assign(config=config, relative=100 * (curves["loss"] / baseline - 1)))
