@@ -30,9 +30,11 @@ from headcount.ablation.masks import (
     single_head_masks,
 )
 from headcount.ablation.replacements import resample_sources
+from headcount.ablation.results import RECORD_COLUMNS
 from headcount.ablation.scans import KINDS, validate_scans
 from headcount.ablation.scans.mask_scan import SCAN_COLUMNS
 from headcount.ablation.scans.pruning import pruning_figure
+from headcount.ablation.summary import read_mode_summary
 from headcount.cli.ablate import ablate, typed_ablation_keys
 from headcount.cli.errors import BAD_INPUT, as_config_error
 from headcount.cli.train import run
@@ -41,6 +43,7 @@ from headcount.config.ablation import AblationConfig, L0GatesConfig, PruningConf
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths, load_model, split_examples
 
+RECORD = [c for c in RECORD_COLUMNS if c != "mode"]  # mask scans have a mode column of their own
 SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "logger=none"]
 SMOKE += ["data.n_train=64", "data.n_val=24", "data.n_test=16", "data.seq_len=32"]
 
@@ -236,9 +239,9 @@ def test_pruning_figure_is_written(tmp_path):
 def test_training_runs_the_scans_its_config_lists(trained_run):
     out = RunPaths(trained_run).ablation
     table = pd.read_csv(out / "single_head.csv")
-    assert list(table.columns) == SCAN_COLUMNS and len(table) == 8
+    assert list(table.columns) == SCAN_COLUMNS + RECORD and len(table) == 8
     assert (out / "single_head.png").stat().st_size > 1000
-    summary = json.loads((out / "summary.json").read_text())
+    summary = read_mode_summary(out, "zero")
     assert summary["most_important_head"]["mask"] == table.loc[table["delta_loss"].idxmax(), "mask"]
     assert RunPaths(trained_run).done.exists()
 
@@ -257,28 +260,31 @@ def test_ablate_writes_every_scan_kind_in_the_run_layout(run_copy, tmp_path):
     )
     out = RunPaths(run_copy).ablation
     for scan, rows in (("baseline", 1), ("layer", 2), ("leave_one_in", 8), ("pairs", 3), ("custom", 2)):
-        table = pd.read_csv(out / f"{scan}.csv")
-        assert list(table.columns) == SCAN_COLUMNS and len(table) == rows, scan
+        table = pd.read_csv(out / f"{scan}.mean.csv")
+        assert list(table.columns) == SCAN_COLUMNS + RECORD and len(table) == rows, scan
         assert (table["mode"] == "mean").all()
-        assert not (out / f"{scan}.partial.csv").exists()
-        assert scan == "baseline" or (out / f"{scan}.png").stat().st_size > 1000
-    assert pd.read_csv(out / "custom.csv")["mask"].tolist() == ["both-L0H0-L1H1", "L1H2"]
-    importance = pd.read_csv(out / "importance.csv")
-    assert list(importance.columns) == ["layer", "head", "grad_importance", "single_head_delta"]  # pairs ran it
-    curves = pd.read_csv(out / "pruning.csv")
+        assert not (out / f"{scan}.mean.partial.csv").exists()
+        assert scan == "baseline" or (out / f"{scan}.mean.png").stat().st_size > 1000
+    assert pd.read_csv(out / "custom.mean.csv")["mask"].tolist() == ["both-L0H0-L1H1", "L1H2"]
+    importance = pd.read_csv(out / "importance.mean.csv")
+    scores = ["grad_importance", "grad_importance_raw", "single_head_delta"]  # pairs ran single_head
+    assert list(importance.columns) == ["layer", "head", *scores, "mode", *RECORD]
+    curves = pd.read_csv(out / "pruning.mean.csv")
     assert set(curves["order"]) == {"gradient", "gradient_iterative", "single_head", "random"}
-    assert (out / "pruning.png").stat().st_size > 1000 and (out / "replacements_mean.pt").exists()
+    assert (out / "pruning.mean.png").stat().st_size > 1000 and (out / "replacements_mean.pt").exists()
+    assert all(path.name.endswith(".mean.csv") for path in out.glob("*.csv"))  # no zero-mode names
 
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["mode"] == "mean" and summary["baseline_loss"] > 0
+    summary = read_mode_summary(out, "mean")
+    assert summary["settings"]["mode"] == "mean" and summary["baseline_loss"] > 0
     assert set(summary["prunable_fraction"]) == set(curves["order"])
     assert {"single_head", "pairs", "pruning", "importance"} <= set(summary["scans"])
     pruned = summary["pruned"]
     assert abs(pruned["loss_pruned"] - pruned["loss_masked"]) < 1e-5
     assert pruned["tokens_per_s_full"] > 0 and pruned["tokens_per_s_pruned"] > 0
-    model = load_model(out / "pruned.ckpt")
+    model = load_model(out / "pruned.mean.ckpt")
     assert sum(model.heads_per_layer) == 8 - pruned["n_heads_removed"]
-    assert set(written) >= {out / "summary.json", out / "pruned.ckpt", out / "pairs.csv", out / "pruning.png"}
+    expected = {out / "summary.json", out / "pruned.mean.ckpt", out / "pairs.mean.csv", out / "pruning.mean.png"}
+    assert set(written) >= expected
 
 
 def test_rerun_reads_up_to_date_results_back(run_copy, monkeypatch):
@@ -298,9 +304,9 @@ def test_ablate_inherits_the_run_settings_under_typed_keys(run_copy, monkeypatch
     OmegaConf.save(config, RunPaths(run_copy).config)
     summary = RunPaths(run_copy).ablation / "summary.json"
     ablate_with(run_copy, "ablation=layer")
-    assert json.loads(summary.read_text())["settings"]["n_eval"] == 8
+    assert read_mode_summary(summary.parent)["settings"]["n_eval"] == 8
     ablate_with(run_copy, "ablation=layer", "ablation.n_eval=12")
-    assert json.loads(summary.read_text())["settings"]["n_eval"] == 12
+    assert read_mode_summary(summary.parent)["settings"]["n_eval"] == 12
 
 
 def test_cli_finds_the_training_scans_up_to_date(trained_run, monkeypatch):
@@ -355,7 +361,7 @@ def test_resample_sources_are_saved_and_reused(run_copy, monkeypatch):
 
     monkeypatch.setattr(replacements, "resample_sources", not_again)
     ablate_with(run_copy, "ablation=single_head", "ablation.mode=resample", "ablation.reference_split=val")
-    table = pd.read_csv(out / "single_head.csv")
+    table = pd.read_csv(out / "single_head.resample.csv")
     assert (table["mode"] == "resample").all() and table["delta_loss"].abs().max() > 0
 
 
@@ -448,7 +454,7 @@ def test_l0_gates_and_head_scores_scans_write_their_results(run_copy):
     kept = gates.groupby("target_heads")["kept"].sum()
     assert (kept == gates.groupby("target_heads")["n_kept"].first()).all()
     assert kept[2] < kept[6] <= 8
-    summary = json.loads((out / "summary.json").read_text())
+    summary = read_mode_summary(out)
     assert [run["target_heads"] for run in summary["l0_gates"]] == [2, 6]
     scores = pd.read_csv(out / "head_scores.csv")
     assert (
@@ -471,7 +477,7 @@ def test_l0_gates_mask_exports_as_a_smaller_model(run_copy):
     ablate_with(run_copy, "ablation=l0_gates", "ablation.n_reference=64", *l0, *export)
     out = RunPaths(run_copy).ablation
     gates = pd.read_csv(out / "l0_gates.csv").query("target_heads == 2")
-    pruned = json.loads((out / "summary.json").read_text())["pruned"]
+    pruned = read_mode_summary(out)["pruned"]
     assert pruned["chosen_by"] == "l0_gates" and pruned["target_heads"] == 2
     assert sorted(map(tuple, pruned["heads_removed"])) == sorted(
         (r.layer, r.head) for r in gates.itertuples() if not r.kept

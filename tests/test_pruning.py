@@ -179,7 +179,7 @@ def test_real_model_curves_start_at_the_baseline():
 
 def hand_made_curves(losses_by_curve: dict) -> pd.DataFrame:
     rows = [
-        (order, seed, fraction, n_pruned, loss, 0.0, 0.0)
+        (order, seed, fraction, n_pruned, loss, 0.0, 0.0, False)
         for (order, seed), losses in losses_by_curve.items()
         for fraction, n_pruned, loss in zip([0.0, 0.25, 0.5, 0.75, 1.0], [0, 1, 2, 3, 4], losses)
     ]
@@ -207,7 +207,7 @@ def test_prunable_fraction_stops_at_the_first_step_out_of_tolerance():
 def test_prunable_fraction_counts_heads_really_removed():
     # Two heads in 10% steps: 0.1 and 0.2 remove no head (round(0.2) = 0), 0.3 removes one.
     fractions, n_pruned = [0.0, 0.1, 0.2, 0.3, 1.0], [0, 0, 0, 1, 2]
-    rows = [("gradient", 0, f, n, loss, 0.0, 0.0) for f, n, loss in zip(fractions, n_pruned, [2, 2, 2, 9, 9])]
+    rows = [("gradient", 0, f, n, loss, 0.0, 0.0, False) for f, n, loss in zip(fractions, n_pruned, [2, 2, 2, 9, 9])]
     curves = pd.DataFrame(rows, columns=CURVE_COLUMNS)
     assert prunable_fractions(curves, baseline_loss=2.0, tolerance=0.01) == {"gradient": 0.0}
 

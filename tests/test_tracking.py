@@ -10,11 +10,12 @@ import matplotlib
 import pandas as pd
 import pytest
 
+from headcount.ablation.summary import read_mode_summary
 from headcount.cli.errors import exit_on_config_error
 from headcount.cli.train import run
 from headcount.config.logger import validate_wandb_project
 from headcount.errors import ConfigError
-from headcount.report.tracking import log_ablation_results
+from headcount.report.tracking import log_ablation_results, summary_headline
 from headcount.run_dir import RunPaths
 from headcount.train.loggers import wandb_mode
 
@@ -79,7 +80,7 @@ def test_offline_wandb_run_holds_curves_ablation_tables_and_summary(compose_trai
     assert {"train/loss", "val/loss", "ablation/table/single_head", "ablation/table/pruning"} <= history
     assert {"ablation/figure/single_head", "ablation/figure/pruning", "ablation/pruning_curves_table"} <= history
     summary = summary_values(run_file)
-    expected = json.loads((RunPaths(tmp_path).ablation / "summary.json").read_text())
+    expected = read_mode_summary(RunPaths(tmp_path).ablation, "zero")
     assert summary["ablation/baseline_loss"] == pytest.approx(expected["baseline_loss"])
     assert summary["ablation/most_important_head"] == expected["most_important_head"]["mask"]
     assert summary["ablation/prunable_fraction/gradient"] == expected["prunable_fraction"]["gradient"]
@@ -163,6 +164,28 @@ def test_log_ablation_results_reads_the_folder_layout(tmp_path):
         "ablation/most_important_head": "L0H1",
         "ablation/most_important_head_delta_loss": 0.1,
     }
+
+
+def test_other_modes_log_under_their_mode_and_arbitrary_orders_apart(tmp_path):
+    """summary.json in its per-mode layout: the run's mode (zero) is the headline, mean goes under ablation/mean/, and
+    an order whose heads all scored the same is not reported as a prunable fraction."""
+    write_ablation_folder(tmp_path)
+    summary_path = RunPaths(tmp_path).ablation / "summary.json"
+    zero = json.loads(summary_path.read_text())
+    mean = {
+        "baseline_loss": 2.5,
+        "prunable_fraction": {"gradient": 0.0, "random": 0.25},
+        "arbitrary_orders": ["gradient"],
+    }
+    summary_path.write_text(json.dumps({"format": 2, "modes": {"zero": zero, "mean": mean}}))
+    recording = RecordingRun()
+    log_ablation_results(tmp_path, recording)
+    assert recording.summary["ablation/baseline_loss"] == 2.0
+    assert recording.summary["ablation/prunable_fraction/gradient"] == 0.5
+    assert recording.summary["ablation/mean/baseline_loss"] == 2.5
+    assert recording.summary["ablation/mean/prunable_fraction_arbitrary/gradient"] == 0.0
+    assert "ablation/mean/prunable_fraction/gradient" not in recording.summary
+    assert summary_headline({"format": 2, "modes": {"mean": mean}}) == {}  # the zero headline of a mean-only run
 
 
 def test_no_ablation_folder_logs_nothing(tmp_path):

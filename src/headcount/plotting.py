@@ -1,10 +1,13 @@
 """The figure primitives every stage draws with: a figure, a diverging heatmap, a (layer, head) grid from a table.
 
 A scan kind's own figure lives beside it (ablation/scans/); reports and findings draw from result files with these.
+Every figure's title names what it shows (the metric with its unit, the ablation mode, the model and the data) and
+its axes carry units, so that a figure read on its own is not misread.
 Figures are built on matplotlib's object API with the Agg canvas: no pyplot state, no display needed, nothing changed
 for a caller that uses another backend.
 """
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +21,21 @@ from headcount.io import atomic_savefig
 ANNOTATE_UP_TO = 16  # write each cell's value when the grid is at most this many cells each way
 
 
+TITLE_POINTS = 9
+CHARS_PER_INCH = 13  # at TITLE_POINTS: how much title text fits across a figure
+
+
 def new_figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def set_title(ax, title: str, fig_width: float | None = None) -> None:
+    """The axes' title, each line wrapped to the figure's width so that none is cut off."""
+    width = fig_width if fig_width is not None else ax.figure.get_figwidth()
+    chars = max(int(width * CHARS_PER_INCH), 24)
+    ax.set_title("\n".join(textwrap.fill(line, chars) for line in title.split("\n")), fontsize=TITLE_POINTS)
 
 
 def heatmap(
@@ -38,13 +52,14 @@ def heatmap(
     R, C = values_RC.shape
     limit = float(np.nanmax(np.abs(values_RC))) if np.isfinite(values_RC).any() else 0.0
     limit = limit or 1e-12  # an all-zero grid still needs vmin < 0 < vmax
-    fig = new_figure(min(2 + 0.7 * C, 16), min(1.5 + 0.5 * R, 14))
+    fig = new_figure(min(max(2 + 0.7 * C, 5.5), 16), min(2 + 0.5 * R, 14))
     ax = fig.add_subplot()
     image = ax.imshow(values_RC, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -limit, limit), aspect="auto")
     fig.colorbar(image, ax=ax, label=value_label)
     ax.set_xticks(range(C), col_labels, rotation=90 if C > 16 else 0)
     ax.set_yticks(range(R), row_labels)
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    set_title(ax, title)
     if R <= ANNOTATE_UP_TO and C <= ANNOTATE_UP_TO:
         for r in range(R):
             for c in range(C):
@@ -70,7 +85,9 @@ def layer_head_grid(table: pd.DataFrame, value: str) -> np.ndarray:
     return grid
 
 
-def head_heatmap(table: pd.DataFrame, path: str | Path, value: str, title: str) -> Path:
+def head_heatmap(table: pd.DataFrame, path: str | Path, value: str, title: str, value_label: str | None = None) -> Path:
+    """A (layer, head) heatmap of a table's `value` column; value_label (with its unit) names the colour scale."""
     grid = layer_head_grid(table, value)
     L, H = grid.shape
-    return heatmap(grid, path, title, [str(l) for l in range(L)], [str(h) for h in range(H)], "head", "layer", value)
+    rows, cols = [str(layer) for layer in range(L)], [str(head) for head in range(H)]
+    return heatmap(grid, path, title, rows, cols, "head", "layer", value_label or value)

@@ -1,10 +1,11 @@
-"""The run directory contract (docs/DESIGN.md): `.hydra/`, `checkpoints/last.ckpt`, `metrics.json`, `ablation/`,
-`DONE` last.
+"""The run directory contract (docs/DESIGN.md): `.hydra/`, `checkpoints/last.ckpt`, `metrics.json`,
+`data_fingerprint.json`, `ablation/`, `DONE` last.
 
 Each stage reads the previous stage's files from here, so any stage can be rerun alone. `load_run` is the one way a
 later stage (the ablations, the findings) opens a finished run: its config, checkpoint, model and data splits.
 """
 
+import json
 import zipfile
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,7 +19,7 @@ from torch import Tensor
 from headcount.config.data import DataConfig
 from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
-from headcount.io import atomic_write_text
+from headcount.io import atomic_write_json, atomic_write_text
 from headcount.model.transformer import Transformer
 
 if TYPE_CHECKING:
@@ -46,6 +47,10 @@ class RunPaths:
         return self.root / "metrics.json"
 
     @property
+    def data_fingerprint(self) -> Path:
+        return self.root / "data_fingerprint.json"
+
+    @property
     def ablation(self) -> Path:
         return self.root / "ablation"
 
@@ -60,6 +65,19 @@ def is_done(run_dir: str | Path) -> bool:
 
 def mark_done(run_dir: str | Path) -> None:
     atomic_write_text(RunPaths(Path(run_dir)).done, "")
+
+
+def record_data_fingerprint(run_dir: str | Path, splits: dict[str, "Dataset"]) -> None:
+    """Write the content fingerprint of the splits a run trains on, which later stages check their data against."""
+    from headcount.data.fingerprint import data_fingerprint
+
+    atomic_write_json(RunPaths(Path(run_dir)).data_fingerprint, data_fingerprint(splits))
+
+
+def read_data_fingerprint(run_dir: str | Path) -> dict | None:
+    """The data fingerprint training recorded; None for a run trained before headcount recorded one."""
+    path = RunPaths(Path(run_dir)).data_fingerprint
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def model_config_from_dict(model: dict | DictConfig) -> ModelConfig:
@@ -155,3 +173,27 @@ def to_batches(examples: dict[str, Tensor], batch_size: int, device: torch.devic
     return [
         {key: value[i : i + batch_size].to(device) for key, value in examples.items()} for i in range(0, n, batch_size)
     ]
+
+
+def describe_run(config: DictConfig, run_dir: str | Path | None = None) -> str:
+    """What a figure says it shows: the model and the data, e.g.
+    "model tiny (2 layers x 4 heads, d_model 32), data induction"."""
+    return f"{describe_model(config, run_dir)}, {describe_data(config)}"
+
+
+def describe_model(config: DictConfig, run_dir: str | Path | None = None) -> str:
+    """The model's preset (where Hydra recorded the choice in the run's .hydra/hydra.yaml) and its shape."""
+    m = config.model
+    heads = m.get("heads_per_layer") or [m.attn.n_heads] * m.n_layers
+    per_layer = f"{heads[0]} heads" if len(set(heads)) == 1 else f"{list(heads)} heads"
+    shape = f"{m.n_layers} layers x {per_layer}, d_model {m.d_model}" + (", summed" if m.attn.combine == "sum" else "")
+    hydra_file = Path(run_dir) / ".hydra" / "hydra.yaml" if run_dir is not None else None
+    choices = OmegaConf.load(hydra_file).hydra.runtime.choices if hydra_file and hydra_file.exists() else {}
+    return f"model {choices['model']} ({shape})" if "model" in choices else f"model {shape}"
+
+
+def describe_data(config: DictConfig) -> str:
+    """The data source, with the file or dataset it reads where it reads one."""
+    d = config.data
+    detail = {"text": Path(str(d.get("path"))).name, "hub": d.get("hub_name")}.get(d.source)
+    return f"data {d.source}" + (f" {detail}" if detail else "")

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from headcount.ablation.evaluator import MaskEvaluator
+from headcount.ablation.importance import Importance
 from headcount.ablation.replacements import Replacements
 from headcount.ablation.results import ResultFiles
 from headcount.config.ablation import AblationConfig
@@ -23,7 +24,10 @@ class ScanContext(Protocol):
     device: torch.device
     model: Transformer  # on `device`, in eval mode
     heads_per_layer: list[int]
-    key: str  # the fingerprint of the checkpoint, the data and the ablation settings every result depends on
+    key: str  # the fingerprint of the model's weights, the data and the ablation settings every result depends on
+    eval_key: str  # the same without the mode's settings: what a mode-independent result depends on
+    subject: str  # the model and the data, for figure titles
+    record: dict  # the constant columns every result table ends with (mode, splits, sizes, targets)
     files: ResultFiles
     replacements: Replacements
     batches: list[dict[str, Tensor]]  # the evaluation split, on `device`
@@ -34,7 +38,7 @@ class ScanContext(Protocol):
     def provided(self, kind: str, compute: bool = True) -> Any:
         """What a scan of this kind hands to others: from this session, from its up-to-date results, or computed."""
 
-    def importance(self, mask_LH: Tensor) -> Tensor:
+    def importance(self, mask_LH: Tensor) -> Importance:
         """Gradient importance at gates mask_LH under the session's replacements."""
 
     def layer_head_tensor(self, table: pd.DataFrame, column: str) -> Tensor:

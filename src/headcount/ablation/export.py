@@ -1,6 +1,8 @@
 """Structural export (ablation.prune.export): which heads to remove (exactly ablation.prune.heads, the mask the l0_gates
 scan learned, or what a pruning order removes at a given or its prunable fraction), the smaller checkpoint
-ablation/pruned.ckpt without them, and how much faster it runs than the full model."""
+ablation/pruned.ckpt (pruned.mean.ckpt under mean ablation) without them, and how much faster it runs than the full
+model, timed in alternation over SPEED_REPEATS repeats (median and range). An export that would remove no head is
+refused; every export prints the heads it removed and the speedup, and records both in summary.json."""
 
 from __future__ import annotations
 
@@ -8,11 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from rich.console import Console
+from rich.markup import escape
 from torch import Tensor
 
 from headcount.ablation.context import ScanContext
 from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.masks import HeadMask, check_head_exists, masks_to_gates
+from headcount.ablation.importance import Importance
+from headcount.ablation.masks import HeadMask, check_head_exists, head_name, masks_to_gates
+from headcount.ablation.results import result_path
 from headcount.ablation.scans.l0_gates import l0_keep_gates
 from headcount.ablation.scans.pruning import prunable_fraction
 from headcount.ablation.scans.single_head import single_head_delta
@@ -20,18 +26,30 @@ from headcount.config.ablation import PruneExportConfig, PruningConfig
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 
-SPEED_REPEATS = 5
+SPEED_REPEATS = 7
+NOTHING_TO_EXPORT = "an export needs at least one head to remove"
 
 
-def check_prune_heads(prune: PruneExportConfig, heads_per_layer: list[int]) -> None:
+def check_export(prune: PruneExportConfig, heads_per_layer: list[int]) -> None:
+    """What the export settings can get wrong against the model alone: heads that do not exist, and a choice that
+    removes no head."""
     for pair in prune.heads or []:
         if not (isinstance(pair, list) and len(pair) == 2):
             raise ConfigError("ablation.prune.heads", pair, "each entry must be a [layer, head] pair")
         check_head_exists(*pair, heads_per_layer, "ablation.prune.heads")
+    if not prune.export:
+        return
+    if prune.heads is not None and not prune.heads:
+        raise ConfigError("ablation.prune.heads", [], f"names no heads: {NOTHING_TO_EXPORT}")
+    total = sum(heads_per_layer)
+    if prune.heads is None and prune.fraction is not None and round(prune.fraction * total) == 0:
+        removes = f"removes round({prune.fraction} x {total}) = 0 heads"
+        raise ConfigError("ablation.prune.fraction", prune.fraction, f"{removes}: {NOTHING_TO_EXPORT}")
 
 
 def export_pruned_model(session: ScanContext) -> None:
-    """Write ablation/pruned.ckpt without the heads the settings choose, and record it in summary.json."""
+    """Write ablation/pruned[.<mode>].ckpt without the heads the settings choose, print what went and how much faster
+    the model got, and record it in summary.json. ConfigError, before anything is written, when no head would go."""
     s, prune, hpl = session.settings, session.settings.prune, session.heads_per_layer
     if prune.heads is not None:
         chosen = HeadMask("ablation.prune.heads", tuple(tuple(pair) for pair in prune.heads))
@@ -45,13 +63,45 @@ def export_pruned_model(session: ScanContext) -> None:
         delta = lambda: single_head_delta(session)  # noqa: E731
         keep_LH = removal_gates(prune.order, fraction, hpl, s.pruning, s.seed, session.importance, delta)
         meta = {"chosen_by": f"pruning order {prune.order}", "order": prune.order, "fraction": fraction}
-    path = session.out / "pruned.ckpt"
+    if not bool(((keep_LH.cpu() == 0) & session.evaluator.exists_LH.cpu()).any()):
+        raise nothing_removed(prune, s.pruning.tolerance)
+    path = result_path(session.out, "pruned", s.mode, ".ckpt")
     means = session.replacements.means if s.mode == "mean" else None
     speed_shape = (s.batch_size, session.batches[0]["input_ids"].shape[1])
     evaluator, model = session.evaluator, session.model
     record = export_pruned(model, evaluator, keep_LH, means, path, {**meta, "mode": s.mode}, speed_shape)
-    session.files.written.append(path)
+    session.files.note_written(path)
     session.files.update_summary({"pruned": record})
+    print_export(record, path, sum(hpl))
+
+
+def nothing_removed(prune: PruneExportConfig, tolerance: float) -> ConfigError:
+    if prune.order == "l0_gates":
+        return ConfigError("ablation.prune.order", "l0_gates", f"its gates keep every head: {NOTHING_TO_EXPORT}")
+    if prune.fraction is not None:
+        return ConfigError("ablation.prune.fraction", prune.fraction, f"removes no heads: {NOTHING_TO_EXPORT}")
+    return ConfigError(
+        "ablation.prune.order",
+        prune.order,
+        f"prunes no head within ablation.pruning.tolerance={tolerance} (prunable fraction 0): {NOTHING_TO_EXPORT}; "
+        "choose heads with ablation.prune.fraction or ablation.prune.heads",
+    )
+
+
+def print_export(record: dict, path: Path, n_heads: int) -> None:
+    """What an export did, in three lines: the heads removed, the loss and size, the speedup with its spread."""
+    batch, seq_len = record["speed_batch"]
+    Console(stderr=True).print(
+        f"[green]exported[/green] {escape(str(path))}: removed {record['n_heads_removed']} of {n_heads} heads "
+        f"({', '.join(record['heads_removed_names'])}), chosen by {record['chosen_by']}\n"
+        f"  loss {record['loss_pruned']:.4f} nats (masked model {record['loss_masked']:.4f}); "
+        f"{record['params_pruned']:,} of {record['params_full']:,} parameters\n"
+        f"  speedup {record['speedup']:.2f}x (median of {record['speed_repeats']} repeats, range "
+        f"{record['speedup_min']:.2f}-{record['speedup_max']:.2f}x; {record['tokens_per_s_pruned']:,.0f} against "
+        f"{record['tokens_per_s_full']:,.0f} tokens/s, batch {batch} x {seq_len} on {record['speed_device']})",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def removal_gates(
@@ -60,7 +110,7 @@ def removal_gates(
     heads_per_layer: list[int],
     cfg: PruningConfig,
     seed: int,
-    importance_fn: Callable[[Tensor], Tensor],
+    importance_fn: Callable[[Tensor], Importance],
     single_head_delta: Callable[[], Tensor],
 ) -> Tensor:
     """(L, H) keep-gates removing round(fraction * heads) heads the way that order's pruning curve does at that
@@ -82,7 +132,8 @@ def removal_gates(
         steps = {count for count in (round(f * total) for f in step_fractions(cfg.step)) if count < n_pruned}
         return iterative_masks(importance_fn, sorted(steps | {n_pruned}), exists_LH)[-1]
     if order == "gradient":
-        ranking = rank_ascending(importance_fn(torch.ones(exists_LH.shape)), exists_LH)
+        scores = importance_fn(torch.ones(exists_LH.shape))
+        ranking = rank_ascending(scores.score_LH, exists_LH, scores.raw_LH)
     elif order == "single_head":
         ranking = rank_ascending(single_head_delta(), exists_LH)
     else:
@@ -100,8 +151,9 @@ def export_pruned(
     speed_shape: tuple[int, int],
 ) -> dict:
     """Write the model without the heads keep_LH switches off; return what summary.json records about it: the masked
-    and the pruned model's loss (equal, up to rounding) and their forward throughput on speed_shape (B, T) batches."""
-    from headcount.ablation.structural import measure_speed, prune_heads, save_pruned_checkpoint
+    and the pruned model's loss (equal, up to rounding) and their forward throughput on speed_shape (B, T) batches
+    (compare_speed: medians, the speedup's range)."""
+    from headcount.ablation.structural import compare_speed, prune_heads, save_pruned_checkpoint
 
     exists_LH = evaluator.exists_LH.cpu()
     remove_LH = (keep_LH.cpu() == 0) & exists_LH
@@ -113,6 +165,7 @@ def export_pruned(
         **meta,
         "path": path.name,
         "heads_removed": heads_removed,
+        "heads_removed_names": [head_name(layer, head) for layer, head in heads_removed],
         "n_heads_removed": len(heads_removed),
         "heads_per_layer": list(pruned.heads_per_layer),
         "params_full": model.num_params(),
@@ -122,13 +175,5 @@ def export_pruned(
     }
     save_pruned_checkpoint(pruned, path, record)
     device = evaluator.device
-    full_speed = measure_speed(model, *speed_shape, device, SPEED_REPEATS)
-    pruned_speed = measure_speed(pruned, *speed_shape, device, SPEED_REPEATS)
-    return {
-        **record,
-        "tokens_per_s_full": full_speed,
-        "tokens_per_s_pruned": pruned_speed,
-        "speedup": pruned_speed / full_speed,
-        "speed_batch": list(speed_shape),
-        "speed_device": str(device),
-    }
+    speed = compare_speed(model, pruned, *speed_shape, device, SPEED_REPEATS)
+    return {**record, **speed, "speed_batch": list(speed_shape), "speed_device": str(device)}

@@ -5,6 +5,10 @@ Orders (Michel et al. 2019 and baselines): `gradient` ranks heads once by gradie
 the heads whose removal alone raised the loss least; `random` draws `random_seeds` permutations. Every mask is known
 before any loss is, so all masks of all orders go to the evaluator in one call, each distinct mask once.
 Masks are (L, H) keep-gates: 1 keeps a head, 0 removes it; heads a pruned layer lacks stay 1 and are never counted.
+
+Ranked orders break ties in their score by the raw gradient importance (importance.py), then by the head's index. An
+order whose heads all score the same is arbitrary (index order): it is logged as a warning and its rows carry
+`arbitrary_order`, so that nobody reads its prunable fraction as a finding.
 """
 
 import logging
@@ -15,17 +19,19 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from headcount.ablation.importance import Importance
 from headcount.config.ablation import PruningConfig, validate_pruning_config
 from headcount.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-CURVE_COLUMNS = ["order", "seed", "fraction", "n_pruned", "loss", "acc", "delta_loss"]
+CURVE_COLUMNS = ["order", "seed", "fraction", "n_pruned", "loss", "acc", "delta_loss", "arbitrary_order"]
+Scores = Importance | Tensor  # what an importance function returns; a plain (L, H) tensor breaks no ties
 
 
 def pruning_curves(
     evaluate: Callable[[Tensor], dict],
-    importance_fn: Callable[[Tensor], Tensor],
+    importance_fn: Callable[[Tensor], Scores],
     single_head_delta: Tensor | None,
     n_heads_per_layer: list[int],
     cfg: PruningConfig,
@@ -34,26 +40,35 @@ def pruning_curves(
 ) -> pd.DataFrame:
     """One row per (order, seed, fraction) for fractions 0, step, 2*step, ..., 1.0 of all existing heads, with
     n_pruned = round(fraction * total). `evaluate(masks_MLH) -> dict(loss=(M,), acc=(M,))`; `importance_fn(mask_LH)
-    -> (L, H)`; `single_head_delta` (L, H) loss increase of each head removed alone (None skips that order);
-    `baseline` = dict(loss, acc) of the unmasked model. The seed column is `seed` for the deterministic orders and,
-    for random, the seed of that permutation (derived from `seed`: the same seed gives the same curves)."""
+    -> Importance` or an (L, H) tensor; `single_head_delta` (L, H) loss increase of each head removed alone (None
+    skips that order); `baseline` = dict(loss, acc) of the unmasked model. The seed column is `seed` for the
+    deterministic orders and, for random, the seed of that permutation (derived from `seed`: the same seed gives the
+    same curves); arbitrary_order marks the orders whose heads all scored the same."""
     validate_pruning_config(cfg)
     exists_LH = existing_heads(n_heads_per_layer)
     fractions = step_fractions(cfg.step)
     n_pruned = [round(f * int(exists_LH.sum())) for f in fractions]
     curves: list[tuple[str, int, Tensor]] = []  # (order, seed, masks (F, L, H), one per fraction)
+    arbitrary: set[str] = set()
     for order in cfg.orders:
         if order == "gradient":
-            ranking = rank_ascending(importance_fn(torch.ones(exists_LH.shape)), exists_LH)
+            scores = as_importance(importance_fn(torch.ones(exists_LH.shape)))
+            arbitrary |= {order} if warn_if_arbitrary(order, scores, exists_LH) else set()
+            ranking = rank_ascending(scores.score_LH, exists_LH, scores.raw_LH)
             curves.append((order, seed, masks_removing_first(ranking, n_pruned, exists_LH)))
         elif order == "gradient_iterative":
-            curves.append((order, seed, iterative_masks(importance_fn, n_pruned, exists_LH)))
+            remembering = FirstScores(importance_fn)
+            curves.append((order, seed, iterative_masks(remembering, n_pruned, exists_LH)))
+            first = remembering.first
+            arbitrary |= {order} if first is not None and warn_if_arbitrary(order, first, exists_LH) else set()
         elif order == "single_head" and single_head_delta is None:
             log.warning("pruning order single_head skipped: it needs the single-head scan's loss deltas")
         elif order == "single_head":
             if tuple(single_head_delta.shape) != tuple(exists_LH.shape):
                 raise ValueError(f"single_head_delta has shape {tuple(single_head_delta.shape)}, not (L, H)")
-            ranking = rank_ascending(single_head_delta, exists_LH)
+            scores = as_importance(single_head_delta)
+            arbitrary |= {order} if warn_if_arbitrary(order, scores, exists_LH) else set()
+            ranking = rank_ascending(scores.score_LH, exists_LH)
             curves.append((order, seed, masks_removing_first(ranking, n_pruned, exists_LH)))
         else:
             for replicate in range(cfg.random_seeds):
@@ -74,7 +89,43 @@ def pruning_curves(
     table = pd.DataFrame(rows, columns=CURVE_COLUMNS[:4])
     table["loss"], table["acc"] = loss_N.numpy(), acc_N.numpy()
     table["delta_loss"] = table["loss"] - float(baseline["loss"])
+    table["arbitrary_order"] = table["order"].isin(arbitrary)
     return table
+
+
+def as_importance(scores: Scores) -> Importance:
+    return scores if isinstance(scores, Importance) else Importance(scores, scores)
+
+
+class FirstScores:
+    """An importance function that keeps the scores of its first call: for an iterative order, the full model's."""
+
+    def __init__(self, importance_fn: Callable[[Tensor], Scores]):
+        self.importance_fn, self.first = importance_fn, None
+
+    def __call__(self, mask_LH: Tensor) -> Importance:
+        scores = as_importance(self.importance_fn(mask_LH))
+        self.first = scores if self.first is None else self.first
+        return scores
+
+
+def is_arbitrary(scores: Importance, candidates_LH: Tensor) -> bool:
+    """True when an order ranks two or more heads that all have the same score and the same raw score."""
+    score, raw = (t.detach().cpu().flatten()[candidates_LH.flatten()] for t in scores)
+    return len(score) > 1 and bool((score == score[0]).all() and (raw == raw[0]).all())
+
+
+def warn_if_arbitrary(order: str, scores: Importance, candidates_LH: Tensor) -> bool:
+    if not is_arbitrary(scores, candidates_LH):
+        return False
+    value = float(scores.score_LH.detach().cpu().flatten()[candidates_LH.flatten()][0])
+    log.warning(
+        "pruning order %s is arbitrary: every head scores the same (%.4g), so heads go in index order and its "
+        "prunable fraction says nothing about the heads",
+        order,
+        value,
+    )
+    return True
 
 
 def prunable_fractions(curves: pd.DataFrame, baseline_loss: float, tolerance: float) -> dict[str, float]:
@@ -111,9 +162,12 @@ def existing_heads(n_heads_per_layer: list[int]) -> Tensor:
     return torch.arange(H) < torch.tensor(n_heads_per_layer).unsqueeze(1)
 
 
-def rank_ascending(score_LH: Tensor, candidates_LH: Tensor) -> Tensor:
-    """Flat indices of the candidate heads, lowest score first; ties go to the lower index (deterministic)."""
+def rank_ascending(score_LH: Tensor, candidates_LH: Tensor, tiebreak_LH: Tensor | None = None) -> Tensor:
+    """Flat indices of the candidate heads, lowest score first; ties go to the lower tiebreak score, then to the lower
+    index (deterministic)."""
     candidates = candidates_LH.flatten().nonzero().squeeze(1)
+    if tiebreak_LH is not None:  # sort by the tie-break first: the stable sort by score keeps its order within ties
+        candidates = candidates[torch.sort(tiebreak_LH.detach().cpu().flatten()[candidates], stable=True).indices]
     order = torch.sort(score_LH.detach().cpu().flatten()[candidates], stable=True).indices
     return candidates[order]
 
@@ -131,7 +185,7 @@ def masks_removing_first(ranking: Tensor, n_pruned: list[int], exists_LH: Tensor
     return masks_FLH
 
 
-def iterative_masks(importance_fn: Callable[[Tensor], Tensor], n_pruned: list[int], exists_LH: Tensor) -> Tensor:
+def iterative_masks(importance_fn: Callable[[Tensor], Scores], n_pruned: list[int], exists_LH: Tensor) -> Tensor:
     """(F, L, H): before each step, rank the surviving heads by importance under the current mask (Michel et al.)."""
     mask_LH = torch.ones(exists_LH.shape)
     masks = []
@@ -141,7 +195,8 @@ def iterative_masks(importance_fn: Callable[[Tensor], Tensor], n_pruned: list[in
         if count > n_removed:
             # Removing every survivor needs no ranking; skip the gradient pass.
             if count < int(exists_LH.sum()):
-                ranking = rank_ascending(importance_fn(mask_LH.clone()), surviving_LH)
+                scores = as_importance(importance_fn(mask_LH.clone()))
+                ranking = rank_ascending(scores.score_LH, surviving_LH, scores.raw_LH)
             else:
                 ranking = surviving_LH.flatten().nonzero().squeeze(1)
             mask_LH.view(-1)[ranking[: count - n_removed]] = 0

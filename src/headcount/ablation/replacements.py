@@ -23,7 +23,7 @@ from torch import Tensor
 from headcount.ablation.results import ResultFiles
 from headcount.config.ablation import AblationConfig
 from headcount.model.transformer import Transformer
-from headcount.run_dir import FinishedRun, to_batches
+from headcount.run_dir import to_batches
 
 
 @dataclass
@@ -43,32 +43,33 @@ class Replacements:
 
 
 def prepare_replacements(
-    s: AblationConfig, run: FinishedRun, model: Transformer, examples: dict[str, Tensor], files: ResultFiles
+    s: AblationConfig,
+    reference: dict[str, Tensor] | None,
+    model: Transformer,
+    examples: dict[str, Tensor],
+    files: ResultFiles,
 ) -> Replacements:
-    """The session's replacements: the means or the resample pairing, from ablation/replacements_<mode>.pt when they
-    were computed under the same settings (files.key). For resample, adds each eval example's source tokens to
-    `examples` as source_ids."""
+    """The session's replacements: the means of the `reference` examples or the resample pairing with them, from
+    ablation/replacements_<mode>.pt when they were computed under the same fingerprint (files.key). For resample, adds
+    each eval example's source tokens to `examples` as source_ids."""
     if s.mode == "zero":
         return Replacements("zero")
     path = files.out / f"replacements_{s.mode}.pt"
     saved = load_saved(path, files.key)
-    reference = None
-    if saved is None or s.mode == "resample":
-        reference = run.examples(s.reference_split, s.n_reference, "ablation.reference_split")
     device = next(model.parameters()).device
     if s.mode == "mean":
         if saved is None:
             batches = to_batches(reference, s.batch_size, device)
             saved = {"means": [m.cpu() for m in mean_z(model, batches, s.mean_per_position)]}
             save(path, files.key, saved)
-            files.written.append(path)
+            files.note_written(path)
         return Replacements("mean", [m.to(device) for m in saved["means"]])
     if saved is None:
         same_split = s.split == s.reference_split
         n_eval, n_reference = len(examples["input_ids"]), len(reference["input_ids"])
         saved = {"source_index": resample_sources(n_eval, n_reference, s.seed, same_split)}
         save(path, files.key, saved)
-        files.written.append(path)
+        files.note_written(path)
     examples["source_ids"] = reference["input_ids"][saved["source_index"]]
     return Replacements("resample")
 

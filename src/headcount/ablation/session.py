@@ -4,9 +4,10 @@ A session opens the run once (headcount.run_dir.load_run), checks the settings a
 before any work, prepares the replacements and the evaluator, computes the baseline, then runs the scans in the order
 given through their kinds (ablation/scans/), and finally the structural export if asked. Scans that others need
 (single_head for pairs' top_k and the single_head pruning order, pruning for a prunable-fraction export) run on demand
-under their kind's name. Every result carries a fingerprint of what it depends on (checkpoint bytes, data config,
-ablation settings, masks): a scan whose CSV is up to date is read back rather than rerun, an interrupted one resumes
-from its partial file, and summary.json starts afresh when the settings change.
+under their kind's name. Before any work, the data is checked against what the run trained on (ablation/data_check.py).
+Every result carries a fingerprint of what it depends on (the model's weights, the data's content, the ablation
+settings, the masks): a scan whose CSV is up to date is read back rather than rerun, and an interrupted one resumes
+from its partial file. Each mode keeps its own files and its own section of summary.json (ablation/results.py).
 """
 
 from pathlib import Path
@@ -17,16 +18,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
+from headcount.ablation.data_check import checked_data
 from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.export import check_prune_heads, export_pruned_model
-from headcount.ablation.importance import importance_under
+from headcount.ablation.export import check_export, export_pruned_model
+from headcount.ablation.importance import Importance, importance_under
 from headcount.ablation.replacements import prepare_replacements
-from headcount.ablation.results import ResultFiles, file_digest, fingerprint
+from headcount.ablation.results import ResultFiles, fingerprint, model_fingerprint
 from headcount.ablation.scans import KINDS, Scan, validate_scans
 from headcount.config.ablation import AblationConfig, ScanConfig, validate_ablation_config
-from headcount.run_dir import RunPaths, load_run, to_batches
-
-DATA_KEYS_IGNORED = ("batch_size", "num_workers", "cache_dir")  # they do not change which examples a split holds
+from headcount.run_dir import RunPaths, describe_run, load_run, to_batches
 
 
 def run_ablations(cfg: DictConfig, run_dir: str | Path) -> list[Path]:
@@ -61,35 +61,52 @@ class AblationSession:
         self.run = load_run(run_dir, cfg)
         self.out = RunPaths(run_dir).ablation
         self.device = resolve_device(s.device)
+        model_key = model_fingerprint(self.run.model)
         self.model = self.run.model.to(self.device, torch.float32).eval()
         self.heads_per_layer = self.model.heads_per_layer
+        self.subject = describe_run(self.run.config, run_dir)
         # Everything a file or a head list can get wrong is checked before any work starts.
         self.scans = {name: self.new_scan(name, scan) for name, scan in s.scans.items()}
         for scan in self.scans.values():
             scan.prepare()
-        check_prune_heads(s.prune, self.heads_per_layer)
+        check_export(s.prune, self.heads_per_layer)
+        data = checked_data(run_dir, self.run, s.allow_data_change)
 
         examples = self.run.examples(s.split, s.n_eval, "ablation.split")
-        data_key = {k: v for k, v in OmegaConf.to_container(cfg.data).items() if k not in DATA_KEYS_IGNORED}
+        reference = None
+        if s.mode != "zero":
+            reference = self.run.examples(s.reference_split, s.n_reference, "ablation.reference_split")
+        n_eval = len(examples["input_ids"])
         settings_record = {
             "mode": s.mode,
             "split": s.split,
-            "n_eval": len(examples["input_ids"]),
-            **({} if s.mode == "zero" else {"reference_split": s.reference_split, "n_reference": s.n_reference}),
+            "n_eval": n_eval,
+            **({} if reference is None else {"reference_split": s.reference_split}),
+            **({} if reference is None else {"n_reference": len(reference["input_ids"])}),
             **({"mean_per_position": s.mean_per_position} if s.mode == "mean" else {}),
             **({"seed": s.seed} if s.mode == "resample" else {}),
         }
-        self.key = fingerprint(file_digest(self.run.checkpoint), data_key, settings_record)
-        self.files = ResultFiles(self.out, self.key)
-        self.replacements = prepare_replacements(s, self.run, self.model, examples, self.files)
+        self.key = fingerprint(model_key, data["fingerprint"], settings_record)
+        self.eval_key = fingerprint(model_key, data["fingerprint"], {"split": s.split, "n_eval": n_eval})
+        self.files = ResultFiles(self.out, s.mode, self.key)
+        self.replacements = prepare_replacements(s, reference, self.model, examples, self.files)
         self.batches = to_batches(examples, s.batch_size, self.device)
         budget = None if s.memory_budget_mb is None else s.memory_budget_mb * 2**20
         self.evaluator = MaskEvaluator(self.model, self.batches, self.replacements, s.masks_per_pass, budget)
         self.baseline = self.evaluator.baseline()
-        self.files.update_summary(
+        self.record = {
+            "mode": s.mode,
+            "split": s.split,
+            "n_eval": n_eval,
+            "n_targets": self.baseline["n_targets"],
+            "reference_split": settings_record.get("reference_split"),
+            "n_reference": settings_record.get("n_reference"),
+        }
+        self.files.open(
             {
+                "model": model_key,
+                "data": data,
                 "settings": settings_record,
-                "mode": s.mode,
                 "baseline_loss": self.baseline["loss"],
                 "baseline_acc": self.baseline["acc"],
                 "n_targets": self.baseline["n_targets"],
@@ -109,7 +126,7 @@ class AblationSession:
                 scan.run()
         return self.shared.get(kind)
 
-    def importance(self, mask_LH: Tensor) -> Tensor:
+    def importance(self, mask_LH: Tensor) -> Importance:
         """Gradient importance at gates mask_LH, on the eval batches, under this session's replacements."""
         s = self.settings
         return importance_under(self.model, self.batches, self.replacements, s.normalize_importance, mask_LH)

@@ -10,7 +10,11 @@ the pruned checkpoint and measures its speed. Heads keep their order; a pruned m
 """
 
 import json
+import math
+import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning
@@ -24,6 +28,7 @@ from headcount.io import atomic_write
 from headcount.model.transformer import Transformer
 
 WARMUP_PASSES = 3
+MIN_REPEAT_S = 0.02  # a timed repeat runs at least this long, so that tiny models are not timed at clock resolution
 
 
 def prune_heads(model: Transformer, remove_LH: Tensor, replacements: list | None = None) -> Transformer:
@@ -116,23 +121,69 @@ def measure_speed(model: Transformer, batch_size: int, seq_len: int, device: str
     (and leaves it there); times in eval mode and restores the train/eval mode afterwards."""
     if repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats}")
-    device = torch.device(device)
-    generator = torch.Generator().manual_seed(0)
-    idx_BT = torch.randint(0, model.cfg.vocab_size, (batch_size, seq_len), generator=generator).to(device)
-    was_training = model.training
-    model.to(device).eval()
-    try:
+    idx_BT = random_tokens(model, batch_size, seq_len, device)
+    with timed_in_eval_mode(model, device):
         for _ in range(WARMUP_PASSES):
             model(idx_BT)
-        synchronize(device)
-        start = time.perf_counter()
+        seconds = time_passes(model, idx_BT, repeats)
+    return batch_size * seq_len * repeats / seconds
+
+
+@torch.no_grad()
+def compare_speed(
+    full: Transformer, pruned: Transformer, batch_size: int, seq_len: int, device: str | torch.device, repeats: int
+) -> dict:
+    """Both models' forward throughput on the same random tokens, timed in alternation `repeats` times after warmup,
+    so that a drift in the machine's speed hits both alike. Each repeat runs enough passes to last MIN_REPEAT_S.
+    Returns each model's median tokens/s and the speedup's median, min and max over the repeats."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats}")
+    idx_BT = random_tokens(full, batch_size, seq_len, device)
+    with timed_in_eval_mode(full, device), timed_in_eval_mode(pruned, device):
+        for _ in range(WARMUP_PASSES):
+            full(idx_BT), pruned(idx_BT)
+        passes = max(1, math.ceil(MIN_REPEAT_S / time_passes(full, idx_BT, 1)))
+        tokens = batch_size * seq_len * passes
+        full_speeds, pruned_speeds = [], []
         for _ in range(repeats):
-            model(idx_BT)
-        synchronize(device)
-        seconds = time.perf_counter() - start
+            full_speeds.append(tokens / time_passes(full, idx_BT, passes))
+            pruned_speeds.append(tokens / time_passes(pruned, idx_BT, passes))
+    speedups = [p / f for f, p in zip(full_speeds, pruned_speeds)]
+    return {
+        "tokens_per_s_full": statistics.median(full_speeds),
+        "tokens_per_s_pruned": statistics.median(pruned_speeds),
+        "speedup": statistics.median(speedups),
+        "speedup_min": min(speedups),
+        "speedup_max": max(speedups),
+        "speed_repeats": repeats,
+        "speed_passes_per_repeat": passes,
+    }
+
+
+def random_tokens(model: Transformer, batch_size: int, seq_len: int, device: str | torch.device) -> Tensor:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, model.cfg.vocab_size, (batch_size, seq_len), generator=generator).to(torch.device(device))
+
+
+@contextmanager
+def timed_in_eval_mode(model: Transformer, device: str | torch.device) -> Iterator[None]:
+    """The model on `device` (where it stays) in eval mode, its train/eval mode restored afterwards."""
+    was_training = model.training
+    model.to(torch.device(device)).eval()
+    try:
+        yield
     finally:
         model.train(was_training)
-    return batch_size * seq_len * repeats / seconds
+
+
+def time_passes(model: Transformer, idx_BT: Tensor, passes: int) -> float:
+    """Seconds for `passes` forward passes, queued GPU work included."""
+    synchronize(idx_BT.device)
+    start = time.perf_counter()
+    for _ in range(passes):
+        model(idx_BT)
+    synchronize(idx_BT.device)
+    return time.perf_counter() - start
 
 
 def synchronize(device: torch.device) -> None:

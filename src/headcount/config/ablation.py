@@ -97,6 +97,8 @@ class AblationConfig:
     seed: int = 0  # resample pairing and random pruning orders
     normalize_importance: bool = True  # per-layer l2 normalisation of gradient importance (Michel et al.)
     progress: bool = True
+    # Ablate although the data differs from what the run trained on (recorded in summary.json); off: refuse.
+    allow_data_change: bool = False
     # Scans to run, keyed by name; filled by selecting configs from conf/ablation/.
     scans: dict[str, ScanConfig] = field(default_factory=dict)
     pruning: PruningConfig = field(default_factory=PruningConfig)

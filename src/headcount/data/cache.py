@@ -1,8 +1,17 @@
-"""Processed text splits on disk, keyed by a fingerprint of everything that shapes them, written atomically."""
+"""Processed text splits on disk, keyed by a fingerprint of everything that shapes them, written atomically, with a
+checksum of every file they hold.
+
+An entry is checked against its checksums.json before it is read: a damaged or truncated entry (a disk error, a copy
+cut short, a file edited by hand) is set aside and rebuilt, with a one-line warning, instead of failing deep inside
+Arrow. An entry written before entries carried checksums is read as it is and gets its checksums then (rebuilding it
+could need the network, for hub data); if it cannot be read, it is rebuilt like a damaged one.
+"""
 
 import hashlib
 import json
+import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -12,9 +21,13 @@ from omegaconf import OmegaConf
 
 from headcount.config.data import DataConfig
 from headcount.errors import ConfigError
+from headcount.io import atomic_write_json
+
+log = logging.getLogger(__name__)
 
 # Bump when the processing code changes what a given config produces, so old caches stop matching.
 CACHE_FORMAT = 1
+CHECKSUMS = "checksums.json"
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -33,20 +46,81 @@ def fingerprint(payload: object) -> str:
 
 
 def load_or_build(root: Path, name: str, build: Callable[[Path], DatasetDict]) -> DatasetDict:
-    """Loads <root>/<name>, or builds it first. build(scratch) may leave datasets' own cache files in scratch.
+    """Loads <root>/<name>, or builds it first (again, if it is damaged). build(scratch) may leave datasets' own cache
+    files in scratch.
 
-    The build is saved into a temporary folder beside the target and renamed into place, so a crash leaves no
-    half-written folder that looks complete; when two processes race, the first rename wins and both load it.
+    The build is saved into a temporary folder beside the target, given its checksums and renamed into place, so a
+    crash leaves no half-written folder that looks complete; when two processes race, the first rename wins and both
+    load it.
     """
     target = root / name
-    if not target.is_dir():
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f".{name}.tmp-", dir=root) as work:
-            staged = Path(work) / "splits"
-            build(Path(work) / "scratch").save_to_disk(str(staged))
+    if target.is_dir():
+        problem = damage(target)
+        if problem is None:
             try:
-                os.replace(staged, target)
-            except OSError:
-                if not target.is_dir():
-                    raise
+                splits = load_from_disk(str(target))
+                if not (target / CHECKSUMS).exists():  # written before entries carried checksums, and readable
+                    atomic_write_json(target / CHECKSUMS, checksums(target))
+                return splits
+            except Exception as error:  # Arrow and datasets raise many types for one unreadable file
+                problem = f"unreadable: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        log.warning("data cache entry %s is damaged (%s); rebuilding it", target, problem)
+        set_aside(target)
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{name}.tmp-", dir=root) as work:
+        staged = Path(work) / "splits"
+        build(Path(work) / "scratch").save_to_disk(str(staged))
+        atomic_write_json(staged / CHECKSUMS, checksums(staged))
+        try:
+            os.replace(staged, target)
+        except OSError:
+            if not target.is_dir():
+                raise
     return load_from_disk(str(target))
+
+
+def checksums(folder: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file in the folder but the checksums file itself."""
+    return {
+        path.relative_to(folder).as_posix(): file_sha256(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != CHECKSUMS
+    }
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def damage(entry: Path) -> str | None:
+    """What is wrong with a cache entry by its checksums (the first file missing or changed), or None. Files the
+    entry did not hold when written (datasets' own cache files) are not checked."""
+    recorded_path = entry / CHECKSUMS
+    if not recorded_path.exists():
+        return None
+    try:
+        recorded = json.loads(recorded_path.read_text())
+    except (OSError, ValueError):
+        return f"{CHECKSUMS} is unreadable"
+    for relative, expected in recorded.items():
+        path = entry / relative
+        if not path.is_file():
+            return f"{relative} is missing"
+        if file_sha256(path) != expected:
+            return f"{relative} does not match its checksum"
+    return None
+
+
+def set_aside(entry: Path) -> None:
+    """Move a damaged entry out of the way (a rename: another process may still read it), then delete it."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{entry.name}.damaged-", dir=entry.parent))
+    try:
+        os.replace(entry, aside / "entry")
+    except OSError:
+        if entry.is_dir():
+            raise
+    shutil.rmtree(aside, ignore_errors=True)

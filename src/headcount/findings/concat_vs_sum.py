@@ -4,9 +4,12 @@ summed heads the parameters back closes the gap, and which of the two leaves mor
 
 from pathlib import Path
 
+import pandas as pd
+
 from headcount.findings import figures
 from headcount.findings.claims import Claim, Finding, verdict
 from headcount.findings.sweep_runs import finished_runs, mean_over_seeds, seed_noise
+from headcount.report.figures import sweep_subject
 
 PAPER = "Vaswani et al. 2017 (concatenated heads) against summed heads"
 COMBINE, WIDTH, LOSS, PRUNABLE = "model.attn.combine", "model.attn.head_dim", "test/loss", "prunable_fraction/gradient"
@@ -14,6 +17,8 @@ COMBINE, WIDTH, LOSS, PRUNABLE = "model.attn.combine", "model.attn.head_dim", "t
 
 def check(sweep_dir: Path, out: Path) -> Finding:
     runs = finished_runs(sweep_dir)
+    if PRUNABLE not in runs:  # every run's gradient order was arbitrary (tracking.summary_headline): no fraction
+        runs[PRUNABLE] = float("nan")
     keys = ["data", COMBINE, WIDTH]
     loss, params = mean_over_seeds(runs, keys, LOSS), mean_over_seeds(runs, keys, "params")
     prunable = mean_over_seeds(runs, keys, PRUNABLE)
@@ -36,9 +41,10 @@ def check(sweep_dir: Path, out: Path) -> Finding:
     }
 
     def row(d: str, combine: str, width: int) -> str:
+        fraction = prunable[d][combine][width]
+        pruned = "no prunable fraction (arbitrary gradient order)" if pd.isna(fraction) else f"{fraction:.0%} prunable"
         return (
-            f"{combine} {width}d: loss {loss[d][combine][width]:.3f}, {params[d][combine][width]:,.0f} params, "
-            f"{prunable[d][combine][width]:.0%} prunable"
+            f"{combine} {width}d: loss {loss[d][combine][width]:.3f}, {params[d][combine][width]:,.0f} params, {pruned}"
         )
 
     def share(found: list[str]) -> str:
@@ -61,5 +67,5 @@ def check(sweep_dir: Path, out: Path) -> Finding:
             share(gap_closes),
         ),
     ]
-    figure = figures.combine_bars(loss, prunable, out / "concat_vs_sum.png")
+    figure = figures.combine_bars(loss, prunable, out / "concat_vs_sum.png", sweep_subject(runs, sweep_dir))
     return Finding("concat_vs_sum", PAPER, claims, numbers, [figure])

@@ -1,4 +1,5 @@
-"""The figures a finding adds to the scan figures: each puts the paper's claim and our numbers on one set of axes."""
+"""The figures a finding adds to the scan figures: each puts the paper's claim and our numbers on one set of axes, with
+units on the axes and the model, the data and the ablation mode (`subject`) under its title."""
 
 from pathlib import Path
 
@@ -9,12 +10,16 @@ from headcount.io import atomic_savefig
 from headcount.plotting import new_figure
 
 
+def suptitle(fig, title: str, subject: str) -> None:
+    fig.suptitle(f"{title}\n{subject}" if subject else title, fontsize=9)
+
+
 def label_points(ax, xs, ys, labels) -> None:
     for x, y, text in zip(xs, ys, labels):
         ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=8)
 
 
-def scores_against_ablation(heads: pd.DataFrame, path: Path, critical: float) -> Path:
+def scores_against_ablation(heads: pd.DataFrame, path: Path, critical: float, subject: str = "") -> Path:
     """Two panels: layer 0's heads by previous-token score, layer 1's by induction score, each against the loss its
     single ablation costs; a dashed line at the critical loss increase."""
     fig = new_figure(10, 4)
@@ -25,14 +30,21 @@ def scores_against_ablation(heads: pd.DataFrame, path: Path, critical: float) ->
         ax.scatter(rows[score], rows.delta_loss, color="tab:blue")
         label_points(ax, rows[score], rows.delta_loss, [f"L{layer}H{h}" for h in rows["head"]])
         ax.axhline(critical, color="grey", linestyle="--", linewidth=1, label=f"{critical:g} nat")
-        ax.set(xlim=(0, 1), xlabel=f"{label} (attention pattern)", ylabel="repeated-part loss increase when zeroed")
-        ax.set_title(f"layer {layer}")
+        ax.set(
+            xlim=(0, 1),
+            xlabel=f"{label} (share of attention)",
+            ylabel="repeated-part loss increase when zeroed (nats)",
+        )
+        ax.set_title(f"layer {layer}", fontsize=9)
         ax.legend(loc="upper left")
+    suptitle(fig, "Attention-pattern scores against the cost of zeroing each head", subject)
     atomic_savefig(fig, path, dpi=120)
     return path
 
 
-def sixteen_heads_panels(single_rel: pd.Series, keep_one_rel: pd.Series, little: float, path: Path) -> Path:
+def sixteen_heads_panels(
+    single_rel: pd.Series, keep_one_rel: pd.Series, little: float, path: Path, subject: str = ""
+) -> Path:
     """Left: each head's relative loss increase when removed alone, sorted; right: each layer's increase when only
     its best head is kept. Dashed: the 1% bar."""
     fig = new_figure(11, 4)
@@ -48,11 +60,14 @@ def sixteen_heads_panels(single_rel: pd.Series, keep_one_rel: pd.Series, little:
     ax.axhline(100 * little, color="grey", linestyle="--", linewidth=1)
     ax.set(xlabel="layer", ylabel="loss increase (%)", title="all heads but the best one removed, per layer")
     ax.set_yscale("symlog", linthresh=1)
+    suptitle(fig, "Loss increase over the full model (%), symmetric-log axis", subject)
     atomic_savefig(fig, path, dpi=120)
     return path
 
 
-def l0_against_pruning(l0: pd.DataFrame, curves: pd.DataFrame, n_heads: int, baseline: float, path: Path) -> Path:
+def l0_against_pruning(
+    l0: pd.DataFrame, curves: pd.DataFrame, n_heads: int, baseline: float, path: Path, subject: str = ""
+) -> Path:
     """Loss against heads kept: the L0 gate runs as points, the gradient-importance and random pruning curves as
     lines (random: mean with a min-max band over seeds)."""
     fig = new_figure(7, 4.5)
@@ -66,16 +81,17 @@ def l0_against_pruning(l0: pd.DataFrame, curves: pd.DataFrame, n_heads: int, bas
     ax.scatter(l0.n_kept, l0.loss, color="black", marker="*", s=90, zorder=3, label="L0 gates")
     label_points(ax, l0.n_kept, l0.loss, [f"target {t}" for t in l0.target_heads])
     ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="all heads")
-    ax.set(xlabel="heads kept", ylabel="loss", title="L0 gates against pruning orders")
+    ax.set(xlabel="heads kept", ylabel="loss (nats, log scale)")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(ScalarFormatter())  # plain loss values, not powers of ten
     ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.legend()
+    suptitle(fig, "L0 gates against pruning orders", subject)
     atomic_savefig(fig, path, dpi=120)
     return path
 
 
-def loss_against_heads(loss: pd.Series, path: Path) -> Path:
+def loss_against_heads(loss: pd.Series, path: Path, subject: str = "") -> Path:
     """A panel per dataset: mean test loss against heads per layer (log scale), a line per head width."""
     datasets = loss.index.get_level_values(0).unique()
     fig = new_figure(5 * len(datasets), 4)
@@ -85,17 +101,22 @@ def loss_against_heads(loss: pd.Series, path: Path) -> Path:
             heads = curve.index.get_level_values(1)
             ax.plot(heads, curve.to_numpy(), marker="o", label=f"head width: {width}")
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="heads per layer", ylabel="test loss (mean over seeds)", title=data)
+        ax.set(xlabel="heads per layer (log scale)", ylabel="test loss (nats, mean over seeds)", title=data)
         ax.legend()
+    suptitle(fig, "Test loss against heads per layer", subject)
     atomic_savefig(fig, path, dpi=120)
     return path
 
 
-def combine_bars(loss: pd.Series, prunable: pd.Series, path: Path) -> Path:
+def combine_bars(loss: pd.Series, prunable: pd.Series, path: Path, subject: str = "") -> Path:
     """Two panels of grouped bars, a group per dataset and a bar per (combine, head width): test loss, and the
     fraction of heads prunable in gradient order."""
     fig = new_figure(11, 4)
-    for i, (values, label) in enumerate([(loss, "test loss (mean over seeds)"), (prunable, "prunable (gradient)")]):
+    panels = [
+        (loss, "test loss (nats, mean over seeds)"),
+        (prunable, "prunable in gradient order (fraction of heads)"),
+    ]
+    for i, (values, label) in enumerate(panels):
         ax = fig.add_subplot(1, 2, i + 1)
         table = values.unstack("data")
         n = len(table)
@@ -105,5 +126,6 @@ def combine_bars(loss: pd.Series, prunable: pd.Series, path: Path) -> Path:
         ax.set_xticks(range(len(table.columns)), table.columns)
         ax.set(ylabel=label)
         ax.legend(fontsize=8)
+    suptitle(fig, "Concatenated against summed heads", subject)
     atomic_savefig(fig, path, dpi=120)
     return path

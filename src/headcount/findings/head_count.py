@@ -6,6 +6,7 @@ from pathlib import Path
 from headcount.findings import figures
 from headcount.findings.claims import Claim, Finding, verdict
 from headcount.findings.sweep_runs import finished_runs, mean_over_seeds, seed_noise
+from headcount.report.figures import sweep_subject
 
 PAPER = "Vaswani et al. 2017 (Table 3 A); Michel et al. 2019"
 HEADS, WIDTH, LOSS = "model.attn.n_heads", "model.attn.head_dim", "test/loss"
@@ -71,5 +72,5 @@ def check(sweep_dir: Path, out: Path) -> Finding:
             share(wider_better),
         ),
     ]
-    figure = figures.loss_against_heads(loss, out / "head_count.png")
+    figure = figures.loss_against_heads(loss, out / "head_count.png", sweep_subject(runs, sweep_dir))
     return Finding("head_count", PAPER, claims, numbers, [figure])

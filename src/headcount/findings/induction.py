@@ -8,10 +8,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from headcount.ablation.results import result_path
+from headcount.ablation.scans.head_scores import SCORES
 from headcount.data import induction_first_part_mask
 from headcount.findings import figures
 from headcount.findings.claims import Claim, Finding, verdict
-from headcount.findings.run_data import run_evaluator
+from headcount.findings.run_data import run_evaluator, run_subject
 from headcount.run_dir import RunPaths, load_run
 
 PAPER = "Olsson et al. 2022, In-context learning and induction heads"
@@ -25,10 +27,11 @@ FAR_BELOW = 0.25  # "far below": the repeated part's loss at most this fraction 
 
 
 def head_table(run_dir: Path) -> pd.DataFrame:
-    """layer, head, prev_token_score, induction_score, delta_loss (single-head zero ablation), a row per head."""
+    """layer, head, prev_token_score, induction_score, delta_loss (single-head zero ablation, whatever mode else the
+    run also ran: the claims are about zeroed heads), a row per head."""
     ablation = RunPaths(run_dir).ablation
-    scores = pd.read_csv(ablation / "head_scores.csv")
-    single = pd.read_csv(ablation / "single_head.csv")[["layer", "head", "delta_loss"]]
+    scores = pd.read_csv(result_path(ablation, "head_scores", None, ".csv"))[["layer", "head", *SCORES]]
+    single = pd.read_csv(result_path(ablation, "single_head", "zero", ".csv"))[["layer", "head", "delta_loss"]]
     return scores.merge(single, on=["layer", "head"])
 
 
@@ -109,5 +112,6 @@ def check(run_dir: Path, out: Path) -> Finding:
             verdict(len(critical) > 0 and len(explained) == len(critical), partly=len(explained) > 0),
         ),
     ]
-    figure = figures.scores_against_ablation(heads, out / "induction_heads.png", CRITICAL)
+    subject = run_subject(run_dir, "zero")
+    figure = figures.scores_against_ablation(heads, out / "induction_heads.png", CRITICAL, subject)
     return Finding("induction_heads", PAPER, claims, numbers, [figure])

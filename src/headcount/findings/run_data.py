@@ -1,7 +1,7 @@
-"""What a finding reads from a finished run beyond the model (headcount.run_dir.load_run): its result files, and the
-zero-ablation evaluator on its evaluation batches."""
+"""What a finding reads from a finished run beyond the model (headcount.run_dir.load_run): its result files, in the
+ablation mode its config asks for (zero unless the experiment says otherwise), the zero-ablation evaluator on its
+evaluation batches, and what its figures say they show."""
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,7 +9,9 @@ import pandas as pd
 from torch import Tensor
 
 from headcount.ablation.evaluator import MaskEvaluator
-from headcount.run_dir import FinishedRun, RunPaths
+from headcount.ablation.results import result_path, run_mode
+from headcount.ablation.summary import read_mode_summary
+from headcount.run_dir import FinishedRun, RunPaths, describe_run, load_run_config
 
 
 def run_evaluator(run: FinishedRun, loss_mask: Callable[[Tensor], Tensor] | None = None) -> MaskEvaluator:
@@ -22,7 +24,17 @@ def run_evaluator(run: FinishedRun, loss_mask: Callable[[Tensor], Tensor] | None
 
 
 def scan_results(run_dir: Path, scans: list[str]) -> tuple[dict, list[pd.DataFrame]]:
-    """A finished run's ablation/summary.json and the CSVs of the named scans."""
+    """A finished run's summary.json section and the CSVs of the named scans, in the run's ablation mode."""
+    mode = run_mode(run_dir)
     ablation = RunPaths(run_dir).ablation
-    summary = json.loads((ablation / "summary.json").read_text())
-    return summary, [pd.read_csv(ablation / f"{scan}.csv") for scan in scans]
+    return read_mode_summary(ablation, mode), [pd.read_csv(scan_file(run_dir, scan, ".csv")) for scan in scans]
+
+
+def scan_file(run_dir: Path, scan: str, ext: str, mode_independent: bool = False) -> Path:
+    """A scan's result file in the run's ablation mode (plain names for a mode-independent scan)."""
+    return result_path(RunPaths(run_dir).ablation, scan, None if mode_independent else run_mode(run_dir), ext)
+
+
+def run_subject(run_dir: Path, mode: str | None = None) -> str:
+    """The second line of a finding figure's title: the model, the data and the ablation mode."""
+    return f"{describe_run(load_run_config(run_dir), run_dir)}, {mode or run_mode(run_dir)} ablation"

@@ -6,8 +6,7 @@ from pathlib import Path
 
 from headcount.findings import figures
 from headcount.findings.claims import Claim, Finding, verdict
-from headcount.findings.run_data import scan_results
-from headcount.run_dir import RunPaths
+from headcount.findings.run_data import run_subject, scan_file, scan_results
 
 PAPER = "Michel et al. 2019, Are Sixteen Heads Really Better than One?"
 LITTLE = 0.01  # "little cost": a loss increase under 1% of the baseline loss, the paper's and the issue's bar
@@ -22,6 +21,8 @@ def check(run_dir: Path, out: Path) -> Finding:
     best_keep_one = keep_one.groupby("layer").delta_loss.min() / baseline  # the best head to keep, per layer
     prunable = summary["prunable_fraction"]
     gradient, random = prunable["gradient"], prunable["random"]
+    # An order whose heads all scored the same removed them in index order: its fraction is no evidence either way.
+    arbitrary = "gradient" in summary.get("arbitrary_orders", [])
     share_little = float((single_rel < LITTLE).mean())
     layers_one_head = int((best_keep_one < LITTLE).sum())
     layers_nearly = int((best_keep_one < NEARLY).sum())
@@ -40,7 +41,19 @@ def check(run_dir: Path, out: Path) -> Finding:
         "layers_fine_with_one_head": layers_one_head,
         "layers_within_5pct_with_one_head": layers_nearly,
         "prunable_fraction_single_head_order": by_ablation,
+        "gradient_order_arbitrary": arbitrary,
     }
+    measured_b = (
+        f"gradient order {gradient:.0%}, random order {random:.0%} (mean over seeds)"
+        + ("" if by_ablation is None else f"; in single-ablation order {by_ablation:.0%}")
+        + (
+            "; but every head got the same gradient importance, so the gradient order is arbitrary (index order) and "
+            "its fraction is no evidence"
+            if arbitrary
+            else ""
+        )
+    )
+    holds_b = not arbitrary and gradient >= PRUNABLE_CLAIM and gradient > random
     claims = [
         Claim(
             "(a) Most heads can be removed alone at little cost (under 1% more loss)",
@@ -49,9 +62,8 @@ def check(run_dir: Path, out: Path) -> Finding:
         ),
         Claim(
             "(b) Gradient-importance order prunes 20-40% of heads within 1% of the baseline, far more than random",
-            f"gradient order {gradient:.0%}, random order {random:.0%} (mean over seeds)"
-            + ("" if by_ablation is None else f"; in single-ablation order {by_ablation:.0%}"),
-            verdict(gradient >= PRUNABLE_CLAIM and gradient > random, partly=gradient > random),
+            measured_b,
+            verdict(holds_b, partly=not arbitrary and gradient > random),
         ),
         Claim(
             "(c) Many layers keep their performance with all heads but one removed",
@@ -60,15 +72,16 @@ def check(run_dir: Path, out: Path) -> Finding:
             verdict(layers_one_head > n_layers / 2, partly=layers_nearly > n_layers / 2),
         ),
     ]
-    figure = figures.sixteen_heads_panels(single_rel, best_keep_one, LITTLE, out / "sixteen_heads.png")
-    pruning = copied(RunPaths(run_dir).ablation, out, ["pruning.png"])
+    subject = run_subject(run_dir)
+    figure = figures.sixteen_heads_panels(single_rel, best_keep_one, LITTLE, out / "sixteen_heads.png", subject)
+    pruning = copied([scan_file(run_dir, "pruning", ".png")], out)
     return Finding("sixteen_heads", PAPER, claims, numbers, [figure, *pruning])
 
 
-def copied(ablation: Path, out: Path, names: list[str]) -> list[Path]:
+def copied(figures: list[Path], out: Path) -> list[Path]:
     """Scan figures the finding cites, copied beside findings.md so the folder reads on its own."""
     paths = []
-    for name in names:
-        (out / name).write_bytes((ablation / name).read_bytes())
-        paths.append(out / name)
+    for path in figures:
+        (out / path.name).write_bytes(path.read_bytes())
+        paths.append(out / path.name)
     return paths

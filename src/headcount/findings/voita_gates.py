@@ -9,7 +9,7 @@ import pandas as pd
 
 from headcount.findings import figures
 from headcount.findings.claims import Claim, Finding, verdict
-from headcount.findings.run_data import scan_results
+from headcount.findings.run_data import run_subject, scan_results
 
 PAPER = "Voita et al. 2019, Analyzing Multi-Head Self-Attention"
 CLOSE = 0.05  # "little cost": L0 gates' loss within 5% of the full model's
@@ -75,7 +75,8 @@ def check(run_dir: Path, out: Path) -> Finding:
             ),
         ),
     ]
-    figure = figures.l0_against_pruning(runs, curves, n_heads, baseline, out / "voita_gates.png")
+    subject = run_subject(run_dir)
+    figure = figures.l0_against_pruning(runs, curves, n_heads, baseline, out / "voita_gates.png", subject)
     return Finding("voita_gates", PAPER, claims, numbers, [figure])
 
 

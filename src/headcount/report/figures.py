@@ -1,6 +1,11 @@
 """Figures that compare the runs of a sweep: metrics against each swept value, pruning curves per configuration,
 single-head ablation heatmaps side by side. Each takes the report's runs table (report.py) and returns the path it
 wrote, or None when the sweep has nothing to draw. Seeds are replicates: figures show their mean and spread.
+
+Each figure's title says what it shows and, on a second line, the sweep's subject (`sweep_subject`: the model and the
+data where the runs share them, and the ablation mode whose results it reads, each run's own: zero unless its
+experiment says otherwise); axes carry units. Pruning curves are relative to each run's baseline, in %, on an axis
+linear up to the tolerance and logarithmic beyond, so that the tolerance line stays visible.
 """
 
 from pathlib import Path
@@ -8,12 +13,52 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
+from matplotlib.ticker import FuncFormatter
+from omegaconf import OmegaConf
 
+from headcount.ablation.results import configured_mode, result_path
 from headcount.io import atomic_savefig
-from headcount.plotting import layer_head_grid, new_figure
-from headcount.run_dir import RunPaths
+from headcount.plotting import layer_head_grid, new_figure, set_title
+from headcount.run_dir import RunPaths, describe_data, describe_model
 
 PANELS_PER_ROW = 3
+DEFAULT_TOLERANCE = 0.01  # ablation.pruning.tolerance's default, for runs whose config does not say
+
+
+def run_config(sweep_dir: Path, run: str):
+    path = RunPaths(sweep_dir / run).config
+    return OmegaConf.load(path) if path.exists() else OmegaConf.create({})
+
+
+def sweep_subject(runs: pd.DataFrame, sweep_dir: Path) -> str:
+    """The model, the data and the ablation mode of the runs, each named where the runs share it."""
+    models, datas, modes = set(), set(), set()
+    for run in runs["run"]:
+        config = run_config(sweep_dir, run)
+        modes.add(configured_mode(config))
+        if "model" in config and "data" in config:
+            models.add(describe_model(config, sweep_dir / run))
+            datas.add(describe_data(config))
+    parts = [
+        models.pop() if len(models) == 1 else "models by configuration" if models else "",
+        datas.pop() if len(datas) == 1 else "data by configuration" if datas else "",
+        f"{modes.pop()} ablation" if len(modes) == 1 else "each run's ablation mode",
+    ]
+    return ", ".join(part for part in parts if part)
+
+
+def metric_label(metric: str) -> str:
+    """A metric with its unit: losses in nats, accuracies and prunable fractions as fractions."""
+    if metric.endswith("loss"):
+        return f"{metric} (nats)"
+    if metric.startswith("prunable_fraction"):
+        return f"{metric} (fraction of heads)"
+    return f"{metric} (fraction)" if metric.endswith("acc") else metric
+
+
+def ablation_csv(sweep_dir: Path, run: str, scan: str) -> Path:
+    """A run's result file for a scan, in the mode its config asks for."""
+    return result_path(RunPaths(sweep_dir / run).ablation, scan, configured_mode(run_config(sweep_dir, run)), ".csv")
 
 
 def x_positions(values: list) -> tuple[np.ndarray, list[str]]:
@@ -23,7 +68,9 @@ def x_positions(values: list) -> tuple[np.ndarray, list[str]]:
     return np.arange(len(values), dtype=float), [str(v) for v in values]
 
 
-def metrics_against(runs: pd.DataFrame, key: str, others: list[str], metrics: list[str], path: Path) -> Path:
+def metrics_against(
+    runs: pd.DataFrame, key: str, others: list[str], metrics: list[str], path: Path, subject: str = ""
+) -> Path:
     """One panel per metric: the metric against `key`, one line per combination of the `others` swept keys, each
     point the mean over the runs that share it (the seeds), with their standard deviation as error bars."""
     values = sorted(runs[key].dropna().unique().tolist(), key=sort_key)
@@ -35,41 +82,66 @@ def metrics_against(runs: pd.DataFrame, key: str, others: list[str], metrics: li
             stats = members.groupby(key)[metric].agg(["mean", "std"]).reindex(values)
             ax.errorbar(xs, stats["mean"], yerr=stats["std"], marker="o", capsize=3, label=config_label(others, group))
         ax.set_xticks(xs, labels)
-        ax.set(xlabel=key, ylabel=metric, title=f"{metric} against {short_key(key)}")
+        ax.set(xlabel=key, ylabel=metric_label(metric))
+        set_title(ax, f"{metric} against {short_key(key)} (mean over seeds)", 4.5)
     if others:
         axes[-1].legend(fontsize=7)
+    suptitle(fig, subject)
     atomic_savefig(fig, path, dpi=110)
     return path
 
 
-def pruning_curves(runs: pd.DataFrame, sweep_dir: Path, configs: list[str], path: Path) -> Path | None:
-    """Loss against the fraction of heads pruned: one panel per pruning order, one line per configuration, the mean
-    over its seeds (and over the random order's permutations)."""
-    tables = []
+def pruning_curves(
+    runs: pd.DataFrame, sweep_dir: Path, configs: list[str], path: Path, subject: str = ""
+) -> Path | None:
+    """The loss relative to each run's baseline (loss / baseline - 1, in %) against the fraction of heads pruned: one
+    panel per pruning order, one line per configuration, the mean over its seeds (and over the random order's
+    permutations); the tolerance as a dotted line."""
+    tables, tolerances = [], set()
     for _, run in runs.iterrows():
-        csv = RunPaths(sweep_dir / run["run"]).ablation / "pruning.csv"
-        if csv.exists():
-            tables.append(pd.read_csv(csv).assign(config=config_label(configs, tuple(run[k] for k in configs))))
+        csv = ablation_csv(sweep_dir, run["run"], "pruning")
+        curves = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
+        if "fraction" in curves and (curves["fraction"] == 0).any():  # a scan that drew no curve: nothing to compare
+            baseline = float(curves.loc[curves["fraction"] == 0, "loss"].iloc[0])
+            config = config_label(configs, tuple(run[k] for k in configs))
+            tables.append(curves.assign(config=config, relative=100 * (curves["loss"] / baseline - 1)))
+            config_file = run_config(sweep_dir, run["run"])
+            tolerances.add(
+                float(OmegaConf.select(config_file, "ablation.pruning.tolerance", default=DEFAULT_TOLERANCE))
+            )
     if not tables:
         return None
-    curves = pd.concat(tables).groupby(["order", "config", "fraction"], sort=False)["loss"].mean()
+    curves = pd.concat(tables).groupby(["order", "config", "fraction"], sort=False)["relative"].mean()
     orders = list(curves.index.unique("order"))
+    linthresh = max(100 * min(tolerances), 0.1)
     fig, axes = panels(len(orders))
     for ax, order in zip(axes, orders):
         for config, curve in curves[order].groupby(level="config", sort=False):
             ax.plot(curve.index.get_level_values("fraction"), curve.to_numpy(), marker="o", markersize=3, label=config)
-        ax.set(xlabel="fraction of heads pruned", ylabel="loss (mean over seeds)", title=f"pruning order: {order}")
+        ax.axhline(0, color="black", linestyle="--", linewidth=1)
+        for tolerance in sorted(tolerances):
+            ax.axhline(
+                100 * tolerance, color="tab:red", linestyle=":", linewidth=1.2, label=f"tolerance {100 * tolerance:g}%"
+            )
+        ax.set_yscale("symlog", linthresh=linthresh)
+        ax.set_ylim(bottom=min(1.2 * float(curves.min()), -0.5 * linthresh))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}%"))
+        ax.set(xlabel="fraction of heads pruned", ylabel="loss / baseline - 1 (%, mean over seeds)")
+        set_title(ax, f"pruning order: {order}", 4.5)
     ax.legend(fontsize=7)
+    suptitle(fig, subject)
     atomic_savefig(fig, path, dpi=110)
     return path
 
 
-def single_head_grid(runs: pd.DataFrame, sweep_dir: Path, configs: list[str], path: Path) -> Path | None:
+def single_head_grid(
+    runs: pd.DataFrame, sweep_dir: Path, configs: list[str], path: Path, subject: str = ""
+) -> Path | None:
     """The single_head scan of every run: a row per configuration, a column per seed, one colour scale (loss increase
     when that head alone is off, blue below zero, red above)."""
     grids = {}
     for _, run in runs.iterrows():
-        csv = RunPaths(sweep_dir / run["run"]).ablation / "single_head.csv"
+        csv = ablation_csv(sweep_dir, run["run"], "single_head")
         if csv.exists():
             table = pd.read_csv(csv).dropna(subset=["layer", "head"])
             grids[run["run"]] = layer_head_grid(table, "delta_loss")
@@ -95,9 +167,15 @@ def single_head_grid(runs: pd.DataFrame, sweep_dir: Path, configs: list[str], pa
             ax.set_yticks(range(grid.shape[0]))
             ax.set(xlabel="head", ylabel="layer")
             ax.set_title(f"{config_label(configs, group)}\nseed={run.get('seed', '-')}", fontsize=7)
-    fig.colorbar(image, ax=axes, label="delta_loss (head off alone)", shrink=0.6)
+    fig.colorbar(image, ax=axes, label="loss increase with the head off alone (nats)", shrink=0.6)
+    suptitle(fig, subject)
     atomic_savefig(fig, path, dpi=110)
     return path
+
+
+def suptitle(fig, subject: str) -> None:
+    if subject:
+        fig.suptitle(subject, fontsize=9)
 
 
 def panels(n: int):

@@ -19,12 +19,16 @@ from rich.table import Table
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text
 from headcount.report import figures as report_figures
-from headcount.report.tracking import summary_headline
+from headcount.report.tracking import run_headline
 from headcount.run_dir import RunPaths, is_done
 from headcount.train.loggers import closing_wandb_run, wandb_mode
 
 FINAL_METRICS = ["val/loss", "val/acc", "test/loss", "test/acc"]
 REPLICATE_KEYS = ["seed"]  # swept for spread, not compared
+ARBITRARY_NOTE = (
+    "prunable_fraction_arbitrary/<order>: in these runs every head scored the same in that order, so it removed heads "
+    "in index order; its prunable fraction is not a finding and is left out of the means and figures."
+)
 
 
 def find_runs(sweep_dir: Path) -> list[Path]:
@@ -55,7 +59,7 @@ def run_row(run_dir: Path, sweep_dir: Path, overrides: dict) -> dict:
         **overrides,
         "params": metrics.get("params"),
         **{name: metrics.get(name) for name in FINAL_METRICS},
-        **summary_headline(read_json(paths.ablation / "summary.json")),
+        **run_headline(run_dir),
     }
 
 
@@ -115,14 +119,19 @@ def draw_figures(finished: pd.DataFrame, sweep_dir: Path, out: Path, swept: list
     """Section title -> figure path, for the figures this sweep has data for."""
     configs = configuration_keys(swept)
     metrics = compared_metrics(finished)
+    subject = report_figures.sweep_subject(finished, sweep_dir)
     figures: dict[str, Path | None] = {}
     for key in configs if metrics else []:
         others = [k for k in configs if k != key]
         path = out / f"metrics_vs_{key}.png"
-        figures[f"Metrics against {key}"] = report_figures.metrics_against(finished, key, others, metrics, path)
-    figures["Pruning curves"] = report_figures.pruning_curves(finished, sweep_dir, configs, out / "pruning_curves.png")
+        figures[f"Metrics against {key}"] = report_figures.metrics_against(
+            finished, key, others, metrics, path, subject
+        )
+    figures["Pruning curves"] = report_figures.pruning_curves(
+        finished, sweep_dir, configs, out / "pruning_curves.png", subject
+    )
     figures["Single-head ablation (loss increase with each head off alone)"] = report_figures.single_head_grid(
-        finished, sweep_dir, configs, out / "single_head_heatmaps.png"
+        finished, sweep_dir, configs, out / "single_head_heatmaps.png", subject
     )
     return {title: path for title, path in figures.items() if path is not None}
 
@@ -153,6 +162,8 @@ def report_markdown(sweep_dir: Path, runs: pd.DataFrame, swept: list[str], figur
         markdown_table(runs.drop(columns=[c for c in runs if c not in report_columns(runs, swept)])),
         "",
     ]
+    if any(c.startswith("prunable_fraction_arbitrary/") for c in runs.columns):
+        lines += [ARBITRARY_NOTE, ""]
     for title, path in figures.items():
         lines += [f"## {title}", "", f"![{title}]({path.name})", ""]
     return "\n".join(lines)
@@ -161,7 +172,7 @@ def report_markdown(sweep_dir: Path, runs: pd.DataFrame, swept: list[str], figur
 def report_columns(runs: pd.DataFrame, swept: list[str]) -> list[str]:
     """What the markdown runs table shows: the run, its status, the swept values and the results (runs.csv has all)."""
     results = ["params", *FINAL_METRICS, "baseline_loss", "most_important_head"]
-    results += [c for c in runs.columns if c.startswith("prunable_fraction/")]
+    results += [c for c in runs.columns if c.startswith(("prunable_fraction/", "prunable_fraction_arbitrary/"))]
     return ["run", "status", *swept, *(c for c in results if c in runs)]
 
 

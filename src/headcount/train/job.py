@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from headcount.config import plain, typed
 from headcount.config.data import DataConfig
 from headcount.io import atomic_write_json
-from headcount.run_dir import RunPaths, read_checkpoint
+from headcount.run_dir import RunPaths, read_checkpoint, record_data_fingerprint
 from headcount.train.loggers import make_logger
 from headcount.train.module import HeadcountModule
 from headcount.train.quiet import quiet_third_party
@@ -53,6 +53,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = HeadcountDataModule(typed(cfg.data, DataConfig))
     data.setup()  # bad data input fails here, before any checkpoint or log is written
+    record_data_fingerprint(run_dir, data.splits)  # later stages check that they see the data trained on
     module = HeadcountModule(
         model=plain(cfg.model),
         optim=plain(cfg.trainer.optim),

@@ -3,8 +3,9 @@
 A scan kind is a subclass of `Scan` decorated with `@register`: it names its fingerprint inputs, computes its table,
 draws its figures and says what follows from its table. `Scan.run` does the rest, the same way for every kind:
 read the table back when summary.json holds the same fingerprint and the CSV is there (announcing it), otherwise
-compute it, write `<name>.csv`, drop the partial file a resumable scan kept, draw the figures and record the scan in
-summary.json.
+compute it, append the record columns (mode, splits, sizes), write `<name>.csv` (`<name>.<mode>.csv` for mean and
+resample), drop the partial file a resumable scan kept, draw the figures and record the scan in the mode's section of
+summary.json. A `mode_independent` kind (its result is the same in every mode) keeps plain names and one record.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pandas as pd
 from headcount.ablation.context import ScanContext
 from headcount.ablation.evaluator import MaskTotals
 from headcount.ablation.masks import HeadMask
-from headcount.ablation.results import fingerprint, write_csv
+from headcount.ablation.results import fingerprint, result_path, with_record, write_csv
 from headcount.ablation.resumable import evaluate_resumably
 from headcount.config.ablation import AblationConfig, ScanConfig
 
@@ -32,11 +33,22 @@ def register(cls: type[Scan]) -> type[Scan]:
 
 class Scan:
     kind: ClassVar[str]
+    mode_independent: ClassVar[bool] = False
 
     def __init__(self, name: str, cfg: ScanConfig, session: ScanContext):
         self.name, self.cfg, self.session = name, cfg, session
-        self.csv = session.out / f"{name}.csv"
-        self.partial = session.out / f"{name}.partial.csv"  # where a resumable scan keeps its running sums
+        self.mode = None if self.mode_independent else session.settings.mode
+        self.csv = self.path(".csv")
+        self.partial = self.path(".partial.csv")  # where a resumable scan keeps its running sums
+
+    def path(self, ext: str, detail: str = "") -> Path:
+        """<run>/ablation/<name><detail><mode tag><ext>: this scan's files, named for its mode."""
+        return result_path(self.session.out, f"{self.name}{detail}", self.mode, ext)
+
+    def title(self, what: str) -> str:
+        """A figure title: the scan, what it shows (with its unit), the mode, then the model and the data."""
+        mode = "" if self.mode_independent else f", {self.mode} ablation"
+        return f"{self.name}: {what}{mode}\n{self.session.subject}"
 
     # --- what a kind defines ----------------------------------------------------------------------------------
 
@@ -60,24 +72,30 @@ class Scan:
     def use(self, table: pd.DataFrame) -> None:
         """What follows from the table, computed or read back: summary.json entries, values other scans need."""
 
+    def record(self) -> dict:
+        """The constant columns the table ends with: how it was computed."""
+        return self.session.record
+
     # --- the cached-result step ------------------------------------------------------------------------------
 
     def key(self) -> str:
-        return fingerprint(self.session.key, *self.fingerprint_parts())
+        session_key = self.session.eval_key if self.mode_independent else self.session.key
+        return fingerprint(session_key, *self.fingerprint_parts())
 
     def read_back(self, announce: bool = True) -> pd.DataFrame | None:
         """The table, if it is up to date."""
-        return self.session.files.up_to_date(self.name, self.key(), self.csv, announce)
+        return self.session.files.up_to_date(self.name, self.key(), self.csv, announce, self.mode_independent)
 
     def run(self, announce: bool = True) -> pd.DataFrame:
         table = self.read_back(announce)
         if table is None:
             key, start = self.key(), time.perf_counter()
-            table = self.compute(key)
+            table = with_record(self.compute(key), self.record())
             write_csv(self.csv, table)
             self.partial.unlink(missing_ok=True)
             files = [self.csv, *self.figures(table)]
-            self.session.files.record(self.name, self.kind, key, files, time.perf_counter() - start, len(table))
+            seconds = time.perf_counter() - start
+            self.session.files.record(self.name, self.kind, key, files, seconds, len(table), self.mode_independent)
         self.use(table)
         return table
 

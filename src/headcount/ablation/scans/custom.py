@@ -8,11 +8,11 @@ import pandas as pd
 
 from headcount.ablation.masks import HeadMask, load_custom_masks
 from headcount.ablation.scans.base import register
-from headcount.ablation.scans.mask_scan import FIGURE_VALUE, MaskScan, figure_title
+from headcount.ablation.scans.mask_scan import FIGURE_LABEL, FIGURE_VALUE, MaskScan, figure_title
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
-from headcount.plotting import new_figure
+from headcount.plotting import new_figure, set_title
 
 
 @register
@@ -34,7 +34,7 @@ class CustomScan(MaskScan):
         return self.file_masks
 
     @classmethod
-    def figure(cls, table: pd.DataFrame, path: Path) -> Path:
+    def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
         """One horizontal bar per mask, coloured by sign."""
         fig = new_figure(8, min(1.5 + 0.3 * len(table), 20))
         ax = fig.add_subplot()
@@ -43,6 +43,7 @@ class CustomScan(MaskScan):
         ax.set_yticks(range(len(table)), table["mask"].tolist())
         ax.invert_yaxis()
         ax.axvline(0, color="black", linewidth=0.8)
-        ax.set(xlabel=FIGURE_VALUE, title=figure_title(table))
+        ax.set(xlabel=FIGURE_LABEL)
+        set_title(ax, figure_title(table, subject))
         atomic_savefig(fig, path, dpi=120)
         return Path(path)

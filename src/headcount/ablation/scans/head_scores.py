@@ -4,7 +4,8 @@
 - induction score: the mean attention a position pays to tokens whose *previous* token equals its own token (where an
   induction head looks: "the token after the last time I saw this token"), over positions that have such an earlier
   occurrence.
-Both lie in [0, 1]; a head that does the job puts most of its attention there. One heatmap per score.
+Both lie in [0, 1]; a head that does the job puts most of its attention there. One heatmap per score. The scores
+come from the plain model, so they are the same in every ablation mode: one result, under plain names.
 """
 
 from pathlib import Path
@@ -22,13 +23,25 @@ SCORES = ("prev_token_score", "induction_score")
 @register
 class HeadScoresScan(Scan):
     kind = "head_scores"
+    mode_independent = True
 
     def compute(self, key: str) -> pd.DataFrame:
         return head_pattern_scores(self.session.model, self.session.batches)
 
+    def record(self) -> dict:
+        return {key: self.session.record[key] for key in ("split", "n_eval")}
+
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
-        out, name = self.session.out, self.name
-        return [head_heatmap(table, out / f"{name}_{s}.png", s, f"{name}: {s.replace('_', ' ')}") for s in SCORES]
+        return [
+            head_heatmap(
+                table,
+                self.path(".png", f"_{score}"),
+                score,
+                self.title(f"{score.replace('_', ' ')} (share of attention)"),
+                "share of attention (fraction)",
+            )
+            for score in SCORES
+        ]
 
 
 @torch.no_grad()

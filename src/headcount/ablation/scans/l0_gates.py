@@ -48,10 +48,16 @@ class L0GatesScan(Scan):
         )
         return table
 
+    def record(self) -> dict:
+        """The gates train on the reference split whatever the mode: its name and size belong to every table."""
+        s = self.session.settings
+        n_reference = min(s.n_reference, len(self.session.run.splits[s.reference_split]))
+        return {**self.session.record, "reference_split": s.reference_split, "n_reference": n_reference}
+
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         kept = table.groupby(["layer", "head"], as_index=False)["kept"].mean().rename(columns={"kept": "kept_share"})
-        title = f"{self.name}: share of L0 runs that keep each head ({len(l0_targets(self.cfg.l0))} run(s))"
-        return [head_heatmap(kept, self.session.out / f"{self.name}.png", "kept_share", title)]
+        title = self.title(f"share of {len(l0_targets(self.cfg.l0))} L0 run(s) that keep each head")
+        return [head_heatmap(kept, self.path(".png"), "kept_share", title, "runs keeping the head (fraction)")]
 
 
 def l0_keep_gates(session, target_heads: int | None) -> Tensor:

@@ -6,7 +6,7 @@ import pandas as pd
 
 from headcount.ablation.masks import HeadMask, layer_masks
 from headcount.ablation.scans.base import register
-from headcount.ablation.scans.mask_scan import FIGURE_VALUE, MaskScan, figure_title
+from headcount.ablation.scans.mask_scan import FIGURE_LABEL, FIGURE_VALUE, MaskScan, figure_title
 from headcount.plotting import heatmap
 
 
@@ -18,7 +18,8 @@ class LayerScan(MaskScan):
         return layer_masks(self.session.heads_per_layer)
 
     @classmethod
-    def figure(cls, table: pd.DataFrame, path: Path) -> Path:
+    def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
         grid = table[FIGURE_VALUE].to_numpy(float)[:, None]
         labels = [str(layer) for layer in table["layer"]]
-        return heatmap(grid, path, figure_title(table), labels, ["all heads"], "", "layer", FIGURE_VALUE)
+        title = figure_title(table, subject)
+        return heatmap(grid, path, title, labels, ["all heads"], "", "layer", FIGURE_LABEL)

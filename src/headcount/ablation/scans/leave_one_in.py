@@ -6,7 +6,7 @@ import pandas as pd
 
 from headcount.ablation.masks import HeadMask, leave_one_in_masks
 from headcount.ablation.scans.base import register
-from headcount.ablation.scans.mask_scan import FIGURE_VALUE, MaskScan, figure_title
+from headcount.ablation.scans.mask_scan import FIGURE_LABEL, FIGURE_VALUE, MaskScan, figure_title
 from headcount.plotting import head_heatmap
 
 
@@ -18,5 +18,5 @@ class LeaveOneInScan(MaskScan):
         return leave_one_in_masks(self.session.heads_per_layer)
 
     @classmethod
-    def figure(cls, table: pd.DataFrame, path: Path) -> Path:
-        return head_heatmap(table, path, FIGURE_VALUE, figure_title(table))
+    def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
+        return head_heatmap(table, path, FIGURE_VALUE, figure_title(table, subject), FIGURE_LABEL)

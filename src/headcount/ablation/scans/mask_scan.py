@@ -1,5 +1,5 @@
 """What the mask scans share: each evaluates a list of named masks exactly, resumably, into one row per mask with
-deltas against the unmasked model, and draws `delta_loss` as its figure."""
+deltas against the unmasked model, and draws `delta_loss` (in nats) as its figure."""
 
 from functools import cached_property
 from pathlib import Path
@@ -12,6 +12,7 @@ from headcount.ablation.scans.base import Scan
 
 SCAN_COLUMNS = ["scan", "mask", "layer", "head", "mode", "loss", "acc", "delta_loss", "delta_acc", "n_heads_off"]
 FIGURE_VALUE = "delta_loss"
+FIGURE_LABEL = "loss increase (nats)"  # what FIGURE_VALUE is, with its unit
 
 
 class MaskScan(Scan):
@@ -19,8 +20,9 @@ class MaskScan(Scan):
         raise NotImplementedError
 
     @classmethod
-    def figure(cls, table: pd.DataFrame, path: Path) -> Path | None:
-        """The figure of a table of this kind (a scan CSV); None where one number needs none."""
+    def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path | None:
+        """The figure of a table of this kind (a scan CSV), its title naming the model and data in `subject`; None
+        where one number needs none."""
         return None
 
     @cached_property
@@ -35,11 +37,13 @@ class MaskScan(Scan):
         return scan_table(self.name, self.session.settings.mode, self.head_masks, totals, self.session.baseline)
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
-        return [self.figure(table, self.session.out / f"{self.name}.png")]
+        return [self.figure(table, self.path(".png"), self.session.subject)]
 
 
-def figure_title(table: pd.DataFrame) -> str:
-    return f"{table['scan'].iloc[0]}: {FIGURE_VALUE}, {table['mode'].iloc[0]} ablation"
+def figure_title(table: pd.DataFrame, subject: str) -> str:
+    """The scan, the metric with its unit, the mode, and on a second line the model and the data."""
+    title = f"{table['scan'].iloc[0]}: {FIGURE_LABEL}, {table['mode'].iloc[0]} ablation"
+    return f"{title}\n{subject}" if subject else title
 
 
 def scan_table(scan: str, mode: str, masks: list[HeadMask], totals: MaskTotals, baseline: dict) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from headcount.ablation.masks import HeadMask, all_heads, most_important_heads, pair_masks
 from headcount.ablation.scans.base import register
-from headcount.ablation.scans.mask_scan import FIGURE_VALUE, MaskScan, figure_title
+from headcount.ablation.scans.mask_scan import FIGURE_LABEL, FIGURE_VALUE, MaskScan, figure_title
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
@@ -36,7 +36,7 @@ class PairsScan(MaskScan):
         return pair_masks(most_important_heads(single_head_delta(self.session), hpl, self.cfg.top_k))
 
     @classmethod
-    def figure(cls, table: pd.DataFrame, path: Path) -> Path:
+    def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
         """Heads x heads, symmetric: the cell of (a, b) is the pair's value."""
         pairs = [tuple(HEAD_NAME.findall(name)) for name in table["mask"]]
         heads = sorted({head for pair in pairs for head in pair}, key=lambda h: (int(h[0]), int(h[1])))
@@ -45,4 +45,4 @@ class PairsScan(MaskScan):
         for (a, b), v in zip(pairs, table[FIGURE_VALUE].to_numpy(float)):
             grid[index[a], index[b]] = grid[index[b], index[a]] = v
         labels = [f"L{layer}H{head}" for layer, head in heads]
-        return heatmap(grid, path, figure_title(table), labels, labels, "head", "head", FIGURE_VALUE)
+        return heatmap(grid, path, figure_title(table, subject), labels, labels, "head", "head", FIGURE_LABEL)

@@ -1,10 +1,13 @@
 """`pruning`: masked pruning curves for every order in ablation.pruning.orders (ablation/pruning.py), resumable
-like a mask scan, and each order's prunable fraction in summary.json, which the structural export can use."""
+like a mask scan, and each order's prunable fraction in summary.json (with the orders that came out arbitrary), which
+the structural export can use. Its figure shows the loss relative to the baseline, in %, on an axis linear within
+the tolerance and logarithmic beyond, so that the tolerance line stays visible next to losses many times larger."""
 
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.ticker import FuncFormatter
 from torch import Tensor
 
 from headcount.ablation.masks import gates_to_masks
@@ -14,7 +17,7 @@ from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig, ScanConfig, validate_pruning_config
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
-from headcount.plotting import new_figure
+from headcount.plotting import new_figure, set_title
 
 
 @register
@@ -41,15 +44,15 @@ class PruningScan(Scan):
         return pruning_curves(evaluate, session.importance, delta_LH, hpl, s.pruning, s.seed, baseline)
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
-        s = self.session.settings
-        title = f"{self.name}: {s.mode} ablation, loss vs heads pruned"
-        path = self.session.out / f"{self.name}.png"
-        return [pruning_figure(table, path, self.session.baseline["loss"], s.pruning.tolerance, title)]
+        title = self.title("loss increase over the baseline (%) against heads pruned")
+        tolerance = self.session.settings.pruning.tolerance
+        return [pruning_figure(table, self.path(".png"), self.session.baseline["loss"], tolerance, title)]
 
     def use(self, table: pd.DataFrame) -> None:
         prunable = prunable_fractions(table, self.session.baseline["loss"], self.session.settings.pruning.tolerance)
+        arbitrary = arbitrary_orders(table)
         self.session.shared[self.kind] = prunable
-        self.session.files.update_summary({"prunable_fraction": prunable})
+        self.session.files.update_summary({"prunable_fraction": prunable, "arbitrary_orders": arbitrary})
 
 
 def prunable_fraction(session, order: str) -> float:
@@ -66,22 +69,39 @@ def prunable_fraction(session, order: str) -> float:
     return prunable[order]
 
 
+def arbitrary_orders(curves: pd.DataFrame) -> list[str]:
+    """The orders whose ranking was arbitrary (every head scored the same); none in tables that predate the column."""
+    if "arbitrary_order" not in curves:
+        return []
+    flagged = curves.loc[curves["arbitrary_order"].astype(str) == "True", "order"]
+    return list(dict.fromkeys(flagged))
+
+
 def pruning_figure(curves: pd.DataFrame, path: str | Path, baseline_loss: float, tolerance: float, title: str) -> Path:
-    """Loss against the fraction of heads pruned, a line per order; random as the mean over seeds with a min-max
-    band; the baseline and the tolerance threshold as horizontal lines."""
+    """The loss relative to the baseline (loss / baseline - 1, in %) against the fraction of heads pruned, a line per
+    order; random as the mean over seeds with a min-max band; the baseline (0%) and the tolerance as horizontal lines.
+    The axis is symmetric-log, linear up to the tolerance, so the tolerance band is as tall as a decade of loss."""
     fig = new_figure(7, 4.5)
     ax = fig.add_subplot()
+    arbitrary = set(arbitrary_orders(curves))
+    relative = 100 * (curves["loss"] / baseline_loss - 1)
+    linthresh = max(100 * tolerance, 0.1)
     for order, curve in curves.groupby("order", sort=False):
-        by_fraction = curve.groupby("fraction")["loss"]
+        by_fraction = (100 * (curve["loss"] / baseline_loss - 1)).groupby(curve["fraction"])
         mean = by_fraction.mean()
-        (line,) = ax.plot(mean.index, mean.to_numpy(), marker="o", markersize=3, label=order)
+        label = f"{order} (arbitrary: every head scored the same)" if order in arbitrary else order
+        (line,) = ax.plot(mean.index, mean.to_numpy(), marker="o", markersize=3, label=label)
         if curve["seed"].nunique() > 1:
             ax.fill_between(mean.index, by_fraction.min(), by_fraction.max(), color=line.get_color(), alpha=0.2)
-    ax.axhline(baseline_loss, color="black", linestyle="--", linewidth=1, label="baseline")
-    ax.axhline(
-        baseline_loss * (1 + tolerance), color="grey", linestyle=":", linewidth=1, label=f"tolerance {tolerance:g}"
-    )
-    ax.set(xlabel="fraction of heads pruned", ylabel="loss", title=title)
-    ax.legend()
+    ax.axhline(0, color="black", linestyle="--", linewidth=1, label=f"baseline ({baseline_loss:.4g} nats)")
+    ax.axhline(100 * tolerance, color="tab:red", linestyle=":", linewidth=1.2, label=f"tolerance {100 * tolerance:g}%")
+    ax.set_yscale("symlog", linthresh=linthresh)
+    # Below the baseline only as far as a curve goes: no empty decades of "better than the full model".
+    ax.set_ylim(bottom=min(1.2 * float(relative.min()), -0.5 * linthresh))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}%"))
+    ax.set(xlabel="fraction of heads pruned", ylabel="loss / baseline - 1 (%)")
+    ax.set_xlim(-0.02, 1.02)
+    set_title(ax, title)
+    ax.legend(fontsize=8)
     atomic_savefig(fig, path, dpi=120)
     return Path(path)

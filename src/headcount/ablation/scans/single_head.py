@@ -8,7 +8,7 @@ from torch import Tensor
 
 from headcount.ablation.masks import HeadMask, single_head_masks
 from headcount.ablation.scans.base import register
-from headcount.ablation.scans.mask_scan import FIGURE_VALUE, MaskScan, figure_title
+from headcount.ablation.scans.mask_scan import FIGURE_LABEL, FIGURE_VALUE, MaskScan, figure_title
 from headcount.plotting import head_heatmap
 
 
@@ -20,8 +20,8 @@ class SingleHeadScan(MaskScan):
         return single_head_masks(self.session.heads_per_layer)
 
     @classmethod
-    def figure(cls, table: pd.DataFrame, path: Path) -> Path:
-        return head_heatmap(table, path, FIGURE_VALUE, figure_title(table))
+    def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
+        return head_heatmap(table, path, FIGURE_VALUE, figure_title(table, subject), FIGURE_LABEL)
 
     def use(self, table: pd.DataFrame) -> None:
         self.session.shared[self.kind] = self.session.layer_head_tensor(table, "delta_loss")

@@ -1,0 +1,99 @@
+"""summary.json: the headline numbers of <run>/ablation/, one section per ablation mode, so that zero, mean and resample
+results coexist and nothing a command recorded vanishes when another runs.
+
+    {"format": 2,
+     "modes": {"zero": {"fingerprint", "model", "data", "settings", "baseline_loss", "baseline_acc", "n_targets",
+                        "scans": {name: {"kind", "fingerprint", "files", "rows", "seconds"}},
+                        "most_important_head", "prunable_fraction", "arbitrary_orders", "l0_gates", "pruned"},
+               "mean": {...}},
+     "mode_independent": {"scans": {...}},      scans whose result no mode changes (head_scores)
+     "superseded": [{"mode", "reason", ...}]}   sections replaced because the settings, the model or the data changed
+
+A mode's section is bound to the fingerprint of what every result in it depends on (the model's weights, the data's
+content, the settings); when that changes, the old section moves to `superseded`, with the reason, rather than mixing
+numbers from two setups. Readers (reports, W&B, findings) go through `mode_summary`, which also reads the flat layout
+that runs written before modes coexisted hold. Every write is atomic.
+"""
+
+import json
+from pathlib import Path
+
+from headcount.io import atomic_write_json
+
+FORMAT = 2
+SHARED = "mode_independent"
+
+
+def read_summary(path: Path) -> dict:
+    """summary.json in the current layout (a flat one becomes the section of the mode it records); {} if absent."""
+    if not path.exists():
+        return {"format": FORMAT, "modes": {}}
+    summary = json.loads(path.read_text())
+    if "modes" in summary:
+        return summary
+    return {"format": FORMAT, "modes": {summary.get("mode", "zero"): {**summary, "layout": 1}}}
+
+
+def mode_summary(summary: dict, mode: str = "zero") -> dict:
+    """One mode's section of a summary.json's contents, in either layout; {} when that mode has none."""
+    if "modes" in summary:
+        return summary["modes"].get(mode, {})
+    return summary if summary.get("mode", "zero") == mode else {}
+
+
+def read_mode_summary(ablation_dir: Path, mode: str = "zero") -> dict:
+    """The section of `mode` in <ablation_dir>/summary.json; {} when there is none."""
+    path = Path(ablation_dir) / "summary.json"
+    return mode_summary(json.loads(path.read_text()), mode) if path.exists() else {}
+
+
+def open_mode(path: Path, mode: str, header: dict) -> str | None:
+    """Start (or continue) a session's section: header holds its fingerprint, model, data and settings, and the
+    headline numbers every session recomputes. A section recorded under another fingerprint moves to `superseded`;
+    returns why, or None."""
+    summary = read_summary(path)
+    section = summary["modes"].get(mode)
+    reason = None
+    if section is not None and section.get("fingerprint") != header["fingerprint"]:
+        reason = why_superseded(section, header)
+        summary.setdefault("superseded", []).append({"mode": mode, "reason": reason, **section})
+        section = None
+    summary["modes"][mode] = {**(section or {}), **header}
+    atomic_write_json(path, summary)
+    return reason
+
+
+def why_superseded(old: dict, new: dict) -> str:
+    """Which of the inputs changed, in words: the settings (with the values), the model, the data."""
+    if old.get("layout") == 1:
+        return "recorded by an older headcount, before results carried content fingerprints"
+    reasons = []
+    old_settings, new_settings = old.get("settings", {}), new["settings"]
+    changed = [k for k in sorted(set(old_settings) | set(new_settings)) if old_settings.get(k) != new_settings.get(k)]
+    if changed:
+        values = ", ".join(f"{k}: {old_settings.get(k)} -> {new_settings.get(k)}" for k in changed)
+        reasons.append(f"settings changed ({values})")
+    if old.get("model") != new["model"]:
+        reasons.append("the model's weights changed")
+    if old.get("data") != new["data"]:
+        reasons.append("the data changed")
+    return "; ".join(reasons) or "the results' fingerprint changed"
+
+
+def update_section(path: Path, mode: str | None, updates: dict) -> None:
+    """Merge `updates` into a mode's section (mode None: the mode-independent one), one level deep for dict values."""
+    summary = read_summary(path)
+    section = summary["modes"].setdefault(mode, {}) if mode is not None else summary.setdefault(SHARED, {})
+    for name, value in updates.items():
+        if isinstance(value, dict) and isinstance(section.get(name), dict):
+            section[name] = {**section[name], **value}
+        else:
+            section[name] = value
+    atomic_write_json(path, summary)
+
+
+def scan_entry(path: Path, mode: str | None, name: str) -> dict:
+    """What summary.json records about scan `name` in a mode's section (None: the mode-independent one)."""
+    summary = read_summary(path)
+    section = summary["modes"].get(mode, {}) if mode is not None else summary.get(SHARED, {})
+    return section.get("scans", {}).get(name, {})
