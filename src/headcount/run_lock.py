@@ -6,9 +6,11 @@ line a second process prints when it is refused, and so that a file left behind 
 and taken over with a one-line notice. A holder removes the file when it lets go; another process may have opened the
 file just before, so whoever gets the lock checks that the file it locked is still the one at the path, else retries.
 
-A process holds each run's lock once (`acquire` is idempotent), until `release` or its exit.
+A process holds each run's lock once (`acquire` is idempotent), until `release` or its exit (at exit, the file goes
+too; only a killed process leaves it behind).
 """
 
+import atexit
 import fcntl
 import json
 import os
@@ -107,6 +109,9 @@ def release(run_dir: Path) -> None:
 def release_all() -> None:
     for run_dir in list(_held):
         release(run_dir)
+
+
+atexit.register(release_all)  # a process that exits by an exception (Ctrl-C, SIGTERM in training) lets go cleanly
 
 
 def holds(run_dir: Path) -> bool:

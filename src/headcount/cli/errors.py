@@ -10,6 +10,7 @@ them: the commands set it and turn them into the one line here, with the closest
 import functools
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -73,7 +74,7 @@ def unknown_override(error: HydraException, cause: ConfigKeyError | ConfigAttrib
             f"select it first, e.g. ablation=[{','.join([*selected, scan])}]",
         )
     keys = list(cause.parent_node.keys()) if cause.parent_node is not None else []
-    return unknown_key(cause.full_key, value, keys)
+    return unknown_key(cause.full_key, value, [key for key in keys if key != "hydra"])  # Hydra's node: not ours
 
 
 def as_config_error(error: BaseException) -> ConfigError | None:
@@ -159,12 +160,17 @@ def discarded_if_rejected(folder: Path, run_dir: Path | None = None) -> Iterator
 
 def run_hydra_command(hydra_main: Callable[[], Any]) -> None:
     """Run a @hydra.main function so that composition errors, too, come out as one line and exit code 2, and Ctrl-C
-    as one line and exit code 130."""
+    or SIGTERM as one line and exit code 128 + the signal number."""
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         exit_on_config_error(hydra_main)()
     except KeyboardInterrupt:
         print_error("interrupted; the same command again resumes where it stopped")
-        sys.exit(130)
+        sys.exit(128 + signal.SIGINT)
+    except SystemExit as e:
+        if type(e).__name__ != "SIGTERMException":  # Lightning's way out of training on SIGTERM, with exit code 0
+            raise
+        print_error("stopped by SIGTERM; the same command again resumes where it stopped")
+        sys.exit(128 + signal.SIGTERM)
     finally:
         run_lock.release_all()

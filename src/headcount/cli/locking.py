@@ -16,21 +16,32 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
 from headcount import run_lock
+from headcount.cli.errors import print_error
+from headcount.errors import ConfigError
 
 COMMAND = "headcount-train"
+
+
+def acquire_or_exit(run_dir: Path, key: str) -> None:
+    """Hydra turns an Exception raised by a callback into a warning and goes on, so a refusal leaves as SystemExit."""
+    try:
+        run_lock.acquire(run_dir, COMMAND, key)
+    except ConfigError as error:
+        print_error(str(error))
+        raise SystemExit(2) from error
 
 
 class OneWriterPerRun(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if rank_zero_only.rank == 0:
-            run_lock.acquire(Path(config.hydra.run.dir), COMMAND, "hydra.run.dir")
+            acquire_or_exit(Path(config.hydra.run.dir), "hydra.run.dir")
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         run_lock.release(Path(config.hydra.run.dir))
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN and rank_zero_only.rank == 0:
-            run_lock.acquire(Path(config.hydra.runtime.output_dir), COMMAND, "hydra.sweep.dir")
+            acquire_or_exit(Path(config.hydra.runtime.output_dir), "hydra.sweep.dir")
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN:

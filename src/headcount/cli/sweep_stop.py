@@ -5,13 +5,10 @@ training after the step it is in, and the sweep ends with it). The joblib launch
 submitit_local run jobs in processes of their own, which a signal to the launching process never reaches: left alone
 they would train on, unwatched, after the sweep had "stopped". `StopJobsTogether`, a callback in the launching
 process, catches SIGINT and SIGTERM while such a sweep runs and passes the signal on to every process the launcher
-started, so each job stops as it would on its own; it waits until no job of the sweep holds its run's lock (at most
-GRACE_S), kills whatever of those processes is left, and exits with 128 + the signal number. Unfinished jobs have no
-DONE, so the same command again finishes them and skips the finished ones.
-
-submitit's controller (a process between the launcher and each job) gets no signal: on SIGINT it kills its job a
-second later, before the job could save its state; it exits by itself when its job does. A second signal while the
-sweep stops kills every job at once.
+started (but the helpers in PASSED_OVER), so each job stops as it would on its own; it waits until no job of the
+sweep holds its run's lock (at most GRACE_S), kills whatever of those processes is left (idle workers, jobs that did
+not stop), and exits with 128 + the signal number. Unfinished jobs have no DONE, so the same command again finishes
+them and skips the finished ones. A second signal while the sweep stops kills everything at once.
 """
 
 import contextlib
@@ -33,7 +30,10 @@ from headcount.errors import ConfigError
 LOCAL_LAUNCHERS = (".JoblibLauncher", ".LocalLauncher")  # launchers whose jobs run in other processes of this machine
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACE_S = 60.0  # how long jobs get to stop (and save their state) before they are killed
-SUBMITIT_CONTROLLER = "submitit.local._local"
+# Processes a launcher starts that run no job and end by themselves once the jobs or the launcher have: submitit's
+# controller (on SIGINT it would kill its job a second later, before the job could save its state) and the
+# multiprocessing resource trackers (which would report, at length, resources they no longer know).
+PASSED_OVER = ("submitit.local._local", "resource_tracker")
 
 
 def process_table() -> dict[int, tuple[int, str]]:
@@ -41,6 +41,8 @@ def process_table() -> dict[int, tuple[int, str]]:
     table = {}
     if Path("/proc/self/stat").exists():
         for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
             try:
                 stat = (entry / "stat").read_text()
                 args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -111,12 +113,12 @@ class StopJobsTogether(Callback):
             console.print(f"[red]{name} again: killed {len(processes)} job processes[/red]")
             raise SystemExit(128 + signum)
         self.stopping = True
-        jobs = [pid for pid, args in processes.items() if SUBMITIT_CONTROLLER not in args]
-        console.print(f"[yellow]{name}: stopping the sweep's jobs ({len(jobs)} processes)...[/yellow]")
-        send(jobs, signum)
+        workers = [pid for pid, args in processes.items() if not any(name in args for name in PASSED_OVER)]
+        console.print(f"[yellow]{name}: stopping the sweep's jobs...[/yellow]")
+        send(workers, signum)
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline and jobs_running(self.sweep_dir):
             time.sleep(0.2)
-        send(list(descendants(os.getpid())), signal.SIGKILL)
+        send(workers, signal.SIGKILL)
         console.print("[yellow]sweep stopped:[/yellow] the same command again finishes the unfinished jobs")
         raise SystemExit(128 + signum)

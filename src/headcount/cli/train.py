@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
+from headcount import run_lock
 from headcount.ablation import run_ablations
 from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, run_hydra_command
 from headcount.cli.preflight import validate_job
@@ -55,14 +56,18 @@ register_resolvers()
 @exit_on_config_error
 def train_job(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    with discarded_if_rejected(run_dir):
-        run(cfg, run_dir)
-    finding = cfg.finding
-    if finding is not None and not reads_sweep(finding) and rank_zero_only.rank == 0:
-        if skipped_finding(finding, list(cfg.ablation.scans)):
-            return
-        written = check_finding(cfg.finding, run_dir)
-        Console(stderr=True).print(f"[green]wrote[/green] {escape(str(written))}", soft_wrap=True)
+    try:
+        with discarded_if_rejected(run_dir):
+            run(cfg, run_dir)
+        finding = cfg.finding
+        if finding is not None and not reads_sweep(finding) and rank_zero_only.rank == 0:
+            if skipped_finding(finding, list(cfg.ablation.scans)):
+                return
+            written = check_finding(finding, run_dir)
+            Console(stderr=True).print(f"[green]wrote[/green] {escape(str(written))}", soft_wrap=True)
+    finally:
+        # However the job ends: a worker process of a sweep's launcher (joblib) lives on after its job
+        run_lock.release(run_dir)
 
 
 def main() -> None:
