@@ -4,6 +4,9 @@ The run's .hydra/config.yaml supplies the data and the seed (the checkpoint supp
 is the base; each `ablation.*` key typed on the command line overrides it, and the scans are the ones selected here
 (`ablation=single_head` by default, `ablation=[single_head,layer,pruning]` for several). Hydra's own files go to
 <run>/ablation/logs/, so nothing lands in the working directory.
+
+Before Hydra starts, run_dir must name a finished training run (else one line, exit 2, and nothing created), and the
+command takes the run's lock (run_lock.py): one process at a time works on a run, training or ablating.
 """
 
 import sys
@@ -15,11 +18,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from headcount import run_lock
 from headcount.ablation.session import run_ablations
-from headcount.cli.errors import exit_on_config_error, run_hydra_command
+from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, run_hydra_command, typed_value
 from headcount.config import CONF_DIR, register_configs
 from headcount.config.ablation import AblationConfig
-from headcount.run_dir import load_run_config
+from headcount.errors import ConfigError
+from headcount.run_dir import finished_checkpoint, load_run_config
 
 
 def ablate(cfg: DictConfig, typed_keys: Sequence[str] = ()) -> list[Path]:
@@ -64,15 +69,34 @@ def quote_run_dir(args: list[str]) -> list[str]:
     return quoted
 
 
+def run_dir_argument(args: list[str]) -> Path:
+    """The finished run that `run_dir=` names (quoted by quote_run_dir); ConfigError if none, or not a finished run."""
+    values = [typed_value(arg) for arg in args if arg.partition("=")[0].lstrip("+") == "run_dir"]
+    if not values:
+        raise ConfigError("run_dir", None, "missing: headcount-ablate run_dir=<a finished training run> [ablation=...]")
+    run_dir = Path(str(values[-1]))
+    if not run_dir.is_dir():
+        raise ConfigError("run_dir", str(run_dir), "no such folder")
+    load_run_config(run_dir)
+    finished_checkpoint(run_dir)
+    return run_dir
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="ablate")
 @exit_on_config_error
 def ablate_job(cfg: DictConfig) -> None:
-    print_written(ablate(cfg, typed_ablation_keys(HydraConfig.get().overrides.task)))
+    with discarded_if_rejected(Path(HydraConfig.get().runtime.output_dir), Path(cfg.run_dir)):
+        print_written(ablate(cfg, typed_ablation_keys(HydraConfig.get().overrides.task)))
+
+
+def take_run(args: list[str]) -> None:
+    run_lock.acquire(run_dir_argument(args), "headcount-ablate", "run_dir")
 
 
 def main() -> None:
     """`headcount-ablate run_dir=<run> [ablation=<scan>] [ablation.*=...]`."""
     sys.argv[1:] = quote_run_dir(sys.argv[1:])
+    exit_on_config_error(take_run)(sys.argv[1:])
     run_hydra_command(ablate_job)
 
 

@@ -1,34 +1,99 @@
-"""How every command reports bad input: one line on stderr and exit code 2 (a diverged run: exit 1), not a traceback.
+"""How every command reports bad input: one line on stderr, `error: <key>=<value>: <what is allowed>[; did you mean
+X?]`, and exit code 2 (a diverged run: exit 1), not a traceback; and leaves nothing behind that looks like a run.
 
-Bad input is our ConfigError, or a value OmegaConf or Hydra refused while composing the config (a misspelt key, a
-wrong type, a value outside a choice). Hydra prints its own composition errors over several lines and exits 1 unless
-HYDRA_FULL_ERROR is set, in which case it raises them: the commands set it and print the error here instead.
+Bad input is our ConfigError, or what Hydra or OmegaConf refused while composing the config: a misspelt key, an option
+a config group lacks, a wrong type, a value outside a choice. Hydra prints its own composition errors over several
+lines (and, for an unknown option, the whole search path) unless HYDRA_FULL_ERROR is set, in which case it raises
+them: the commands set it and turn them into the one line here, with the closest key or option when there is one.
 """
 
 import functools
 import os
+import shutil
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException, ValidationError
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 from rich.console import Console
+from rich.text import Text
 
+from headcount import run_lock
+from headcount.config import CONF_DIR
+from headcount.config.schema import closest, unknown_key
 from headcount.errors import ConfigError
-from headcount.train.module import NonFiniteLossError
 
 BAD_INPUT = (ConfigError, HydraException, OmegaConfBaseException)
+HYDRA_FILES = (".hydra", run_lock.LOCK_NAME)  # besides Hydra's log files (*.log): what a run folder holds at first
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group, as Hydra finds them (our conf/ and any --config-dir), schemas aside."""
+    if GlobalHydra.instance().is_initialized():
+        options = GlobalHydra.instance().config_loader().get_group_options(group)
+    else:
+        options = sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+    return [option for option in options if not option.endswith("_schema")]
+
+
+def unknown_option(error: MissingConfigException) -> ConfigError:
+    """`model=tinyy: allowed: attn_only_2l, ..., tiny; did you mean tiny?`"""
+    group, _, option = (error.missing_cfg_file or "").rpartition("/")
+    options = error.options or group_options(group)
+    allowed = f"allowed: {', '.join(options)}" if options else f"{group} has no option {option}"
+    if (match := closest(option, options)) is not None:
+        allowed += f"; did you mean {match}?"
+    return ConfigError(group, option, allowed)
+
+
+def typed_value(override: str) -> Any:
+    """An override's value as Hydra parses it (`4` -> 4), for the message; the text itself if it does not parse."""
+    try:
+        return OverridesParser.create().parse_override(override).value()
+    except OverrideParseException:
+        return override.partition("=")[2]
+
+
+def unknown_override(error: HydraException, cause: ConfigKeyError | ConfigAttributeError) -> ConfigError:
+    """A command-line key the config lacks. Hydra's message ends with the override (`use +model.attn.n_head=4`)."""
+    override = str(error).rsplit(" use +", 1)[-1].strip() if " use +" in str(error) else ""
+    value = typed_value(override) if override else None
+    if cause.full_key.startswith("ablation.scans.") and cause.full_key.count(".") == 2:
+        scan = cause.full_key.rsplit(".", 1)[1]
+        selected = list(cause.parent_node.keys()) if cause.parent_node is not None else []
+        return ConfigError(
+            override.partition("=")[0] or cause.full_key,
+            value,
+            f"no scan named {scan} is selected (selected: {', '.join(selected) or 'none'}); "
+            f"select it first, e.g. ablation=[{','.join([*selected, scan])}]",
+        )
+    keys = list(cause.parent_node.keys()) if cause.parent_node is not None else []
+    return unknown_key(cause.full_key, value, [key for key in keys if key != "hydra"])  # Hydra's node: not ours
 
 
 def as_config_error(error: BaseException) -> ConfigError | None:
-    """A value OmegaConf refused (wrong type, outside a choice) as a ConfigError naming its key; None for others."""
+    """Bad input Hydra or OmegaConf refused, as a ConfigError naming its key; None for errors without a key."""
+    if isinstance(error, ConfigError):
+        return error
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file:
+        return unknown_option(error)
     cause = error.__cause__ if isinstance(error, HydraException) and error.__cause__ is not None else error
-    if isinstance(error, ConfigError) or not (isinstance(cause, ValidationError) and cause.full_key):
-        return error if isinstance(error, ConfigError) else None
+    if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
+        return unknown_override(error, cause)
+    if not (isinstance(cause, ValidationError) and cause.full_key):
+        return None
     reason = cause.msg.splitlines()[0]
     if "expected one of [" in reason:
         reason = "allowed: " + reason.split("expected one of [", 1)[1].rstrip("]")
+        value = str(cause.value)
+        if (match := closest(value, reason.removeprefix("allowed: ").split(", "))) is not None:
+            reason += f"; did you mean {match}?"
     return ConfigError(cause.full_key, cause.value, reason)
 
 
@@ -43,7 +108,7 @@ def describe(error: BaseException) -> str:
 
 
 def print_error(message: str) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True, markup=False)
+    Console(stderr=True).print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
 
 
 def exit_on_config_error(fn: Callable) -> Callable:
@@ -56,14 +121,56 @@ def exit_on_config_error(fn: Callable) -> Callable:
         except BAD_INPUT as e:
             print_error(describe(e))
             sys.exit(2)
-        except NonFiniteLossError as e:
+        except Exception as e:
+            # Imported here: headcount-report uses this module and starts faster without Lightning
+            from headcount.train.module import NonFiniteLossError
+
+            if not isinstance(e, NonFiniteLossError):
+                raise
             print_error(str(e))
             sys.exit(1)
 
     return wrapped
 
 
+def holds_only_hydra_files(folder: Path) -> bool:
+    return folder.is_dir() and all(p.name in HYDRA_FILES or p.suffix == ".log" for p in folder.iterdir())
+
+
+@contextmanager
+def discarded_if_rejected(folder: Path, run_dir: Path | None = None) -> Iterator[None]:
+    """Hydra's folder for a command that then refused its input goes again, if nothing but Hydra's files (.hydra/ and
+    the log) and our lock are in it, and so do the folders it leaves empty up to run_dir (default: the folder itself):
+    no half-made run is left that looks like one. Only the holder of run_dir's lock may remove anything."""
+    folder = folder.resolve()
+    run_dir = folder if run_dir is None else run_dir.resolve()
+    try:
+        yield
+    except BAD_INPUT:
+        if run_lock.holds(run_dir) and holds_only_hydra_files(folder):
+            if folder == run_dir:
+                run_lock.release(run_dir)
+            shutil.rmtree(folder, ignore_errors=True)
+            for parent in folder.parents:
+                if parent == run_dir or not parent.is_relative_to(run_dir) or any(parent.iterdir()):
+                    break
+                parent.rmdir()
+        raise
+
+
 def run_hydra_command(hydra_main: Callable[[], Any]) -> None:
-    """Run a @hydra.main function so that composition errors, too, come out as one line and exit code 2."""
+    """Run a @hydra.main function so that composition errors, too, come out as one line and exit code 2, and Ctrl-C
+    or SIGTERM as one line and exit code 128 + the signal number."""
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    exit_on_config_error(hydra_main)()
+    try:
+        exit_on_config_error(hydra_main)()
+    except KeyboardInterrupt:
+        print_error("interrupted; the same command again resumes where it stopped")
+        sys.exit(128 + signal.SIGINT)
+    except SystemExit as e:
+        if type(e).__name__ != "SIGTERMException":  # Lightning's way out of training on SIGTERM, with exit code 0
+            raise
+        print_error("stopped by SIGTERM; the same command again resumes where it stopped")
+        sys.exit(128 + signal.SIGTERM)
+    finally:
+        run_lock.release_all()

@@ -4,8 +4,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
+from headcount.cli.errors import print_error
 from headcount.config.logger import validate_wandb_project
 from headcount.errors import ConfigError
 from headcount.report.sweep_report import print_summary, push_to_wandb, wandb_project_of, write_report
@@ -29,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
             validate_wandb_project(project)
             push_to_wandb(out, runs, figures, project, group=args.sweep_dir.resolve().name)
     except ConfigError as e:
-        Console(stderr=True).print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        print_error(str(e))
         sys.exit(2)
 
 

@@ -1,15 +1,23 @@
-"""What headcount adds to Hydra's multirun: checks that make bad input fail before the first job rather than at job
-17, and the resolvers that name a sweep's folder and size the parallel launcher.
+"""What headcount adds to Hydra's runs and multiruns: checks that make bad input fail before the first job rather than
+at job 17, run folders named by the swept keys, and the resolvers behind conf/train.yaml.
 
 - `check_launcher_installed`: a `hydra/launcher=<name>` whose plugin package is missing names the package to install
   (Hydra alone says only that the config was not found).
-- `ValidateJobsFirst` (a Hydra callback, listed in conf/train.yaml): composes every job of the sweep and validates it.
-  Hydra's basic sweeper does compose each job up front, but reports a misspelt key as a multi-line trace with exit 1,
-  and checks across sections (heads that do not divide the width, a bad W&B project) would only fail inside the job.
-  Jobs are expanded with the basic sweeper's own function (a hydra-core internal), so they match its jobs exactly.
-- `sweep_folder_name`: behind `hydra.sweep.dir`, so the same command finds the same folder again.
+- `ValidateJobsFirst` (a Hydra callback, listed in conf/train.yaml): validates a single run before Hydra writes its
+  folder, and every job of a sweep before the first starts. Hydra's basic sweeper does compose each job up front,
+  but checks across sections (heads that do not divide the width, a model too large for the machine, a scan setting)
+  would only fail inside the job, after training. Jobs are expanded with the basic sweeper's own function (a
+  hydra-core internal), so they match its jobs exactly. It then names the jobs' folders (report/names.py): the keys
+  every job shares join Hydra's `override_dirname.exclude_keys`, so each job's folder (and its W&B run name) shows
+  only what sets it apart, and refuses a folder that already holds a run made with other settings, or that another
+  process is using.
+- `ReportAndCheckFinding`: the sweep's last word: the report and the finding of an experiment, and the
+  `headcount-report` command.
+- `sweep_folder_name`, `job_folder`: behind `hydra.sweep.dir` and `hydra.sweep.subdir`, so the same command finds
+  the same folders again.
 """
 
+import shlex
 import sys
 from importlib.util import find_spec
 from pathlib import Path
@@ -20,14 +28,16 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.utils import get_method
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from rich.console import Console
 from rich.markup import escape
 
+from headcount import run_lock
 from headcount.cli.errors import BAD_INPUT, describe, print_error
 from headcount.config import CONF_DIR
 from headcount.errors import ConfigError
-from headcount.findings import check_finding, reads_sweep
+from headcount.findings import check_finding, missing_scans, reads_sweep
+from headcount.report.names import folder_name, override_values
 from headcount.report.sweep_report import print_summary, write_report
 
 # Launcher plugin configs (as Hydra registers them, by name prefix) -> (module, pip package).
@@ -35,10 +45,15 @@ LAUNCHER_PLUGINS = {
     "joblib": ("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher"),
     "submitit": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
 }
+EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
 
 
 def sweep_folder_name(sweep_name: str | None, experiment: str | None) -> str:
     return sweep_name or experiment or "sweep"
+
+
+def job_folder(task_overrides: ListConfig, exclude_keys: ListConfig) -> str:
+    return folder_name(list(task_overrides), list(exclude_keys))
 
 
 def parallel_jobs() -> int:
@@ -51,8 +66,10 @@ def parallel_jobs() -> int:
 
 def register_resolvers() -> None:
     """`${headcount.sweep_folder:${sweep_name},${experiment}}` (OmegaConf's oc.select cannot fall back past a key
-    set to null) and `${headcount.parallel_jobs:}`, used in conf/."""
+    set to null), `${headcount.job_folder:<task overrides>,<excluded keys>}` and `${headcount.parallel_jobs:}`, used in
+    conf/."""
     OmegaConf.register_new_resolver("headcount.sweep_folder", sweep_folder_name, replace=True)
+    OmegaConf.register_new_resolver("headcount.job_folder", job_folder, replace=True)
     OmegaConf.register_new_resolver("headcount.parallel_jobs", parallel_jobs, replace=True)
 
 
@@ -85,12 +102,84 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     return BasicSweeper.split_arguments(overrides, None)[0]
 
 
+def swept_exclude_keys(jobs: list[list[str]], exclude: list[str]) -> list[str]:
+    """Hydra's excluded keys plus every key all jobs give the same value: what is left names each job's folder. A
+    sweep of one job keeps all its keys."""
+    values = [override_values(job, exclude) for job in jobs]
+    keys = sorted({key for job in values for key in job})
+    shared = [key for key in keys if len({job.get(key) for job in values}) == 1]
+    return exclude + shared if len(shared) < len(keys) else exclude
+
+
+def first_difference(a: dict, b: dict) -> tuple[str, str | None, str | None]:
+    """The first key two jobs' override values differ in, and its value in each (None: not set)."""
+    key = next(k for k in sorted({*a, *b}) if a.get(k) != b.get(k))
+    return key, a.get(key), b.get(key)
+
+
+def setting(key: str, value: str | None) -> str:
+    return f"{key}={value}" if value is not None else f"no {key}"
+
+
+def check_job_folders(config: DictConfig, jobs: list[list[str]], exclude: list[str]) -> None:
+    """ConfigError if two jobs would share a folder, or a job's folder holds a run made with other settings (the
+    run would be taken as this job's and skipped as finished), or another process is using it."""
+    sweep_dir = Path(config.hydra.sweep.dir)
+    hydra_excluded = list(config.hydra.job.config.override_dirname.exclude_keys)
+    by_folder: dict[str, int] = {}
+    for num, job in enumerate(jobs):
+        folder = folder_name(job, exclude)
+        settings = override_values(job, hydra_excluded)
+        if folder in by_folder:
+            key, value, _ = first_difference(override_values(job, []), override_values(jobs[by_folder[folder]], []))
+            raise ConfigError(
+                key,
+                value,
+                f"jobs {by_folder[folder]} and {num} would share the run folder {folder}: keys that change only how "
+                "a run is logged or named do not name folders; sweep them in separate sweeps (sweep_name=<name>)",
+            )
+        by_folder[folder] = num
+        run_dir = sweep_dir / folder
+        saved = run_dir / ".hydra" / "overrides.yaml"
+        if saved.exists():
+            existing = override_values(list(OmegaConf.load(saved)), hydra_excluded)
+            if existing != settings:
+                key, there, here = first_difference(existing, settings)
+                raise ConfigError(
+                    "sweep_name",
+                    config.sweep_name,
+                    f"{run_dir} holds a run made with {setting(key, there)}, not {setting(key, here)}; give this "
+                    "sweep its own folder (sweep_name=<name>) or delete that run",
+                )
+        run_lock.check_free(run_dir, "sweep_name", config.sweep_name)
+
+
+def name_folders_by(config: DictConfig, exclude: list[str]) -> None:
+    """Every job's config is composed again from the launch config's Hydra overrides (ConfigLoader.load_sweep_config):
+    one more there sets the excluded keys of every job."""
+    quoted = ",".join("'" + key.replace("\\", "\\\\").replace("'", "\\'") + "'" for key in exclude)
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.overrides.hydra.append(f"{EXCLUDE_KEYS}=[{quoted}]")
+        config.hydra.job.config.override_dirname.exclude_keys = exclude
+
+
+def without_hydra(config: DictConfig) -> DictConfig:
+    return OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
+
+
 class ValidateJobsFirst(Callback):
-    """Before any job of a multirun starts, composes each job's config and passes it to `validate` (a dotted path to
-    a function that raises ConfigError); the first failure is one line naming the job, and exit code 2."""
+    """Before a run or any job of a multirun starts, composes each job's config and passes it to `validate` (a dotted
+    path to a function that raises ConfigError); the first failure is one line naming the job, and exit code 2."""
 
     def __init__(self, validate: str):
         self.validate = validate
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            get_method(self.validate)(without_hydra(config))
+        except BAD_INPUT as e:
+            print_error(describe(e))
+            sys.exit(2)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not config.hydra.sweeper._target_.endswith(".BasicSweeper"):
@@ -102,18 +191,44 @@ class ValidateJobsFirst(Callback):
             except BAD_INPUT as e:
                 print_error(f"job {num} of {len(jobs)} ({' '.join(overrides)}): {describe(e)}; no job started")
                 sys.exit(2)
+        exclude = swept_exclude_keys(jobs, list(config.hydra.job.config.override_dirname.exclude_keys))
+        try:
+            check_job_folders(config, jobs, exclude)
+        except ConfigError as e:
+            print_error(f"{e}; no job started")
+            sys.exit(2)
+        name_folders_by(config, exclude)
+
+
+def skipped_finding(finding: str, scans: list[str]) -> bool:
+    """Says so in one line when the finding cannot be checked because the scans it reads were not run."""
+    missing = missing_scans(finding, scans)
+    if missing:
+        Console(stderr=True).print(
+            f"[yellow]finding {finding} skipped:[/yellow] it reads the {', '.join(missing)} scan results, and "
+            f"ablation lists only {', '.join(scans) or 'no scans'}",
+            soft_wrap=True,
+            highlight=False,
+        )
+    return bool(missing)
 
 
 class ReportAndCheckFinding(Callback):
-    """After the last job of an experiment's sweep: the sweep report, then the experiment's finding on it (a finding
-    that reads single runs is checked inside each job instead)."""
+    """After the last job of a sweep: for an experiment, the sweep report and then its finding (a finding that reads
+    single runs is checked inside each job instead); for every sweep, the command that compares its runs."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        finding = config.get("finding")
-        if finding is None or not reads_sweep(finding):
-            return
         sweep_dir = Path(config.hydra.sweep.dir)
-        out, runs, _ = write_report(sweep_dir)
-        print_summary(out, runs)
-        written = check_finding(finding, sweep_dir)
-        Console(stderr=True).print(f"[green]wrote[/green] {escape(str(written))}", soft_wrap=True)
+        finding = config.get("finding")
+        console = Console(stderr=True)
+        if finding is not None and reads_sweep(finding):
+            out, runs, _ = write_report(sweep_dir)
+            print_summary(out, runs)
+            if not skipped_finding(finding, list(config.ablation.scans)):
+                written = check_finding(finding, sweep_dir)
+                console.print(f"[green]wrote[/green] {escape(str(written))}", soft_wrap=True)
+        console.print(
+            f"[bold]compare the runs:[/bold] headcount-report {escape(shlex.quote(str(sweep_dir)))}",
+            soft_wrap=True,
+            highlight=False,
+        )

@@ -11,11 +11,13 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
+from headcount import run_lock
 from headcount.ablation import run_ablations
-from headcount.cli.errors import exit_on_config_error, run_hydra_command
-from headcount.cli.sweep import check_launcher_installed, register_resolvers
-from headcount.config import CONF_DIR, register_configs, validate_train_config
-from headcount.findings import check_finding, reads_sweep, validate_finding
+from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, run_hydra_command
+from headcount.cli.preflight import validate_job
+from headcount.cli.sweep import check_launcher_installed, register_resolvers, skipped_finding
+from headcount.config import CONF_DIR, register_configs
+from headcount.findings import check_finding, reads_sweep
 from headcount.report.tracking import log_run_results
 from headcount.run_dir import RunPaths, is_done, mark_done
 from headcount.train.job import train
@@ -24,17 +26,11 @@ from headcount.train.loggers import closing_wandb_run
 from headcount.train.quiet import take_verbosity_flags
 
 
-def validate_job(cfg: DictConfig) -> None:
-    """Everything about one job's config that can fail before training; a multirun runs it on every job first."""
-    validate_train_config(cfg)
-    validate_finding(cfg.finding)
-
-
 def run(cfg: DictConfig, run_dir: Path) -> None:
     """The whole job for one run directory: validate, train, ablate, mark DONE. Skips a run that is already DONE."""
     console = Console(stderr=True)
     if is_done(run_dir):
-        console.print(f"[green]already finished:[/green] {run_dir} (delete DONE to rerun)")
+        console.print(f"[green]already finished:[/green] {escape(str(run_dir))} (delete DONE to rerun)")
         return
     validate_job(cfg)
     with closing_wandb_run(), own_gpu_in_a_sweep(cfg), ddp_confined_to_this_job():
@@ -86,10 +82,18 @@ register_resolvers()
 @exit_on_config_error
 def train_job(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    run(cfg, run_dir)
-    if cfg.finding is not None and not reads_sweep(cfg.finding) and rank_zero_only.rank == 0:
-        written = check_finding(cfg.finding, run_dir)
-        Console(stderr=True).print(f"[green]wrote[/green] {escape(str(written))}", soft_wrap=True)
+    try:
+        with discarded_if_rejected(run_dir):
+            run(cfg, run_dir)
+        finding = cfg.finding
+        if finding is not None and not reads_sweep(finding) and rank_zero_only.rank == 0:
+            if skipped_finding(finding, list(cfg.ablation.scans)):
+                return
+            written = check_finding(finding, run_dir)
+            Console(stderr=True).print(f"[green]wrote[/green] {escape(str(written))}", soft_wrap=True)
+    finally:
+        # However the job ends: a worker process of a sweep's launcher (joblib) lives on after its job
+        run_lock.release(run_dir)
 
 
 def main() -> None:

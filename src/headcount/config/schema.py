@@ -5,11 +5,15 @@ conf/train.yaml and conf/ablate.yaml name these schemas first in their defaults 
 onto a typed node. A section's defaults are the values a run uses when no preset says otherwise.
 """
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.config.data import DataConfig, data_vocab_size
@@ -62,8 +66,36 @@ def plain(section) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(section), resolve=True, enum_to_str=True)
 
 
+def closest(word: str, options: Iterable[str]) -> str | None:
+    """The option most like word (a misspelling's intended value), if any is close."""
+    matches = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def unknown_key(full_key: str, value: Any, keys: Iterable[str]) -> ConfigError:
+    """`trainer.max_step=10: not a key of trainer (its keys: ...); did you mean trainer.max_steps?`"""
+    keys = list(keys)
+    parent, _, name = full_key.rpartition(".")
+    where = f"of {parent}" if parent else "of the config"
+    allowed = f"not a key {where} (its keys: {', '.join(keys)})"
+    if (match := closest(name, keys)) is not None:
+        allowed += f"; did you mean {parent + '.' if parent else ''}{match}?"
+    return ConfigError(full_key, value, allowed)
+
+
+def check_schema_keys(cfg: DictConfig, schema: type) -> None:
+    """ConfigError for a key the schema does not have: Hydra lets `+trainer.max_step=10` add one, which nothing would
+    read (the run would ignore it and look as if it had used it)."""
+    try:
+        OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.to_container(cfg))
+    except ConfigKeyError as e:
+        keys = list(e.parent_node.keys()) if e.parent_node is not None else []
+        raise unknown_key(e.full_key, OmegaConf.select(cfg, e.full_key), keys) from None
+
+
 def validate_train_config(cfg: DictConfig) -> None:
     """Each section's own checks and those across sections; raises ConfigError."""
+    check_schema_keys(cfg, TrainConfig)
     model: ModelConfig = typed(cfg.model, ModelConfig)
     data: DataConfig = typed(cfg.data, DataConfig)
     validate_model_config(model)

@@ -20,11 +20,24 @@ CHECKERS = {
     "head_count": ("head_count", "sweep"),
     "concat_vs_sum": ("concat_vs_sum", "sweep"),
 }
+# finding -> the scans whose results it reads (in each run): without them it cannot be checked
+SCANS_READ = {
+    "induction_heads": ("single_head", "head_scores"),
+    "sixteen_heads": ("single_head", "leave_one_in", "pruning"),
+    "voita_gates": ("l0_gates", "pruning", "importance"),
+    "head_count": (),
+    "concat_vs_sum": ("pruning",),
+}
 
 
 def validate_finding(name: str | None) -> None:
     if name is not None and name not in CHECKERS:
         raise ConfigError("finding", name, f"allowed: {', '.join(CHECKERS)} or null")
+
+
+def missing_scans(name: str, scans: list[str]) -> list[str]:
+    """The scans finding `name` reads that are not among `scans` (the names of a run's scans)."""
+    return [scan for scan in SCANS_READ[name] if scan not in scans]
 
 
 def reads_sweep(name: str) -> bool:

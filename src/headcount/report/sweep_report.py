@@ -19,6 +19,7 @@ from rich.table import Table
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text
 from headcount.report import figures as report_figures
+from headcount.report.names import short_labels
 from headcount.report.tracking import run_headline
 from headcount.run_dir import RunPaths, is_done
 from headcount.train.loggers import closing_wandb_run, wandb_mode
@@ -205,13 +206,36 @@ def push_to_wandb(out: Path, runs: pd.DataFrame, figures: dict[str, Path], proje
         run.log({"report/runs": wandb.Table(dataframe=table), **images})
 
 
+def swept_columns(runs: pd.DataFrame) -> list[str]:
+    """The runs table's override columns (run_row puts them between status and params) whose value differs."""
+    columns = list(runs.columns)
+    overrides = columns[columns.index("status") + 1 : columns.index("params")]
+    return [c for c in overrides if runs[c].astype(str).nunique() > 1]
+
+
 def print_summary(out: Path, runs: pd.DataFrame) -> None:
+    """A table of the runs that fits a terminal of 80 columns: a column per swept key under its short label (with a
+    legend for the shortened ones), the status and the test loss; long values wrap rather than being cut."""
     console = Console(stderr=True)
-    table = Table("run", "status", "test/loss", title=f"{len(runs)} runs")
+    swept = swept_columns(runs)
+    labels = short_labels(swept)
+    table = Table(title=f"{len(runs)} runs")
+    for key in swept or ["run"]:
+        table.add_column(escape(labels.get(key, key)), overflow="fold")
+    table.add_column("status")
+    table.add_column("test/loss", justify="right")
     for _, row in runs.iterrows():
         status = "[green]finished[/green]" if row["status"] == "finished" else "[yellow]unfinished[/yellow]"
-        table.add_row(escape(row["run"]), status, format_value(row["test/loss"]))
+        table.add_row(
+            *(escape(format_value(row[key])) for key in swept or ["run"]), status, format_value(row["test/loss"])
+        )
     console.print(table)
+    legend = [f"{labels[key]} = {key}" for key in swept if labels[key] != key]
+    if legend:
+        console.print(escape("columns: " + ", ".join(legend)), soft_wrap=True, highlight=False)
     console.print(
-        f"[green]wrote[/green] {out / 'report.md'}, {out / 'runs.csv'} and the figures beside them", soft_wrap=True
+        f"[green]wrote[/green] {escape(str(out / 'report.md'))}, {escape(str(out / 'runs.csv'))} and the figures "
+        "beside them",
+        soft_wrap=True,
+        highlight=False,
     )
