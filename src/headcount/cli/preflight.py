@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from headcount.ablation.export import check_prune_heads
+from headcount.ablation.export import check_export
 from headcount.ablation.scans import KINDS, validate_scans
 from headcount.ablation.session import typed_ablation
 from headcount.config import typed, validate_train_config
@@ -122,4 +122,4 @@ def check_ablation(settings: AblationConfig, model: Transformer) -> None:
     shape = ModelShape(settings, model)
     for name, scan in settings.scans.items():
         KINDS[scan.kind](name, scan, shape).prepare()
-    check_prune_heads(settings.prune, model.heads_per_layer)
+    check_export(settings.prune, model.heads_per_layer)
