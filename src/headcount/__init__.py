@@ -1,3 +1,16 @@
-"""headcount: attention-head ablation studies on configurable transformers."""
+"""headcount: attention-head ablation studies on configurable transformers.
+
+The Python API (headcount/api.py): `headcount.load_run(run_dir)` opens a finished run as a `headcount.Run`.
+"""
 
 __version__ = "0.1.0"
+__all__ = ["Run", "load_run"]
+
+
+def __getattr__(name: str):
+    # The API imports torch and every stage; importing it on first use keeps `import headcount.<module>` light.
+    if name in __all__:
+        from headcount import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'headcount' has no attribute {name!r}")

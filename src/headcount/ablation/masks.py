@@ -10,6 +10,8 @@ Custom masks come from a YAML or JSON file:
 
 import itertools
 import json
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +121,47 @@ def custom_mask(entry, where: str, heads_per_layer: list[int], key: str) -> Head
 
 def is_pair(pair) -> bool:
     return isinstance(pair, list) and len(pair) == 2 and all(type(x) is int for x in pair)
+
+
+HEAD_NAME = re.compile(r"L(\d+)H(\d+)")
+
+MaskSpec = HeadMask | str | Iterable[Head | str]  # one mask as the Python API takes it
+
+
+def requested_masks(
+    masks: Mapping[str, MaskSpec] | Iterable[MaskSpec], heads_per_layer: list[int], key: str = "masks"
+) -> list[HeadMask]:
+    """Masks as the Python API takes them, checked against the model's heads: a mapping name -> heads, or a list of
+    masks, each a HeadMask, a name such as "L1H3+L0H2", or (layer, head) pairs and "L1H3" names; unnamed ones are
+    named after their heads."""
+    named = masks.items() if isinstance(masks, Mapping) else ((None, spec) for spec in masks)
+    result = [requested_mask(name, spec, heads_per_layer, key) for name, spec in named]
+    names = [m.name for m in result]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate is not None:
+        raise ConfigError(key, duplicate, "every mask needs a distinct name")
+    return result
+
+
+def requested_mask(name: str | None, spec: MaskSpec, heads_per_layer: list[int], key: str) -> HeadMask:
+    if isinstance(spec, HeadMask):
+        name, spec = name or spec.name, spec.heads_off
+    items = spec.split("+") if isinstance(spec, str) else list(spec)
+    heads = tuple(sorted({parsed_head(item, key) for item in items if item != "none"}))
+    for layer, head in heads:
+        check_head_exists(layer, head, heads_per_layer, key, str(name or spec))
+    one = heads[0] if len(heads) == 1 else (-1, -1)
+    return HeadMask(str(name) if name is not None else joined_name(heads), heads, *one)
+
+
+def parsed_head(item: Head | str, key: str) -> Head:
+    """(layer, head) from a pair or a name such as "L1H3"."""
+    match = HEAD_NAME.fullmatch(item.strip()) if isinstance(item, str) else None
+    if match:
+        return int(match[1]), int(match[2])
+    if not isinstance(item, str) and len(item) == 2 and all(isinstance(x, int) for x in item):
+        return int(item[0]), int(item[1])
+    raise ConfigError(key, item, 'a head is a (layer, head) pair or a name such as "L1H3"')
 
 
 def check_head_exists(layer: int, head: int, heads_per_layer: list[int], key: str, where: str = "") -> None:

@@ -47,29 +47,32 @@ def prepare_replacements(
     reference: dict[str, Tensor] | None,
     model: Transformer,
     examples: dict[str, Tensor],
-    files: ResultFiles,
+    files: ResultFiles | None,
 ) -> Replacements:
     """The session's replacements: the means of the `reference` examples or the resample pairing with them, from
-    ablation/replacements_<mode>.pt when they were computed under the same fingerprint (files.key). For resample, adds
-    each eval example's source tokens to `examples` as source_ids."""
+    ablation/replacements_<mode>.pt when they were computed under the same fingerprint (files.key); with files=None
+    computed in memory and saved nowhere (the Python API's evaluate). For resample, adds each eval example's source
+    tokens to `examples` as source_ids."""
     if s.mode == "zero":
         return Replacements("zero")
-    path = files.out / f"replacements_{s.mode}.pt"
-    saved = load_saved(path, files.key)
+    path = None if files is None else files.out / f"replacements_{s.mode}.pt"
+    saved = None if path is None else load_saved(path, files.key)
     device = next(model.parameters()).device
     if s.mode == "mean":
         if saved is None:
             batches = to_batches(reference, s.batch_size, device)
             saved = {"means": [m.cpu() for m in mean_z(model, batches, s.mean_per_position)]}
-            save(path, files.key, saved)
-            files.note_written(path)
+            if files is not None:
+                save(path, files.key, saved)
+                files.note_written(path)
         return Replacements("mean", [m.to(device) for m in saved["means"]])
     if saved is None:
         same_split = s.split == s.reference_split
         n_eval, n_reference = len(examples["input_ids"]), len(reference["input_ids"])
         saved = {"source_index": resample_sources(n_eval, n_reference, s.seed, same_split)}
-        save(path, files.key, saved)
-        files.note_written(path)
+        if files is not None:
+            save(path, files.key, saved)
+            files.note_written(path)
     examples["source_ids"] = reference["input_ids"][saved["source_index"]]
     return Replacements("resample")
 

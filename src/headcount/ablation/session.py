@@ -19,14 +19,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from headcount.ablation.data_check import checked_data
-from headcount.ablation.evaluator import MaskEvaluator
+from headcount.ablation.evaluation import evaluation, evaluation_set
 from headcount.ablation.export import check_export, export_pruned_model
 from headcount.ablation.importance import Importance, importance_under
-from headcount.ablation.replacements import prepare_replacements
 from headcount.ablation.results import ResultFiles, fingerprint, model_fingerprint
 from headcount.ablation.scans import KINDS, Scan, validate_scans
 from headcount.config.ablation import AblationConfig, ScanConfig, validate_ablation_config
-from headcount.run_dir import RunPaths, describe_run, load_run, to_batches
+from headcount.run_dir import RunPaths, describe_run, load_run
 
 
 def run_ablations(cfg: DictConfig, run_dir: str | Path) -> list[Path]:
@@ -72,10 +71,8 @@ class AblationSession:
         check_export(s.prune, self.heads_per_layer)
         data = checked_data(run_dir, self.run, s.allow_data_change)
 
-        examples = self.run.examples(s.split, s.n_eval, "ablation.split")
-        reference = None
-        if s.mode != "zero":
-            reference = self.run.examples(s.reference_split, s.n_reference, "ablation.reference_split")
+        eval_set = evaluation_set(self.run, s)
+        examples, reference = eval_set.examples, eval_set.reference
         n_eval = len(examples["input_ids"])
         settings_record = {
             "mode": s.mode,
@@ -89,10 +86,8 @@ class AblationSession:
         self.key = fingerprint(model_key, data["fingerprint"], settings_record)
         self.eval_key = fingerprint(model_key, data["fingerprint"], {"split": s.split, "n_eval": n_eval})
         self.files = ResultFiles(self.out, s.mode, self.key)
-        self.replacements = prepare_replacements(s, reference, self.model, examples, self.files)
-        self.batches = to_batches(examples, s.batch_size, self.device)
-        budget = None if s.memory_budget_mb is None else s.memory_budget_mb * 2**20
-        self.evaluator = MaskEvaluator(self.model, self.batches, self.replacements, s.masks_per_pass, budget)
+        evaluated = evaluation(s, self.model, eval_set, self.files, self.device)
+        self.replacements, self.batches, self.evaluator = evaluated.replacements, evaluated.batches, evaluated.evaluator
         self.baseline = self.evaluator.baseline()
         self.record = {
             "mode": s.mode,

@@ -1,0 +1,133 @@
+"""The Python API (headcount/api.py): a finished run opened in eval mode, masks evaluated with the scans' numbers,
+scans run by name, results read back as pandas tables with their mode."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+import headcount
+from headcount import run_lock
+from headcount.ablation.masks import HeadMask
+from headcount.cli.train import run as train
+from headcount.config import CONF_DIR
+from headcount.errors import ConfigError
+from headcount.run_dir import RunPaths
+from headcount.run_dir import load_run as open_finished_run
+
+SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "logger=none", "ablation.progress=false"]
+SMOKE += ["data.n_train=64", "data.n_val=24", "data.n_test=16", "data.seq_len=32", "ablation.n_reference=16"]
+SMOKE += ["ablation.batch_size=10"]  # three eval batches, the last one short
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A smoke-trained run that ran the single_head scan, with the .hydra/config.yaml headcount-train leaves."""
+    run_dir = tmp_path_factory.mktemp("api") / "run"
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=[*SMOKE, "ablation=[baseline,single_head]"])
+    train(cfg, run_dir)
+    RunPaths(run_dir).config.parent.mkdir()
+    OmegaConf.save(cfg, RunPaths(run_dir).config)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def run(run_dir) -> headcount.Run:
+    return headcount.load_run(run_dir, device="cpu")
+
+
+def test_load_run_gives_the_model_in_eval_mode_with_its_config_and_batches(run, run_dir):
+    assert isinstance(run, headcount.Run)
+    assert not run.model.training and all(not m.training for m in run.model.modules())
+    assert next(run.model.parameters()).dtype == torch.float32
+    assert run.config.model.attn.n_heads == 4
+    finished = open_finished_run(run_dir)
+    expected = finished.eval_batches()
+    assert [len(b["input_ids"]) for b in run.eval_batches] == [10, 10, 4]
+    for batch, want in zip(run.eval_batches, expected):
+        assert torch.equal(batch["input_ids"], want["input_ids"]) and torch.equal(batch["loss_mask"], want["loss_mask"])
+    assert run.metrics["test/loss"] > 0
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean", "resample"])
+def test_evaluate_gives_the_scans_numbers(run, mode):
+    scanned = run.scan("single_head", mode=mode).set_index("mask")
+    heads = list(scanned.index)
+    evaluated = run.evaluate(heads[::-1], mode=mode).set_index("mask").loc[heads]
+    for column in ["loss", "acc", "delta_loss", "delta_acc"]:
+        torch.testing.assert_close(
+            torch.tensor(evaluated[column].to_numpy()), torch.tensor(scanned[column].to_numpy()), rtol=1e-6, atol=1e-9
+        )
+    same = ["layer", "head", "mode", "n_heads_off", "split", "n_eval", "n_targets", "reference_split", "n_reference"]
+    pd.testing.assert_frame_equal(evaluated[same], scanned[same], check_dtype=False)
+
+
+def test_evaluate_takes_masks_in_every_form(run):
+    table = run.evaluate(
+        {"pair": [(0, 1), "L1H2"], "by name": "L0H1+L1H2", "mask": HeadMask("x", ((0, 1), (1, 2))), "none": []},
+        mode="zero",
+    )
+    assert list(table["mask"]) == ["pair", "by name", "mask", "none"]
+    assert list(table["n_heads_off"]) == [2, 2, 2, 0]
+    assert table["loss"].iloc[:3].nunique() == 1
+    assert table["delta_loss"].iloc[3] == 0
+    assert list(run.evaluate(["L1H3", [(0, 0), (0, 2)]])["mask"]) == ["L1H3", "L0H0+L0H2"]
+
+
+@pytest.mark.parametrize(
+    "masks, message",
+    [
+        (["L5H0"], "no such layer"),
+        ([[(0, 9)]], "no such head"),
+        (["head three"], "a head is a (layer, head) pair"),
+        ([], "at least one mask"),
+        (["L0H1", [(0, 1)]], "distinct name"),
+    ],
+)
+def test_bad_masks_are_config_errors(run, masks, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        run.evaluate(masks)
+
+
+def test_evaluate_writes_nothing(run, run_dir):
+    before = sorted(p.name for p in RunPaths(run_dir).ablation.iterdir())
+    run.evaluate(["L0H0"], mode="mean")
+    assert sorted(p.name for p in RunPaths(run_dir).ablation.iterdir()) == before
+
+
+def test_results_are_tables_with_a_mode_column(run):
+    run.scan("single_head", mode="mean")
+    both = run.results("single_head")
+    assert {"zero", "mean"} <= set(both["mode"])
+    modes = sorted(set(both["mode"]))
+    assert len(both) == sum(len(run.results("single_head", mode=mode)) for mode in modes)
+    assert set(run.results("single_head", mode="mean")["mode"]) == {"mean"}
+    by_mode = both.pivot(index="mask", columns="mode", values="delta_loss")
+    assert list(by_mode.columns) == modes and len(by_mode) == 8
+    index = run.results_index()
+    assert {("single_head", "zero"), ("single_head", "mean"), ("baseline", "zero")} <= set(
+        zip(index["scan"], index["mode"])
+    )
+    assert run.summary("zero")["baseline_loss"] == pytest.approx(run.results("baseline")["loss"].iloc[0])
+
+
+def test_results_of_a_scan_not_run_say_what_is_there(run):
+    with pytest.raises(ConfigError, match="run.scan computes them; done: .*single_head"):
+        run.results("layer")
+    with pytest.raises(ConfigError, match="allowed: zero, mean, resample"):
+        run.evaluate(["L0H0"], mode="half")
+
+
+def test_scan_runs_a_kind_with_scan_settings_releases_the_lock_and_reads_back(run, run_dir, capsys):
+    pairs = run.scan("pairs", top_k=3)
+    assert len(pairs) == 3 and set(pairs["scan"]) == {"pairs"}
+    assert not run_lock.holds(run_dir)
+    again = run.scan("pairs", top_k=3)
+    assert "up to date" in capsys.readouterr().err
+    pd.testing.assert_frame_equal(again, pairs)
