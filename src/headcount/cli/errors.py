@@ -158,17 +158,28 @@ def discarded_if_rejected(folder: Path, run_dir: Path | None = None) -> Iterator
         raise
 
 
+class Terminated(BaseException):
+    """SIGTERM outside training (training defers it to a step boundary: train/signals.py). A BaseException, as
+    KeyboardInterrupt is for SIGINT, so that neither Hydra nor a sweep's next job takes it for a job's failure."""
+
+
+def terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 def run_hydra_command(hydra_main: Callable[[], Any]) -> None:
     """Run a @hydra.main function so that composition errors, too, come out as one line and exit code 2, and Ctrl-C
-    or SIGTERM as one line and exit code 128 + the signal number."""
+    or SIGTERM, at any moment, as one line and exit code 128 + the signal number."""
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    signal.signal(signal.SIGTERM, terminate)
     try:
         exit_on_config_error(hydra_main)()
     except KeyboardInterrupt:
         print_error("interrupted; the same command again resumes where it stopped")
         sys.exit(128 + signal.SIGINT)
-    except SystemExit as e:
-        if type(e).__name__ != "SIGTERMException":  # Lightning's way out of training on SIGTERM, with exit code 0
+    except (Terminated, SystemExit) as e:
+        # Lightning's SIGTERMException leaves training on SIGTERM with exit code 0
+        if isinstance(e, SystemExit) and type(e).__name__ != "SIGTERMException":
             raise
         print_error("stopped by SIGTERM; the same command again resumes where it stopped")
         sys.exit(128 + signal.SIGTERM)
