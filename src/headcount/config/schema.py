@@ -43,8 +43,14 @@ class TrainConfig:
 
 @dataclass
 class AblateConfig:
-    run_dir: str = MISSING  # a finished training run
+    # A finished training run; with model.pretrained, the run directory that records the checkpoint and its scans
+    # (default: outputs/pretrained/<checkpoint name>/<data source>-<hash of the source and the data section>).
+    run_dir: str = MISSING
     ablation: AblationConfig = field(default_factory=AblationConfig)
+    # Only with model.pretrained (a training run brings its own): the model, the data and the seed.
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    seed: int = 0
 
 
 def register_configs() -> None:

@@ -63,7 +63,7 @@ def concrete_tokenizer(model: ModelConfig, data: DataConfig) -> Tokenizer:
         raise ConfigError(
             "data.tokenizer",
             "pretrained",
-            f"data.source={data.source} has its own alphabet; a pretrained tokenizer reads text ({', '.join(TEXT_SOURCES)})",
+            f"data.source={data.source} has its own alphabet; a tokenizer reads text ({', '.join(TEXT_SOURCES)})",
         )
     return choice
 
