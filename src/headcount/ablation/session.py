@@ -25,7 +25,7 @@ from headcount.ablation.importance import Importance, importance_under
 from headcount.ablation.results import ResultFiles, fingerprint, model_fingerprint
 from headcount.ablation.scans import KINDS, Scan, validate_scans
 from headcount.config.ablation import AblationConfig, ScanConfig, validate_ablation_config
-from headcount.run_dir import RunPaths, describe_run, load_run
+from headcount.run_dir import RunPaths, describe_run, load_run, read_pretrained
 
 
 def run_ablations(cfg: DictConfig, run_dir: str | Path) -> list[Path]:
@@ -105,6 +105,7 @@ class AblationSession:
                 "baseline_loss": self.baseline["loss"],
                 "baseline_acc": self.baseline["acc"],
                 "n_targets": self.baseline["n_targets"],
+                **({"pretrained": pretrained["provenance"]} if (pretrained := read_pretrained(run_dir)) else {}),
             }
         )
         self.shared: dict[str, Any] = {}  # scan kind -> what its last run here handed to other scans

@@ -7,6 +7,10 @@ is the base; each `ablation.*` key typed on the command line overrides it, and t
 
 Before Hydra starts, run_dir must name a finished training run (else one line, exit 2, and nothing created), and the
 command takes the run's lock (run_lock.py): one process at a time works on a run, training or ablating.
+
+`headcount-ablate model.pretrained=<checkpoint> data=<source> [run_dir=<folder>]` (or model=<pretrained preset>)
+ablates a pretrained model as it is, without training: cli/pretrained_run.py prepares its run directory (default
+under outputs/pretrained/), then the scans run there as on any run.
 """
 
 import sys
@@ -21,10 +25,11 @@ from rich.console import Console
 from headcount import run_lock
 from headcount.ablation.session import run_ablations
 from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, run_hydra_command, typed_value
+from headcount.cli.pretrained_run import default_run_dir, prepare_pretrained_run, pretrained_requested
 from headcount.config import CONF_DIR, register_configs
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
-from headcount.run_dir import finished_checkpoint, load_run_config
+from headcount.run_dir import finished_checkpoint, load_run_config, read_pretrained
 
 
 def ablate(cfg: DictConfig, typed_keys: Sequence[str] = ()) -> list[Path]:
@@ -55,6 +60,7 @@ def print_written(paths: list[Path]) -> None:
 
 
 register_configs()
+OmegaConf.register_new_resolver("headcount.pretrained_run_dir", default_run_dir, replace=True)
 
 
 def quote_run_dir(args: list[str]) -> list[str]:
@@ -74,11 +80,16 @@ def run_dir_argument(args: list[str]) -> Path:
     values = [typed_value(arg) for arg in args if arg.partition("=")[0].lstrip("+") == "run_dir"]
     if not values:
         raise ConfigError("run_dir", None, "missing: headcount-ablate run_dir=<a finished training run> [ablation=...]")
-    run_dir = Path(str(values[-1]))
+    return finished_run(Path(str(values[-1])))
+
+
+def finished_run(run_dir: Path) -> Path:
+    """run_dir, if it holds a finished run (trained, or a pretrained model's); else ConfigError."""
     if not run_dir.is_dir():
         raise ConfigError("run_dir", str(run_dir), "no such folder")
     load_run_config(run_dir)
-    finished_checkpoint(run_dir)
+    if read_pretrained(run_dir) is None or read_pretrained(run_dir)["weights"] != "as_pretrained":
+        finished_checkpoint(run_dir)
     return run_dir
 
 
@@ -86,10 +97,16 @@ def run_dir_argument(args: list[str]) -> Path:
 @exit_on_config_error
 def ablate_job(cfg: DictConfig) -> None:
     with discarded_if_rejected(Path(HydraConfig.get().runtime.output_dir), Path(cfg.run_dir)):
+        if cfg.model.pretrained is not None:
+            prepare_pretrained_run(cfg, Path(cfg.run_dir))
+        else:
+            run_lock.acquire(finished_run(Path(cfg.run_dir)), "headcount-ablate", "run_dir")
         print_written(ablate(cfg, typed_ablation_keys(HydraConfig.get().overrides.task)))
 
 
 def take_run(args: list[str]) -> None:
+    if pretrained_requested(args):
+        return  # its run directory is known once the config is composed: the job takes the lock
     run_lock.acquire(run_dir_argument(args), "headcount-ablate", "run_dir")
 
 

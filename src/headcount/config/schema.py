@@ -43,8 +43,14 @@ class TrainConfig:
 
 @dataclass
 class AblateConfig:
-    run_dir: str = MISSING  # a finished training run
+    # A finished training run; with model.pretrained, the run directory that records the checkpoint and its scans
+    # (default: outputs/pretrained/<checkpoint name>/<data source>-<hash of the source and the data section>).
+    run_dir: str = MISSING
     ablation: AblationConfig = field(default_factory=AblationConfig)
+    # Only with model.pretrained (a training run brings its own): the model, the data and the seed.
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    seed: int = 0
 
 
 def register_configs() -> None:
@@ -99,12 +105,13 @@ def validate_train_config(cfg: DictConfig) -> None:
     model: ModelConfig = typed(cfg.model, ModelConfig)
     data: DataConfig = typed(cfg.data, DataConfig)
     validate_model_config(model)
-    validate_trainer_config(typed(cfg.trainer, TrainerConfig))
+    # max_steps=0 evaluates a pretrained model as it is; a model built from scratch needs training
+    validate_trainer_config(typed(cfg.trainer, TrainerConfig), least_steps=0 if model.pretrained else 1)
     validate_logger_config(typed(cfg.logger, LoggerConfig))
     if data.seq_len > model.n_ctx:
         raise ConfigError("data.seq_len", data.seq_len, f"must be at most model.n_ctx={model.n_ctx}")
     data_vocab = data_vocab_size(data)
-    if data_vocab > model.vocab_size:
+    if data_vocab is not None and data_vocab > model.vocab_size:
         raise ConfigError(
             "model.vocab_size", model.vocab_size, f"must be at least the data's vocabulary ({data_vocab})"
         )

@@ -1,0 +1,89 @@
+"""The run directory `headcount-ablate model.pretrained=<checkpoint> data=<source>` works in, without a training run.
+
+`prepare_pretrained_run` writes what a finished run holds, so the scans, reports and findings read it like any run:
+.hydra/config.yaml (the model the checkpoint implies, the data, the seed), data_fingerprint.json and pretrained.json
+(the checkpoint's provenance; weights "as_pretrained": no checkpoint file, the model is read from the source again).
+The same command again finds the same folder and its up-to-date results. A folder that holds a training run, or the
+run of another checkpoint or other data, is refused in one line.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from headcount import run_lock
+from headcount.config import TrainConfig, typed, validate_train_config
+from headcount.config.data import DataConfig
+from headcount.errors import ConfigError
+from headcount.io import atomic_write_text
+from headcount.pretrained.run_config import cached_pretrained, resolve_pretrained, text_tokenizer
+from headcount.run_dir import RunPaths, read_pretrained, record_data_fingerprint, record_pretrained
+
+DEFAULT_ROOT = Path("outputs") / "pretrained"
+RECORDED = ("model", "data", "seed")  # what a pretrained run directory is the run of
+
+
+def default_run_dir(source: str | None, data: DictConfig) -> str:
+    """outputs/pretrained/<checkpoint name>/<data source>-<8 hex digits of the source and the data section>."""
+    if source is None:
+        raise ConfigError("run_dir", None, "missing: headcount-ablate run_dir=<a finished run> or model.pretrained=...")
+    section = {k: v for k, v in OmegaConf.to_container(data, resolve=False).items() if k != "cache_dir"}
+    digest = hashlib.sha256(json.dumps([source, section], sort_keys=True, default=str).encode()).hexdigest()[:8]
+    name = Path(source.split(":", 1)[-1]).name.removesuffix(".gguf") or "model"
+    return str(DEFAULT_ROOT / name / f"{data.source}-{digest}")
+
+
+def prepare_pretrained_run(cfg: DictConfig, run_dir: Path) -> None:
+    """Take run_dir's lock, check the config, and write (or find, up to date) the run of model.pretrained on the data.
+    ConfigError, before anything is written, for bad input or a folder that holds another run."""
+    run_lock.acquire(run_dir, "headcount-ablate", "run_dir")
+    train_like = OmegaConf.merge(
+        OmegaConf.structured(TrainConfig), {"model": cfg.model, "data": cfg.data, "seed": cfg.seed}
+    )
+    resolved = resolve_pretrained(train_like)
+    validate_train_config(resolved)
+    paths = RunPaths(run_dir)
+    wanted = plain_run(resolved)
+    if paths.config.exists():
+        check_same_run(run_dir, wanted)
+        return
+    from headcount.data import HeadcountDataModule  # datasets loads only when data is built
+
+    data = HeadcountDataModule(typed(resolved.data, DataConfig), text_tokenizer(resolved))
+    data.setup()  # bad data fails here, before the run directory holds anything
+    pretrained = cached_pretrained(resolved.model.pretrained)
+    record_data_fingerprint(run_dir, data.splits)
+    record_pretrained(run_dir, pretrained.provenance, wanted["model"], as_pretrained=True)
+    paths.config.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(paths.config, OmegaConf.to_yaml(OmegaConf.create(wanted)))  # last: the run is complete
+
+
+def plain_run(cfg: DictConfig) -> dict:
+    return {
+        key: OmegaConf.to_container(cfg[key], resolve=True, enum_to_str=True) if key != "seed" else cfg.seed
+        for key in RECORDED
+    }
+
+
+def check_same_run(run_dir: Path, wanted: dict) -> None:
+    if read_pretrained(run_dir) is None:
+        raise ConfigError(
+            "run_dir", str(run_dir), "holds a training run: ablate it without model.pretrained (its own model and data)"
+        )
+    existing = OmegaConf.to_container(OmegaConf.load(RunPaths(run_dir).config), resolve=True, enum_to_str=True)
+    for key in RECORDED:
+        if existing.get(key) != wanted[key]:
+            what = (existing.get("model") or {}).get("pretrained")
+            raise ConfigError(
+                "run_dir",
+                str(run_dir),
+                f"holds the run of model.pretrained={what} with another {key} section; choose another run_dir",
+            )
+
+
+def pretrained_requested(args: list[str]) -> bool:
+    """A command line that selects a model (model=<preset> or model.*=...): the pretrained path, whose run directory
+    is known only once the config is composed."""
+    return any(arg.partition("=")[0].lstrip("+~").split(".")[0].split("/")[0] == "model" for arg in args)

