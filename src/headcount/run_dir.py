@@ -1,10 +1,15 @@
 """The run directory contract (docs/DESIGN.md): `.hydra/`, `checkpoints/last.ckpt`, `metrics.json`,
-`data_fingerprint.json`, `ablation/`, `DONE` last.
+`data_fingerprint.json`, `pretrained.json` (a run that starts from model.pretrained), `ablation/`, `DONE` last.
+
+A run whose model is a pretrained checkpoint as it is (headcount-ablate model.pretrained=..., or headcount-train with
+trainer.max_steps=0) has no last.ckpt: its pretrained.json names the source and the sha256 of its files, and the
+model is read from the source again, refused if those files changed.
 
 Each stage reads the previous stage's files from here, so any stage can be rerun alone. `load_run` is the one way a
 later stage (the ablations, the findings) opens a finished run: its config, checkpoint, model and data splits.
 """
 
+import copy
 import json
 import zipfile
 from dataclasses import dataclass
@@ -51,6 +56,10 @@ class RunPaths:
         return self.root / "data_fingerprint.json"
 
     @property
+    def pretrained(self) -> Path:
+        return self.root / "pretrained.json"
+
+    @property
     def ablation(self) -> Path:
         return self.root / "ablation"
 
@@ -78,6 +87,35 @@ def read_data_fingerprint(run_dir: str | Path) -> dict | None:
     """The data fingerprint training recorded; None for a run trained before headcount recorded one."""
     path = RunPaths(Path(run_dir)).data_fingerprint
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def record_pretrained(run_dir: str | Path, provenance: dict, model: dict, as_pretrained: bool) -> None:
+    """pretrained.json: the source's provenance, the model config it implies, and whether the run's model is the
+    checkpoint as it is (no training) or was fine-tuned from it (then checkpoints/ hold its weights)."""
+    record = {"provenance": provenance, "model": model, "weights": "as_pretrained" if as_pretrained else "fine_tuned"}
+    atomic_write_json(RunPaths(Path(run_dir)).pretrained, record)
+
+
+def read_pretrained(run_dir: str | Path) -> dict | None:
+    path = RunPaths(Path(run_dir)).pretrained
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def pretrained_model(run_dir: str | Path, record: dict) -> Transformer:
+    """The model of a run that uses its pretrained checkpoint as it is, refused if the source's files changed."""
+    from headcount.pretrained.run_config import cached_pretrained
+
+    recorded = record["provenance"]
+    model, _, provenance = cached_pretrained(recorded["source"])
+    for key in ("files", "revision"):
+        if recorded.get(key) != provenance.get(key):
+            raise ConfigError(
+                "run_dir",
+                str(run_dir),
+                f"its model.pretrained={recorded['source']} changed since the run recorded it ({key} differ); "
+                "ablate it in a new run directory",
+            )
+    return copy.deepcopy(model)  # the cached one stays as read: scans may move or cast theirs
 
 
 def model_config_from_dict(model: dict | DictConfig) -> ModelConfig:
@@ -127,15 +165,16 @@ class FinishedRun:
     against the model fail before any data is read."""
 
     config: DictConfig  # the run's config (train config: model, data, seed, ablation)
-    checkpoint: Path
+    checkpoint: Path | None  # None: the model is its pretrained checkpoint as it is (pretrained.json)
     model: Transformer  # on the CPU, in eval mode, in the checkpoint's dtype
 
     @cached_property
     def splits(self) -> dict[str, "Dataset"]:
         from headcount.data import HeadcountDataModule  # datasets and tokenisers load only when data is needed
+        from headcount.pretrained.run_config import text_tokenizer
 
         data_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), self.config.data))
-        data = HeadcountDataModule(data_cfg)
+        data = HeadcountDataModule(data_cfg, text_tokenizer(self.config))
         data.setup()
         return data.splits
 
@@ -152,6 +191,9 @@ class FinishedRun:
 def load_run(run_dir: str | Path, config: DictConfig | None = None) -> FinishedRun:
     """The finished run in run_dir, under `config` (default: the run's own .hydra/config.yaml)."""
     config = load_run_config(run_dir) if config is None else config
+    record = read_pretrained(run_dir)
+    if record is not None and record["weights"] == "as_pretrained":
+        return FinishedRun(config, None, pretrained_model(run_dir, record).eval())
     checkpoint = finished_checkpoint(run_dir)
     return FinishedRun(config, checkpoint, load_model(checkpoint).eval())
 
@@ -184,11 +226,16 @@ def describe_run(config: DictConfig, run_dir: str | Path | None = None) -> str:
 def describe_model(config: DictConfig, run_dir: str | Path | None = None) -> str:
     """The model's preset (where Hydra recorded the choice in the run's .hydra/hydra.yaml) and its shape."""
     m = config.model
+    record = read_pretrained(run_dir) if run_dir is not None else None
+    if record is not None:  # the run's config holds model.pretrained; the shape is the checkpoint's
+        m = OmegaConf.create(record["model"])
     heads = m.get("heads_per_layer") or [m.attn.n_heads] * m.n_layers
     per_layer = f"{heads[0]} heads" if len(set(heads)) == 1 else f"{list(heads)} heads"
     shape = f"{m.n_layers} layers x {per_layer}, d_model {m.d_model}" + (", summed" if m.attn.combine == "sum" else "")
     hydra_file = Path(run_dir) / ".hydra" / "hydra.yaml" if run_dir is not None else None
     choices = OmegaConf.load(hydra_file).hydra.runtime.choices if hydra_file and hydra_file.exists() else {}
+    if m.get("pretrained"):
+        return f"model {Path(m.pretrained).name} ({shape})"
     return f"model {choices['model']} ({shape})" if "model" in choices else f"model {shape}"
 
 

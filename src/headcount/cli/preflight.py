@@ -25,6 +25,7 @@ from headcount.data.text import text_files
 from headcount.errors import ConfigError
 from headcount.findings import validate_finding
 from headcount.model.transformer import Transformer
+from headcount.pretrained.run_config import resolve_pretrained
 
 # Bytes a parameter takes while it trains: its value, its gradient and Adam's two moments, in the weights' precision
 # (mixed precision keeps float32 weights). Activations come on top; this is the floor.
@@ -34,7 +35,9 @@ DEFAULT_MODEL = ModelConfig()
 
 
 def validate_job(cfg: DictConfig) -> None:
-    """Everything about one job's config that can fail before training; raises ConfigError."""
+    """Everything about one job's config that can fail before training; raises ConfigError. With model.pretrained,
+    the model checked is the one the checkpoint implies (its config is read, not its weights)."""
+    cfg = resolve_pretrained(cfg)
     validate_train_config(cfg)
     data: DataConfig = typed(cfg.data, DataConfig)
     validate_data_config(data)

@@ -18,6 +18,7 @@ from headcount.cli.preflight import validate_job
 from headcount.cli.sweep import check_launcher_installed, register_resolvers, skipped_finding
 from headcount.config import CONF_DIR, register_configs
 from headcount.findings import check_finding, reads_sweep
+from headcount.pretrained.run_config import resolve_pretrained
 from headcount.report.tracking import log_run_results
 from headcount.run_dir import RunPaths, is_done, mark_done
 from headcount.train.job import train
@@ -33,6 +34,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
         console.print(f"[green]already finished:[/green] {escape(str(run_dir))} (delete DONE to rerun)")
         return
     validate_job(cfg)
+    cfg = resolve_pretrained(cfg)  # the model the checkpoint implies (read once per process)
     with closing_wandb_run(), own_gpu_in_a_sweep(cfg), ddp_confined_to_this_job():
         metrics = train(cfg, run_dir)
         if rank_zero_only.rank != 0:
@@ -47,7 +49,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
 
 def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
     """The end of a run: what was trained and measured, the headline numbers, and the files written."""
-    resumed = " (resumed)" if metrics.get("tokens_per_second") is None else ""
+    resumed = " (resumed)" if metrics.get("tokens_per_second") is None and metrics["steps"] else ""
     console.print(
         f"[bold]trained[/bold] {metrics['steps']:,} steps in {metrics['train_seconds']:.0f} s{resumed}: "
         f"{metrics['params']:,} parameters, {metrics['flops_per_token']:,.0f} training FLOPs per token",

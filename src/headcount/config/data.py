@@ -19,6 +19,12 @@ class Source(Choice):
     hub = "hub"
 
 
+class Tokenizer(Choice):
+    auto = "auto"  # the pretrained model's tokenizer for text when model.pretrained is set, else bytes
+    bytes = "bytes"  # one token per byte (vocabulary 256)
+    pretrained = "pretrained"  # the tokenizer of model.pretrained's checkpoint
+
+
 SYNTHETIC_SOURCES = ("induction", "assoc_recall", "offset_diff", "copy")
 TEXT_SOURCES = ("text", "pystdlib", "hub")
 SOURCES = tuple(source.value for source in Source)
@@ -29,8 +35,11 @@ BYTE_VOCAB = 256  # text sources are byte-level
 class DataConfig:
     source: Source = Source.induction
     seq_len: int = 64
-    # Synthetic tasks: the token alphabet. Text sources are byte-level and always use 256.
+    # Synthetic tasks: the token alphabet. Text sources are byte-level (256) unless tokenizer says otherwise.
     vocab_size: int = 64
+    # Text sources: bytes, or the tokenizer of model.pretrained (auto: that one when model.pretrained is set).
+    # Synthetic sources keep their own alphabet.
+    tokenizer: Tokenizer = Tokenizer.auto
     seed: int = 0
     n_train: int = 16384  # synthetic: examples per split; text: at most this many chunks
     n_val: int = 512
@@ -55,16 +64,20 @@ class DataConfig:
     cache_dir: str = "${oc.env:HEADCOUNT_CACHE,${oc.env:HOME,/tmp}/.cache/headcount}"
 
 
-def data_vocab_size(cfg: DataConfig) -> int:
-    """Token ids lie in [0, this): the task alphabet for synthetic sources, bytes for text sources."""
+def data_vocab_size(cfg: DataConfig) -> int | None:
+    """Token ids lie in [0, this): the task alphabet for synthetic sources, bytes for text sources; None for text
+    read with a pretrained tokenizer (headcount.pretrained checks that one against the model)."""
     check_choice("data.source", cfg.source, Source)
-    return cfg.vocab_size if cfg.source in SYNTHETIC_SOURCES else BYTE_VOCAB
+    if cfg.source in SYNTHETIC_SOURCES:
+        return cfg.vocab_size
+    return None if cfg.tokenizer == Tokenizer.pretrained else BYTE_VOCAB
 
 
 def validate_data_section(cfg: DataConfig) -> None:
     """The checks every source shares; each synthetic task adds its own (data/synthetic.py) and the cache folder is
     checked where it is resolved (data/cache.py). Raises ConfigError naming the first bad key."""
     check_choice("data.source", cfg.source, Source)
+    check_choice("data.tokenizer", cfg.tokenizer, Tokenizer)
     for key, value, minimum in (
         ("seq_len", cfg.seq_len, 2),
         ("n_train", cfg.n_train, 1),

@@ -48,6 +48,9 @@ class AttentionConfig:
 
 @dataclass
 class ModelConfig:
+    # A pretrained checkpoint (a save_pretrained folder, a .gguf file or a Hugging Face Hub name): it sets every shape
+    # key below and the starting weights (headcount.pretrained.run_config); null: a model built from these keys.
+    pretrained: str | None = None
     n_layers: int = 2
     d_model: int = 64
     n_ctx: int = 128

@@ -99,12 +99,13 @@ def validate_train_config(cfg: DictConfig) -> None:
     model: ModelConfig = typed(cfg.model, ModelConfig)
     data: DataConfig = typed(cfg.data, DataConfig)
     validate_model_config(model)
-    validate_trainer_config(typed(cfg.trainer, TrainerConfig))
+    # max_steps=0 evaluates a pretrained model as it is; a model built from scratch needs training
+    validate_trainer_config(typed(cfg.trainer, TrainerConfig), least_steps=0 if model.pretrained else 1)
     validate_logger_config(typed(cfg.logger, LoggerConfig))
     if data.seq_len > model.n_ctx:
         raise ConfigError("data.seq_len", data.seq_len, f"must be at most model.n_ctx={model.n_ctx}")
     data_vocab = data_vocab_size(data)
-    if data_vocab > model.vocab_size:
+    if data_vocab is not None and data_vocab > model.vocab_size:
         raise ConfigError(
             "model.vocab_size", model.vocab_size, f"must be at least the data's vocabulary ({data_vocab})"
         )

@@ -48,10 +48,14 @@ def check_at_least(key: str, value: float, least: float, what: str) -> None:
         raise ConfigError(key, value, what)
 
 
-def validate_trainer_config(cfg: TrainerConfig) -> None:
-    """What a type cannot check: values Lightning would fail on deep inside a run, or silently misuse."""
+def validate_trainer_config(cfg: TrainerConfig, least_steps: int = 1) -> None:
+    """What a type cannot check: values Lightning would fail on deep inside a run, or silently misuse. least_steps=0
+    lets max_steps=0 through (a pretrained model evaluated as it is)."""
     check_choice("trainer.precision", cfg.precision, Precision)
-    for key in ("max_steps", "val_check_interval", "checkpoint_every_n_steps", "log_every_n_steps", "num_nodes"):
+    if cfg.max_steps < least_steps:
+        allowed = "must be a positive integer (0 only with model.pretrained: evaluate it as it is)"
+        raise ConfigError("trainer.max_steps", cfg.max_steps, allowed if least_steps else "must be 0 or more")
+    for key in ("val_check_interval", "checkpoint_every_n_steps", "log_every_n_steps", "num_nodes"):
         check_at_least(f"trainer.{key}", getattr(cfg, key), 1, "must be a positive integer")
     if cfg.limit_val_batches < 0:
         raise ConfigError("trainer.limit_val_batches", cfg.limit_val_batches, "must be 0 or more (0: no validation)")

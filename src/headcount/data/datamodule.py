@@ -7,26 +7,27 @@ from torch.utils.data import DataLoader
 from headcount.config.data import TEXT_SOURCES, DataConfig, data_vocab_size
 from headcount.data.resumable import resumable_loader
 from headcount.data.splits import build_splits, validate_data_config
+from headcount.data.tokens import TextTokenizer
 from headcount.errors import ConfigError
 
 
 class HeadcountDataModule(L.LightningDataModule):
-    def __init__(self, cfg: DataConfig):
+    def __init__(self, cfg: DataConfig, tokenizer: TextTokenizer | None = None):
         super().__init__()
         validate_data_config(cfg)
-        self.cfg = cfg
-        self.vocab_size = data_vocab_size(cfg)
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.vocab_size = data_vocab_size(cfg) or (tokenizer.vocab_size if tokenizer is not None else None)
         self._splits: dict[str, Dataset] | None = None
 
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node: the text cache is written once, then every rank loads it.
         if self.cfg.source in TEXT_SOURCES:
-            build_splits(self.cfg)
+            build_splits(self.cfg, self.tokenizer)
 
     def setup(self, stage: str | None = None) -> None:
         if self._splits is not None:
             return
-        splits = build_splits(self.cfg)
+        splits = build_splits(self.cfg, self.tokenizer)
         if len(splits["train"]) < self.cfg.batch_size:
             # drop_last would leave no training batch at all.
             raise ConfigError(

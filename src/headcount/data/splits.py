@@ -8,6 +8,7 @@ from headcount.data.chunking import SPLITS, split_cap
 from headcount.data.examples import examples_dataset
 from headcount.data.synthetic import check_synthetic, synthetic_arrays
 from headcount.data.text import hub_splits, pystdlib_splits, text_splits
+from headcount.data.tokens import TextTokenizer
 
 TEXT_BUILDERS = {"text": text_splits, "pystdlib": pystdlib_splits, "hub": hub_splits}
 
@@ -21,8 +22,9 @@ def validate_data_config(cfg: DataConfig) -> None:
         cache_root(cfg)  # raises on a relative cache_dir before any file is read
 
 
-def build_splits(cfg: DataConfig) -> dict[str, Dataset]:
-    """{"train", "val", "test"} -> torch-formatted Datasets with columns input_ids (int64) and loss_mask (bool)."""
+def build_splits(cfg: DataConfig, tokenizer: TextTokenizer | None = None) -> dict[str, Dataset]:
+    """{"train", "val", "test"} -> torch-formatted Datasets with columns input_ids (int64) and loss_mask (bool).
+    tokenizer: how a text source is tokenized (None: bytes); synthetic sources ignore it."""
     validate_data_config(cfg)
     if cfg.source in SYNTHETIC_SOURCES:
         splits = {
@@ -30,5 +32,7 @@ def build_splits(cfg: DataConfig) -> dict[str, Dataset]:
             for index, split in enumerate(SPLITS)
         }
     else:
-        splits = TEXT_BUILDERS[cfg.source](cfg)
+        if cfg.tokenizer == "pretrained" and tokenizer is None:
+            raise ValueError("data.tokenizer=pretrained: build_splits needs the tokenizer (headcount.pretrained)")
+        splits = TEXT_BUILDERS[cfg.source](cfg, tokenizer)
     return {split: splits[split].with_format("torch") for split in SPLITS}

@@ -1,5 +1,6 @@
-"""Real text as byte-level examples: a local file or folder (text), this Python's standard library (pystdlib), or a
-Hugging Face Hub dataset (hub). Each is read through `datasets`, chunked by headcount.data.chunking and cached."""
+"""Real text as examples: a local file or folder (text), this Python's standard library (pystdlib), or a Hugging Face
+Hub dataset (hub). Each is read through `datasets`, tokenized (bytes, or a pretrained tokenizer: data/tokens.py),
+chunked and cached under a key that includes the tokenizer."""
 
 import hashlib
 import sys
@@ -12,16 +13,9 @@ from datasets import Dataset, DatasetDict, Features, Value, load_dataset
 
 from headcount.config.data import DataConfig
 from headcount.data.cache import cache_root, fingerprint, load_or_build
-from headcount.data.chunking import (
-    SPLITS,
-    byte_chunks,
-    chunks_needed,
-    join_documents,
-    require_every_split,
-    split_by_fraction,
-    split_cap,
-)
+from headcount.data.chunking import SPLITS, chunks_needed, require_every_split, split_by_fraction, split_cap
 from headcount.data.examples import examples_dataset, language_model_mask
+from headcount.data.tokens import TextTokenizer, cache_fields, token_chunks
 from headcount.errors import ConfigError
 
 # pystdlib leaves out third-party code and the test suites (huge and repetitive: they would swamp the library itself).
@@ -71,15 +65,15 @@ def text_files(cfg: DataConfig) -> list[Path]:
     return files
 
 
-def text_splits(cfg: DataConfig) -> DatasetDict:
+def text_splits(cfg: DataConfig, tokenizer: TextTokenizer | None = None) -> DatasetDict:
     files = text_files(cfg)
     root = Path(cfg.path).expanduser()
     identity = [(path.relative_to(root).as_posix(), hashlib.sha256(path.read_bytes()).hexdigest()) for path in files]
-    name = f"text-{fingerprint({**_config_fields(cfg), 'files': identity})}"
+    name = f"text-{fingerprint({**_config_fields(cfg), 'files': identity, **cache_fields(tokenizer)})}"
 
     def build(scratch: Path) -> DatasetDict:
-        data = join_documents(_load_documents(files, scratch)["bytes"])
-        return _to_dataset_dict(split_by_fraction(byte_chunks(data, cfg.seq_len), cfg, "data.path", cfg.path), cfg)
+        chunks = token_chunks(_load_documents(files, scratch)["bytes"], cfg.seq_len, tokenizer)
+        return _to_dataset_dict(split_by_fraction(chunks, cfg, "data.path", cfg.path), cfg)
 
     return load_or_build(cache_root(cfg), name, build)
 
@@ -99,10 +93,11 @@ def stdlib_split_of(relative_path: str, cfg: DataConfig) -> str:
     return "val" if unit < cfg.test_fraction + cfg.val_fraction else "train"
 
 
-def pystdlib_splits(cfg: DataConfig) -> DatasetDict:
+def pystdlib_splits(cfg: DataConfig, tokenizer: TextTokenizer | None = None) -> DatasetDict:
     root, files = stdlib_files()
     identity = [(path, (root / path).stat().st_size) for path in files]
-    name = f"pystdlib-{fingerprint({**_config_fields(cfg), 'python': sys.version, 'files': identity})}"
+    fields = {**_config_fields(cfg), "python": sys.version, "files": identity, **cache_fields(tokenizer)}
+    name = f"pystdlib-{fingerprint(fields)}"
 
     def build(scratch: Path) -> DatasetDict:
         documents = _load_documents([root / path for path in files], scratch)
@@ -111,7 +106,7 @@ def pystdlib_splits(cfg: DataConfig) -> DatasetDict:
             by_split[stdlib_split_of(path, cfg)].append(content)
         chunks = {}
         for index, split in enumerate(SPLITS):
-            all_chunks = byte_chunks(join_documents(by_split[split]), cfg.seq_len)
+            all_chunks = token_chunks(by_split[split], cfg.seq_len, tokenizer)
             # A seeded order before the cap, so a capped split samples chunks from all of its files.
             order = np.random.default_rng((cfg.seed, index)).permutation(len(all_chunks))
             chunks[split] = all_chunks[order[: split_cap(cfg, split)]]
@@ -121,9 +116,9 @@ def pystdlib_splits(cfg: DataConfig) -> DatasetDict:
     return load_or_build(cache_root(cfg), name, build)
 
 
-def hub_splits(cfg: DataConfig) -> DatasetDict:
+def hub_splits(cfg: DataConfig, tokenizer: TextTokenizer | None = None) -> DatasetDict:
     """The Hub dataset's train split, streamed only as far as the capped splits need, then split like text."""
-    fields = {**_config_fields(cfg), "hub": [cfg.hub_name, cfg.hub_config, cfg.text_field]}
+    fields = {**_config_fields(cfg), "hub": [cfg.hub_name, cfg.hub_config, cfg.text_field], **cache_fields(tokenizer)}
     name = f"hub-{fingerprint(fields)}"
 
     def documents() -> Iterator[bytes]:
@@ -133,9 +128,7 @@ def hub_splits(cfg: DataConfig) -> DatasetDict:
             yield (row[cfg.text_field] or "").encode("utf-8")
 
     def build(scratch: Path) -> DatasetDict:
-        data = join_documents(documents(), max_bytes=chunks_needed(cfg) * cfg.seq_len)
-        return _to_dataset_dict(
-            split_by_fraction(byte_chunks(data, cfg.seq_len), cfg, "data.hub_name", cfg.hub_name), cfg
-        )
+        chunks = token_chunks(documents(), cfg.seq_len, tokenizer, max_chunks=chunks_needed(cfg))
+        return _to_dataset_dict(split_by_fraction(chunks, cfg, "data.hub_name", cfg.hub_name), cfg)
 
     return load_or_build(cache_root(cfg), name, build)

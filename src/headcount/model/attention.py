@@ -56,10 +56,10 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"kv_groups {self.kv_groups} must add up to n_heads={n_heads}")
         self.n_kv_heads = len(self.kv_groups)
         self.grouped = self.n_kv_heads != n_heads
-        # The key/value head each query head reads; not a checkpoint entry, the config rebuilds it. output_size lets
-        # the model be built on the meta device (the preflight's memory check), where the size cannot be read off.
-        repeats = torch.tensor(self.kv_groups, dtype=torch.long)
-        kv_of_H = torch.repeat_interleave(torch.arange(self.n_kv_heads), repeats, output_size=n_heads)
+        # The key/value head each query head reads; not a checkpoint entry, the config rebuilds it.
+        # output_size: the meta device (preflight's shapes-only model) cannot count it
+        groups = torch.tensor(self.kv_groups, dtype=torch.long)
+        kv_of_H = torch.repeat_interleave(torch.arange(self.n_kv_heads), groups, output_size=n_heads)
         self.register_buffer("kv_head_of", kv_of_H, persistent=False)
         self.rotary = rotary
         with warnings.catch_warnings():

@@ -54,6 +54,14 @@ def load_pretrained(source: str, dtype: torch.dtype = torch.float32) -> Pretrain
     return Pretrained(model, tokenizer, provenance(where, hf_model.config, dtype))
 
 
+def load_tokenizer(source: str):
+    """The checkpoint's transformers tokenizer alone (no weights)."""
+    where = locate(source)
+    transformers = require(where)
+    with hub_errors(where):
+        return _tokenizer(transformers, where)
+
+
 def _hf_config(transformers: Any, where: Source) -> Any:
     name, kwargs = where.from_pretrained_args()
     with hub_errors(where):

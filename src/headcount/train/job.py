@@ -1,5 +1,8 @@
 """Training one run: fit, resume from last.ckpt if the run was interrupted, evaluate, write metrics.json.
 
+With model.pretrained (cfg resolved by headcount.pretrained.run_config), training starts from the checkpoint's
+weights and records pretrained.json; trainer.max_steps=0 evaluates the checkpoint as it is, without fitting.
+
 A rerun of an interrupted run (killed, stopped by a signal, requeued) resumes from checkpoints/last.ckpt and ends
 bit for bit where the uninterrupted run ends, on the same machine at the same CPU thread count
 (train/checkpointing.py says what a checkpoint holds). A last.ckpt that cannot be read is refused before anything is
@@ -17,7 +20,8 @@ from omegaconf import DictConfig
 from headcount.config import plain, typed
 from headcount.config.data import DataConfig
 from headcount.io import atomic_write_json
-from headcount.run_dir import RunPaths, read_checkpoint, record_data_fingerprint
+from headcount.pretrained.run_config import cached_pretrained, text_tokenizer
+from headcount.run_dir import RunPaths, read_checkpoint, record_data_fingerprint, record_pretrained
 from headcount.train.loggers import make_logger
 from headcount.train.module import HeadcountModule
 from headcount.train.quiet import quiet_third_party
@@ -43,6 +47,14 @@ def describe_model(module: HeadcountModule, seq_len: int) -> str:
     )
 
 
+def start_from_pretrained(module: HeadcountModule, cfg: DictConfig, run_dir: Path) -> None:
+    """The checkpoint's weights into the module, and pretrained.json: what they came from."""
+    pretrained = cached_pretrained(cfg.model.pretrained)
+    module.model.load_state_dict(pretrained.model.state_dict())
+    as_pretrained = cfg.trainer.max_steps == 0
+    record_pretrained(run_dir, pretrained.provenance, plain(cfg.model), as_pretrained)
+
+
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Train (resuming from last.ckpt if the run was interrupted), evaluate, write metrics.json; returns the metrics."""
     from headcount.data import HeadcountDataModule
@@ -51,7 +63,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     paths = RunPaths(run_dir)
     resumed_at = resume_step(paths)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    data = HeadcountDataModule(typed(cfg.data, DataConfig))
+    data = HeadcountDataModule(typed(cfg.data, DataConfig), text_tokenizer(cfg))
     data.setup()  # bad data input fails here, before any checkpoint or log is written
     record_data_fingerprint(run_dir, data.splits)  # later stages check that they see the data trained on
     module = HeadcountModule(
@@ -60,6 +72,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         max_steps=cfg.trainer.max_steps,
         compile=cfg.trainer.compile,
     )
+    if cfg.model.pretrained is not None and resumed_at is None:  # a resumed run's weights come from last.ckpt
+        start_from_pretrained(module, cfg, run_dir)
     logger = make_logger(cfg, run_dir)
     trainer = build_trainer(cfg, run_dir, logger)
     if trainer.is_global_zero:
@@ -67,7 +81,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         if resumed_at is not None:
             log.info("resuming from %s (step %d of %d)", paths.last_ckpt, resumed_at, cfg.trainer.max_steps)
     start = time.perf_counter()
-    trainer.fit(module, datamodule=data, ckpt_path=paths.last_ckpt if resumed_at is not None else None)
+    if cfg.trainer.max_steps > 0:
+        trainer.fit(module, datamodule=data, ckpt_path=paths.last_ckpt if resumed_at is not None else None)
     seconds = time.perf_counter() - start
     val = trainer.validate(module, datamodule=data, verbose=False)[0]
     test = trainer.test(module, datamodule=data, verbose=False)[0]
@@ -79,7 +94,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "flops_per_token": module.model.flops_per_token(cfg.data.seq_len),
         "steps": int(trainer.global_step),
         "train_seconds": seconds,
-        "tokens_per_second": tokens / seconds if resumed_at is None else None,
+        "tokens_per_second": tokens / seconds if resumed_at is None and tokens else None,
         # CPU results are bit for bit only at the same thread count: float sums split differently across threads.
         "cpu_threads": torch.get_num_threads(),
     }

@@ -35,7 +35,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, logger: Logger | None) -> L.Tr
     # Lightning calls checkpoint callbacks after the others, in this order: last.ckpt records best.ckpt's verdict.
     callbacks = [TrainingCurve(), best, LastCheckpoint(paths.last_ckpt, t.checkpoint_every_n_steps)]
     translated = dict(
-        val_check_interval=min(t.val_check_interval, t.max_steps),
+        val_check_interval=max(1, min(t.val_check_interval, t.max_steps)),  # max_steps=0: no fit
         check_val_every_n_epoch=None,
         gradient_clip_val=t.optim.grad_clip or None,
         enable_progress_bar=t.progress_bar,
