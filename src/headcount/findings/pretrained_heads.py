@@ -130,11 +130,16 @@ def copying_claims(probe: CopyingProbe, n_heads: int) -> list[tuple[Claim, dict]
         verdict(copies and n_found >= k, partly=copies or n_found > 0),
     )
     targeted = top_back >= DESTROYED and random_back < RANDOM_LITTLE
+    measured = (
+        f"top {k}: repeated half {probe.repeated_loss:.2f} -> {probe.top_k_loss:.2f} nats ({top_back:.0%} undone); "
+        f"{k} random heads ({len(probe.random_k_losses)} draws): {random_mean:.2f} nats ({random_back:.0%} undone)"
+    )
+    if saving <= 0:
+        measured = f"the model does not copy: the repeated half ({probe.repeated_loss:.2f} nats) is no cheaper"
     ablated = Claim(
         f"(2b) Zeroing the top {k} heads by induction score destroys in-context copying (undoes at least "
         f"{DESTROYED:.0%} of it); {k} random heads do not (under {RANDOM_LITTLE:.0%})",
-        f"top {k}: repeated half {probe.repeated_loss:.2f} -> {probe.top_k_loss:.2f} nats ({top_back:.0%} undone); "
-        f"{k} random heads ({len(probe.random_k_losses)} draws): {random_mean:.2f} nats ({random_back:.0%} undone)",
+        measured,
         verdict(saving > 0 and targeted, partly=saving > 0 and top_back > max(2 * random_back, 0.05)),
     )
     return [(found, numbers), (ablated, {})]
