@@ -1,7 +1,8 @@
 """Head masks: which heads a scan switches off, by name, and as the (M, L, H) gates the model takes.
 
 A mask lists (layer, head) pairs to switch off; every other head keeps gate 1. Names are readable and unique within a
-scan: `L1H3` (one head), `L0` (a whole layer), `L1H3+L0H2` (a pair), `L2 keep H1` (layer 2 with only head 1 on).
+scan: `L1H3` (one head), `L0` (a whole layer), `L1H3+L0H2` (a pair), `L2 keep H1` (layer 2 with only head 1 on),
+`L1KV0` (every query head that reads layer 1's key/value head 0).
 Custom masks come from a YAML or JSON file:
 
     - [[0, 1], [1, 3]]                     # heads L0H1 and L1H3 off; named L0H1+L1H3
@@ -65,6 +66,20 @@ def leave_one_in_masks(heads_per_layer: list[int]) -> list[HeadMask]:
         for layer, n in enumerate(heads_per_layer)
         for keep in range(n)
     ]
+
+
+def kv_group_masks(kv_groups_per_layer: list[list[int]]) -> list[HeadMask]:
+    """One mask per key/value head: all the query heads of its group off (consecutive query heads share a key/value
+    head; `kv_groups_per_layer[l]` counts them per group, in order). Without grouped-query attention every group is one
+    head and the masks are the single-head masks under other names."""
+    masks = []
+    for layer, groups in enumerate(kv_groups_per_layer):
+        first = 0
+        for kv_head, size in enumerate(groups):
+            heads = tuple((layer, h) for h in range(first, first + size))
+            masks.append(HeadMask(f"L{layer}KV{kv_head}", heads, layer))
+            first += size
+    return masks
 
 
 def pair_masks(heads: list[Head]) -> list[HeadMask]:

@@ -19,6 +19,7 @@ CHECKERS = {
     "voita_gates": ("voita_gates", "run"),
     "head_count": ("head_count", "sweep"),
     "concat_vs_sum": ("concat_vs_sum", "sweep"),
+    "pretrained_heads": ("pretrained_heads", "run"),
 }
 # finding -> the scans whose results it reads (in each run): without them it cannot be checked
 SCANS_READ = {
@@ -27,6 +28,7 @@ SCANS_READ = {
     "voita_gates": ("l0_gates", "pruning", "importance"),
     "head_count": (),
     "concat_vs_sum": ("pruning",),
+    "pretrained_heads": ("single_head", "pruning", "kv_groups"),
 }
 
 

@@ -129,3 +129,44 @@ def combine_bars(loss: pd.Series, prunable: pd.Series, path: Path, subject: str 
     suptitle(fig, "Concatenated against summed heads", subject)
     atomic_savefig(fig, path, dpi=120)
     return path
+
+
+def pretrained_panels(
+    single_rel: pd.Series,
+    repeat_losses: dict[str, list[float]],
+    kv_costs: pd.DataFrame,
+    little: float,
+    path: Path,
+    subject: str = "",
+) -> Path:
+    """Three panels: each head's relative loss increase when removed alone, sorted, with the 1% bar; the repeated
+    half's loss of repeated random tokens under each ablation (a bar per entry, its mean, with the draws as points);
+    each key/value group's loss increase against its query heads' single increases added up, with the diagonal."""
+    fig = new_figure(15, 4.5)
+    ax = fig.add_subplot(1, 3, 1)
+    ordered = single_rel.sort_values().to_numpy()
+    ax.bar(range(len(ordered)), 100 * ordered, color="tab:blue", width=1.0)
+    ax.axhline(100 * little, color="grey", linestyle="--", linewidth=1, label=f"{100 * little:g}%")
+    ax.set(xlabel="heads, sorted", ylabel="loss increase (%, symmetric log)", title="one head zeroed, on code")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.legend()
+    ax = fig.add_subplot(1, 3, 2)
+    for i, losses in enumerate(repeat_losses.values()):
+        ax.bar(i, sum(losses) / len(losses), color="tab:orange")
+        ax.scatter([i] * len(losses), losses, color="black", s=12, zorder=3)
+    ax.set_xticks(range(len(repeat_losses)), list(repeat_losses), fontsize=8)
+    ax.set(ylabel="loss on the repeated half (nats per token)", title="in-context copying of random tokens")
+    ax = fig.add_subplot(1, 3, 3)
+    ax.scatter(kv_costs.single_sum, kv_costs.delta_loss, color="tab:green", s=14)
+    low = min(kv_costs.single_sum.min(), kv_costs.delta_loss.min(), 0.0)
+    high = max(kv_costs.single_sum.max(), kv_costs.delta_loss.max(), 1e-6)
+    ax.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=1, label="group = sum of its heads")
+    ax.set(
+        xlabel="its query heads zeroed one at a time, added up (nats)",
+        ylabel="key/value group zeroed (nats)",
+        title="key/value groups against their heads",
+    )
+    ax.legend(fontsize=8)
+    suptitle(fig, "Heads of a pretrained model", subject)
+    atomic_savefig(fig, path, dpi=120)
+    return path

@@ -5,7 +5,8 @@ conf/ablation/<kind>.yaml.
 Mask scans (mask_scan.py) switch heads off by named masks and evaluate each exactly: `baseline` (nothing off),
 `single_head` (each head off alone), `layer` (every head of one layer off), `leave_one_in` (in one layer only one head
 on), `pairs` (two heads off together: all pairs, or pairs among the `top_k` heads with the largest single-head loss
-increase) and `custom` (masks from a file, see masks.py). The others: `importance` (gradient importance), `pruning`
+increase), `kv_groups` (each key/value head with all the query heads that share it) and `custom` (masks from a file,
+see masks.py). The others: `importance` (gradient importance), `pruning`
 (masked pruning curves), `l0_gates` (learned head gates) and `head_scores` (attention-pattern scores).
 """
 

@@ -1,0 +1,81 @@
+"""In-context copying on repeated random tokens (Olsson et al. 2022): a sequence of random tokens followed by the same
+tokens again. The first half is unpredictable; a model with induction heads predicts the repeat from its first
+occurrence. The head_scores scan's induction score on these sequences finds the heads that do it, and the probe
+measures what ablating the top k of them, or k random heads, costs on the repeated half."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from headcount.ablation.evaluator import MaskEvaluator
+from headcount.ablation.masks import all_heads
+from headcount.ablation.scans.head_scores import head_pattern_scores
+from headcount.model import Transformer
+
+# Token ids are drawn from the top 15/16 of the vocabulary: low ids are the special tokens (and bytes) of most
+# tokenizers, which a real model was never shown mid-text.
+LOW_ID_SHARE = 1 / 16
+
+
+@dataclass
+class CopyingProbe:
+    heads: pd.DataFrame  # layer, head, prev_token_score, induction_score on the repeated sequences
+    first_half_loss: float  # nats per token where nothing can be copied
+    repeated_loss: float  # nats per token on the repeat, all heads on
+    top_k: list[tuple[int, int]]  # the k heads with the highest induction score
+    top_k_loss: float  # the repeat's loss with them zeroed
+    random_k_losses: list[float]  # the repeat's loss with k random heads zeroed, one per draw
+
+
+def repeated_random_batches(vocab_size: int, n: int, half: int, batch_size: int, seed: int) -> list[dict[str, Tensor]]:
+    """n sequences of `half` random tokens and the same tokens again, scored on the repeat after its first token (the
+    first token of the repeat has no cue yet)."""
+    rng = np.random.default_rng(seed)
+    low = int(vocab_size * LOW_ID_SHARE)
+    first_NH = torch.from_numpy(rng.integers(low, vocab_size, (n, half)))
+    ids_NT = torch.cat([first_NH, first_NH], dim=1)
+    mask_NT = torch.zeros_like(ids_NT, dtype=torch.bool)
+    mask_NT[:, half + 1 :] = True
+    return [
+        {"input_ids": ids_NT[i : i + batch_size], "loss_mask": mask_NT[i : i + batch_size]}
+        for i in range(0, n, batch_size)
+    ]
+
+
+def first_half(batches: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+    """The same sequences scored on their first half (tokens 1..half-1): what no copying can predict."""
+    half = batches[0]["input_ids"].shape[1] // 2
+    scored = []
+    for batch in batches:
+        mask_BT = torch.zeros_like(batch["loss_mask"])
+        mask_BT[:, 1:half] = True
+        scored.append({**batch, "loss_mask": mask_BT})
+    return scored
+
+
+def copying_probe(model: Transformer, batches: list[dict[str, Tensor]], k: int, draws: int, seed: int) -> CopyingProbe:
+    """Induction scores on `batches` (repeated_random_batches), then the repeat's loss with the top k heads by score
+    zeroed and with k random heads zeroed (`draws` draws, seeded)."""
+    heads = head_pattern_scores(model, batches)
+    evaluator = MaskEvaluator(model, batches)
+    ranked = heads.sort_values(["induction_score", "layer", "head"], ascending=[False, True, True], kind="stable")
+    top_k = [(int(row.layer), int(row.head)) for row in ranked.head(k).itertuples()]
+    every = all_heads(model.heads_per_layer)
+    rng = np.random.default_rng(seed)
+    random_sets = [[every[i] for i in rng.choice(len(every), k, replace=False)] for _ in range(draws)]
+    gates_MLH = torch.ones(1 + draws, model.n_layers, model.max_heads)
+    for m, chosen in enumerate([top_k, *random_sets]):
+        for layer, head in chosen:
+            gates_MLH[m, layer, head] = 0
+    losses = evaluator.evaluate(gates_MLH)["loss"].tolist()
+    return CopyingProbe(
+        heads=heads,
+        first_half_loss=MaskEvaluator(model, first_half(batches)).baseline()["loss"],
+        repeated_loss=evaluator.baseline()["loss"],
+        top_k=top_k,
+        top_k_loss=losses[0],
+        random_k_losses=losses[1:],
+    )
