@@ -85,6 +85,15 @@ def test_config_comes_from_the_checkpoint_and_disagreements_are_refused(compose_
         resolve_pretrained(compose_train(["data=pystdlib", "data.tokenizer=pretrained"]))
 
 
+def test_sequence_length_is_checked_against_the_checkpoints_context(compose_train, text_file):
+    """The context is the checkpoint's (256 for the tiny random Llama), not the schema's default n_ctx (128)."""
+    text = ["model=tiny_random_llama", "data=text", f"data.path={text_file}"]
+    validate_train_config(compose_train([*text, "data.seq_len=200"]))
+    assert resolve_pretrained(compose_train([*text, "data.seq_len=200"])).model.n_ctx == 256
+    with pytest.raises(ConfigError, match=r"data.seq_len=300: must be at most headcount:tiny-random-llama's context"):
+        resolve_pretrained(compose_train([*text, "data.seq_len=300"]))
+
+
 def word_level_llama(folder: Path, model_vocab: int, n_words: int) -> Path:
     """A tiny Llama whose tokenizer knows whole words only (not bytes), n_words + 1 tokens."""
     import transformers as tf

@@ -108,7 +108,7 @@ def validate_train_config(cfg: DictConfig) -> None:
     # max_steps=0 evaluates a pretrained model as it is; a model built from scratch needs training
     validate_trainer_config(typed(cfg.trainer, TrainerConfig), least_steps=0 if model.pretrained else 1)
     validate_logger_config(typed(cfg.logger, LoggerConfig))
-    if data.seq_len > model.n_ctx:
+    if data.seq_len > model.n_ctx and model.pretrained is None:  # a checkpoint's context: pretrained/run_config.py
         raise ConfigError("data.seq_len", data.seq_len, f"must be at most model.n_ctx={model.n_ctx}")
     data_vocab = data_vocab_size(data)
     if data_vocab is not None and data_vocab > model.vocab_size:

@@ -103,6 +103,10 @@ def resolve_pretrained(cfg: DictConfig) -> DictConfig:
     refuse_disagreement(model, implied)
     implied.pretrained, implied.dropout = model.pretrained, model.dropout
     check_vocabulary(implied, data)
+    if data.seq_len > implied.n_ctx:
+        raise ConfigError(
+            "data.seq_len", data.seq_len, f"must be at most {model.pretrained}'s context ({implied.n_ctx})"
+        )
     with open_dict(out):
         out.model = OmegaConf.merge(out.model, plain(implied))
     return out
