@@ -30,6 +30,7 @@ from headcount.config import CONF_DIR, register_configs
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 from headcount.run_dir import finished_checkpoint, load_run_config, read_pretrained
+from headcount.train.quiet import take_verbosity_flags
 
 
 def ablate(cfg: DictConfig, typed_keys: Sequence[str] = ()) -> list[Path]:
@@ -111,8 +112,8 @@ def take_run(args: list[str]) -> None:
 
 
 def main() -> None:
-    """`headcount-ablate run_dir=<run> [ablation=<scan>] [ablation.*=...]`."""
-    sys.argv[1:] = quote_run_dir(sys.argv[1:])
+    """`headcount-ablate [-v|-vv] run_dir=<run> [ablation=<scan>] [ablation.*=...]`."""
+    sys.argv[1:] = quote_run_dir(take_verbosity_flags(sys.argv[1:]))
     exit_on_config_error(take_run)(sys.argv[1:])
     run_hydra_command(ablate_job)
 

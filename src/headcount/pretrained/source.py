@@ -94,7 +94,10 @@ def require(source: Source) -> ModuleType:
     if major < MIN_TRANSFORMERS:
         found = version("transformers")
         raise ConfigError(KEY, source.given, f"needs transformers>={MIN_TRANSFORMERS} (found {found}): {EXTRA}")
-    return import_module("transformers")
+    transformers = import_module("transformers")
+    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == "1":  # quiet commands set it; transformers may predate it
+        transformers.utils.logging.disable_progress_bar()
+    return transformers
 
 
 @contextmanager

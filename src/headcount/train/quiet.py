@@ -40,6 +40,11 @@ def take_verbosity_flags(args: list[str]) -> list[str]:
     level = max((FLAGS[arg] for arg in args if arg in FLAGS), default=None)
     if level is not None:
         os.environ[VERBOSITY_ENV] = str(level)
+    if verbosity() == 0:
+        # transformers and the Hub read these when first imported (a pretrained model's load, before training starts):
+        # no progress bars for converting and loading a checkpoint, and only its errors.
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     return [arg for arg in args if arg not in FLAGS]
 
 
