@@ -107,7 +107,8 @@ def main(device: str, repeats: int, n_seq: int, seq_len: int, heads_per_layer: i
 
     start = time.perf_counter()
     hf, model, tokenizer = load(device)
-    print(f"loaded SmolLM2-135M-Instruct (Q4_1 GGUF, float32) and converted it in {time.perf_counter() - start:.0f} s")
+    seconds = time.perf_counter() - start
+    print(f"loaded SmolLM2-135M-Instruct (Q4_1 GGUF, float32) and converted it in {seconds:.0f} s", flush=True)
     ids_BT = eval_ids(tokenizer, n_seq, seq_len, device)
     L, H = model.n_layers, model.max_heads
     K = min(heads_per_layer, H)
@@ -120,14 +121,16 @@ def main(device: str, repeats: int, n_seq: int, seq_len: int, heads_per_layer: i
     )
     if scale != 1:
         print(f"timed on the first {K} heads of every layer ({len(heads)} masks); seconds scaled by {scale:g}")
-    print(f"load average before: {load_average()}")
+    print(f"load average before: {load_average()}", flush=True)
     methods = {
-        "transformers 5.x, o_proj pre-hook, one forward per head": lambda: hook_loop(hf, ids_BT, heads),
         "headcount MaskEvaluator": lambda: evaluator_scan(model, ids_BT, heads),
+        "transformers 5.x, o_proj pre-hook, one forward per head": lambda: hook_loop(hf, ids_BT, heads),
     }
-    results = {name: timed(fn, repeats, device) for name, fn in methods.items()}
-    print(f"load average after: {load_average()}")
-    ref_wall, ref_cpu, reference = next(iter(results.values()))
+    results = {}
+    for name, fn in methods.items():  # each reported as it ends: on a busy machine the hook loop takes a while
+        results[name] = wall, cpu, _ = timed(fn, repeats, device)
+        print(f"{name}: {wall:.1f} s wall, {cpu:.1f} s CPU; load average now {load_average()}", flush=True)
+    ref_wall, ref_cpu, reference = results["transformers 5.x, o_proj pre-hook, one forward per head"]
     header = ("s/scan", "heads/s", "CPU s", "speedup", "(CPU)", "max|dloss|")
     print(f"{'method':56s} " + " ".join(f"{h:>8s}" for h in header))
     for name, (wall, cpu, losses) in results.items():
