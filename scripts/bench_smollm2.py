@@ -77,7 +77,7 @@ def hook_loop(hf, ids_BT: torch.Tensor, heads: list[tuple[int, int]]) -> torch.T
 
 def evaluator_scan(model, ids_BT: torch.Tensor, heads: list[tuple[int, int]]) -> torch.Tensor:
     masks = single_head_masks(model.heads_per_layer)
-    index = [masks.index(((layer, head),)) for layer, head in heads]
+    index = [[m.heads_off for m in masks].index(((layer, head),)) for layer, head in heads]
     gates_MLH = masks_to_gates(masks, model.heads_per_layer)[index]
     batches = [{"input_ids": ids_BT, "loss_mask": torch.ones_like(ids_BT, dtype=torch.bool)}]
     return MaskEvaluator(model, batches).evaluate(gates_MLH)["loss"]
