@@ -4,8 +4,11 @@
     TransformerLens users ablate through hook_z; (b) headcount's MaskEvaluator, also with its reuse switched off
     step by step; (c) TransformerLens itself with copied weights, when it is installed (it is not a dependency).
 All must agree; prints wall times, speedups and the FLOPs each way does.
+--model smollm2 runs the real-model case instead (scripts/bench_smollm2.py): SmolLM2-135M's 270 heads against
+transformers 5.x with an o_proj pre-hook, on the same weights.
 
     python scripts/bench_scan.py [--device auto|cpu|cuda] [--repeats 3]
+    python scripts/bench_scan.py --model smollm2 [--n-seq 4] [--seq-len 128] [--heads-per-layer 9] [--repeats 1]
 """
 
 import argparse
@@ -25,8 +28,14 @@ N_SEQ, SEQ_LEN, BATCH = 64, 128, 64
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per method; the fastest counts")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per method; the fastest counts")
+    parser.add_argument("--model", default="tiny", choices=["tiny", "smollm2"], help="random 4x8 model or SmolLM2")
+    parser.add_argument("--n-seq", type=int, default=4, help="smollm2: evaluation sequences (1-8)")
+    parser.add_argument("--seq-len", type=int, default=128, help="smollm2: tokens per sequence")
+    parser.add_argument("--heads-per-layer", type=int, default=9, help="smollm2: time the first K heads of each layer")
     args = parser.parse_args()
+    if args.repeats is None:  # a full SmolLM2 scan one forward per head takes minutes on a CPU
+        args.repeats = 1 if args.model == "smollm2" else 3
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     return args
@@ -196,6 +205,10 @@ def best_time(fn, repeats: int, device: str) -> tuple[float, torch.Tensor]:
 
 def main() -> None:
     args = parse_args()
+    if args.model == "smollm2":
+        from bench_smollm2 import main as smollm2_main  # scripts/ is on sys.path when this file runs as a script
+
+        return smollm2_main(args.device, args.repeats, args.n_seq, args.seq_len, args.heads_per_layer)
     model, batches = make_model_and_batches(args.device)
     M = sum(model.heads_per_layer)
     print(

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from headcount.ablation import resumable
-from headcount.ablation.evaluator import MaskEvaluator, MaskTotals
+from headcount.ablation.evaluator import CPU_MEMORY_BUDGET, MaskEvaluator, MaskTotals, default_memory_budget
 from headcount.ablation.masks import (
     HeadMask,
     all_heads,
@@ -171,6 +171,18 @@ def test_memory_budget_sets_pass_and_batch_sizes():
     roomy = MaskEvaluator(model, batches, memory_budget=2**30)
     assert roomy.batch_size == 5 and roomy.masks_per_pass > 100
     assert MaskEvaluator(model, batches, masks_per_pass=2).batch_size == 5
+
+
+def test_cpu_memory_budget_is_never_smaller_than_the_weights():
+    """A model with a large vocabulary (SmolLM2: 49152) would otherwise get passes of one mask of one example."""
+    small = make_model(torch.float32)
+    assert default_memory_budget(small) == CPU_MEMORY_BUDGET
+    cfg = ModelConfig(n_layers=1, d_model=64, n_ctx=8, vocab_size=2**18, attn=AttentionConfig(n_heads=2))
+    wide = Transformer(cfg).eval()
+    weight_bytes = 4 * wide.num_params()
+    assert weight_bytes > CPU_MEMORY_BUDGET and default_memory_budget(wide) == weight_bytes
+    batches = [{"input_ids": torch.zeros(4, 8, dtype=torch.long), "loss_mask": torch.ones(4, 8, dtype=torch.bool)}]
+    assert MaskEvaluator(wide, batches).batch_size == 4 and MaskEvaluator(wide, batches).masks_per_pass > 1
 
 
 def test_baseline_is_the_plain_model():

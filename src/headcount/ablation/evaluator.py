@@ -13,6 +13,9 @@ cheaper, all exact:
   per-example gates (P*B, L, H). P is `masks_per_pass`, or as many as fit the memory budget; when not even one mask
   of a whole batch fits, batches are split instead. On CPU the default budget is small on purpose: passes of one or
   two thousand tokens stay in cache and run ~20-30% faster per token than passes of eight thousand (bench_scan.py).
+  It is never smaller than the model's weights, though: every pass reads the weights of its layers and of the
+  unembedding, and a pretrained model's (SmolLM2-135M: 540 MB, a 49152-token vocabulary whose logits alone take 25 MB
+  per example) would otherwise be run one mask of one example at a time, ~2.5x slower per token on 2 CPU cores.
 
 The unembedding runs only at the positions loss_mask marks as targets. Batches are the outer loop, so the clean pass
 is computed once per batch for all masks, and `MaskTotals` (per-mask sums over the batches done) is all an
@@ -32,7 +35,7 @@ from torch import Tensor
 from headcount.ablation.replacements import Replacements
 from headcount.model.transformer import Transformer
 
-CPU_MEMORY_BUDGET = 64 * 2**20  # bytes of activations per pass
+CPU_MEMORY_BUDGET = 64 * 2**20  # bytes of activations per pass, at least (see default_memory_budget)
 CUDA_FREE_MEMORY_SHARE = 0.5
 
 
@@ -113,7 +116,7 @@ class MaskEvaluator:
         self.device, self.dtype = param.device, param.dtype
         B, T = batches[0]["input_ids"].shape
         if masks_per_pass is None:
-            budget = memory_budget or default_memory_budget(self.device)
+            budget = memory_budget or default_memory_budget(model)
             resample = self.replacements.mode == "resample"
             clean, per_mask = clean_bytes_per_example(model, T, resample), mask_bytes_per_example(model, T, resample)
             B = max(1, min(B, budget // (clean + per_mask)))
@@ -263,8 +266,11 @@ def clean_bytes_per_example(model: Transformer, seq_len: int, resample: bool) ->
     return floats * next(model.parameters()).element_size()
 
 
-def default_memory_budget(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
+def default_memory_budget(model: Transformer) -> int:
+    """Half the free CUDA memory; on CPU, CPU_MEMORY_BUDGET or the weights' size, whichever is larger."""
+    param = next(model.parameters())
+    if param.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(param.device)
         return int(free * CUDA_FREE_MEMORY_SHARE)
-    return CPU_MEMORY_BUDGET
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return max(CPU_MEMORY_BUDGET, weight_bytes)

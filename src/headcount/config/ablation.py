@@ -92,7 +92,7 @@ class AblationConfig:
     n_reference: int = 512  # examples of `reference_split` for the means
     batch_size: int = 64  # examples per forward pass (times masks per pass)
     masks_per_pass: int | None = None  # None: as many as fit the memory budget
-    memory_budget_mb: int | None = None  # activations per pass (None: 64 MiB on CPU, half the free CUDA memory)
+    memory_budget_mb: int | None = None  # activations per pass (None: max(64 MiB, weights) on CPU, half the free CUDA)
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0  # resample pairing and random pruning orders
     normalize_importance: bool = True  # per-layer l2 normalisation of gradient importance (Michel et al.)
