@@ -5,6 +5,10 @@ before its weights are downloaded or read.
 """
 
 import hashlib
+import io
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -47,11 +51,22 @@ def load_pretrained(source: str, dtype: torch.dtype = torch.float32) -> Pretrain
         hf_model_config(_hf_config(transformers, where), where.given)
     # (A GGUF file's config costs as much to read as its weights: it is checked when convert reads it.)
     name, kwargs = where.from_pretrained_args()
-    with hub_errors(where):
+    with hub_errors(where), quiet_gguf_reader():
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
         tokenizer = _tokenizer(transformers, where)
     model = convert(hf_model, where.given).to(dtype)
     return Pretrained(model, tokenizer, provenance(where, hf_model.config, dtype))
+
+
+@contextmanager
+def quiet_gguf_reader() -> Iterator[None]:
+    """transformers' GGUF reader draws a plain tqdm bar that its progress-bar switch does not reach: a quiet command
+    (which sets HF_HUB_DISABLE_PROGRESS_BARS, train/quiet.py) does not show it."""
+    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") != "1":
+        yield
+        return
+    with redirect_stderr(io.StringIO()):
+        yield
 
 
 def load_tokenizer(source: str):
