@@ -206,3 +206,22 @@ def test_default_run_dir_and_bad_sources(monkeypatch, tmp_path, text_file, capsy
     assert "the Hub cannot provide it: HF_HUB_OFFLINE is set" in one_line(capsys.readouterr().err)
     assert ablate(monkeypatch, tmp_path, ["model.pretrained=./nowhere", "ablation=[baseline]"]) == 2
     assert "model.pretrained='./nowhere': no such folder or .gguf file" in one_line(capsys.readouterr().err)
+
+
+def test_a_sweep_of_a_pretrained_model_logs_to_wandb_and_reports(monkeypatch, tmp_path, text_file, capsys):
+    """Reports and W&B work on imported models as on trained ones: a two-job sweep evaluated as it is."""
+    from headcount.report.sweep_report import write_report
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    args = ["-m", "model=tiny_random_llama", "data=text", f"data.path={text_file}", *DATA, *QUIET]
+    args += ["trainer.max_steps=0", "ablation=[single_head,pruning]", "ablation.n_eval=8,16", "logger=wandb"]
+    assert run_command(training.main, monkeypatch, tmp_path, [*args, "sweep_name=pretrained"]) == 0
+    sweep = tmp_path / "outputs" / "multirun" / "pretrained"
+    jobs = sorted(path.name for path in sweep.iterdir() if (path / "DONE").exists())
+    assert jobs == ["n_eval=16", "n_eval=8"]
+    for job in jobs:
+        run_id = (sweep / job / "wandb_id.txt").read_text().strip()
+        assert list((sweep / job / "wandb").glob(f"offline-run-*-{run_id}"))
+    write_report(sweep)
+    runs = pd.read_csv(sweep / "report" / "runs.csv")
+    assert len(runs) == 2 and runs["params"].nunique() == 1 and "prunable_fraction/gradient" in runs
