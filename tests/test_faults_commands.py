@@ -17,8 +17,11 @@ from sweep_helpers import SMOKE, run_dirs, train_in_process
 
 from headcount import run_lock
 from headcount.cli import ablate as ablating
+from headcount.cli import preflight
 from headcount.cli.errors import discarded_if_rejected
 from headcount.cli.sweep_stop import descendants
+from headcount.config import typed
+from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths
 
@@ -117,6 +120,19 @@ def test_a_mistake_is_one_line_before_any_work(monkeypatch, tmp_path, capsys, ar
     line = one_line(capsys.readouterr().err)
     assert line.startswith(f"error: {message}") and hint in line, line
     assert not (tmp_path / "outputs").exists()  # no run folder: nothing was trained, nothing looks like a run
+
+
+def test_a_model_that_fails_to_build_on_meta_is_not_called_too_large(monkeypatch, compose_train):
+    """Only a size PyTorch cannot count is refused as too large; any other failure (here the one grouped-query
+    attention once raised on the meta device) shows as itself, not as "needs more than 8.59e+09 GiB"."""
+    cfg = compose_train(SMOKE)
+
+    def fails(_):
+        raise RuntimeError("cannot repeat_interleave a meta tensor without output_size")
+
+    monkeypatch.setattr(preflight, "Transformer", fails)
+    with pytest.raises(RuntimeError, match="repeat_interleave"):
+        preflight.model_on_meta(typed(cfg.model, ModelConfig), cfg.trainer)
 
 
 @pytest.mark.parametrize(
