@@ -20,6 +20,7 @@ from headcount.cli import ablate as ablating
 from headcount.cli import preflight
 from headcount.cli.errors import discarded_if_rejected
 from headcount.cli.sweep_stop import descendants
+from headcount.cli.train import run
 from headcount.config import typed
 from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
@@ -338,3 +339,13 @@ def test_a_signal_to_the_launcher_stops_the_jobs_it_started(tmp_path, launcher, 
     )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert RunPaths(long).done.exists() and RunPaths(short).last_ckpt.stat().st_mtime_ns == finished
+
+
+def test_printed_paths_keep_their_brackets(compose_train, tmp_path, capsys):
+    """rich read `[...]` in a path as markup and dropped it (`already finished: .../ablation=,data=...`), and broke
+    long paths across lines: a path is printed whole, to be copied."""
+    run_dir = tmp_path / "ablation=[baseline,pruning],data=[x]"
+    run_dir.mkdir()
+    RunPaths(run_dir).done.write_text("")
+    run(compose_train(SMOKE), run_dir)
+    assert capsys.readouterr().err == f"already finished: {run_dir} (delete DONE to rerun)\n"

@@ -30,7 +30,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     """The whole job for one run directory: validate, train, ablate, mark DONE. Skips a run that is already DONE."""
     console = Console(stderr=True)
     if is_done(run_dir):
-        console.print(f"[green]already finished:[/green] {escape(str(run_dir))} (delete DONE to rerun)")
+        console.print(f"[green]already finished:[/green] {escape(str(run_dir))} (delete DONE to rerun)", soft_wrap=True)
         return
     validate_job(cfg)
     with closing_wandb_run(), own_gpu_in_a_sweep(cfg), ddp_confined_to_this_job():
@@ -60,7 +60,7 @@ def print_run_summary(console: Console, run_dir: Path, metrics: dict, mode: str 
     console.print(f"[bold]measured[/bold] {numbers} (per target token)", highlight=False, soft_wrap=True)
     if said := ablation_headline(read_summary(RunPaths(run_dir).ablation / "summary.json"), mode):
         console.print(f"[bold]ablated[/bold] {said}", highlight=False, soft_wrap=True)
-    console.print(f"[green]wrote[/green] {escape(str(run_dir))}")
+    console.print(f"[green]wrote[/green] {escape(str(run_dir))}", soft_wrap=True)
     written = (p for p in run_dir.rglob("*") if p.suffix in {".json", ".csv", ".png", ".ckpt"})
     for path in sorted(p.relative_to(run_dir) for p in written):
         if path.parts[0] != "wandb":  # W&B's own files are many; `wandb sync` reads them
