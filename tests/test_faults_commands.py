@@ -17,8 +17,12 @@ from sweep_helpers import SMOKE, run_dirs, train_in_process
 
 from headcount import run_lock
 from headcount.cli import ablate as ablating
+from headcount.cli import preflight
 from headcount.cli.errors import discarded_if_rejected
 from headcount.cli.sweep_stop import descendants
+from headcount.cli.train import run
+from headcount.config import typed
+from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths
 
@@ -117,6 +121,19 @@ def test_a_mistake_is_one_line_before_any_work(monkeypatch, tmp_path, capsys, ar
     line = one_line(capsys.readouterr().err)
     assert line.startswith(f"error: {message}") and hint in line, line
     assert not (tmp_path / "outputs").exists()  # no run folder: nothing was trained, nothing looks like a run
+
+
+def test_a_model_that_fails_to_build_on_meta_is_not_called_too_large(monkeypatch, compose_train):
+    """Only a size PyTorch cannot count is refused as too large; any other failure (here the one grouped-query
+    attention once raised on the meta device) shows as itself, not as "needs more than 8.59e+09 GiB"."""
+    cfg = compose_train(SMOKE)
+
+    def fails(_):
+        raise RuntimeError("cannot repeat_interleave a meta tensor without output_size")
+
+    monkeypatch.setattr(preflight, "Transformer", fails)
+    with pytest.raises(RuntimeError, match="repeat_interleave"):
+        preflight.model_on_meta(typed(cfg.model, ModelConfig), cfg.trainer)
 
 
 @pytest.mark.parametrize(
@@ -322,3 +339,13 @@ def test_a_signal_to_the_launcher_stops_the_jobs_it_started(tmp_path, launcher, 
     )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert RunPaths(long).done.exists() and RunPaths(short).last_ckpt.stat().st_mtime_ns == finished
+
+
+def test_printed_paths_keep_their_brackets(compose_train, tmp_path, capsys):
+    """rich read `[...]` in a path as markup and dropped it (`already finished: .../ablation=,data=...`), and broke
+    long paths across lines: a path is printed whole, to be copied."""
+    run_dir = tmp_path / "ablation=[baseline,pruning],data=[x]"
+    run_dir.mkdir()
+    RunPaths(run_dir).done.write_text("")
+    run(compose_train(SMOKE), run_dir)
+    assert capsys.readouterr().err == f"already finished: {run_dir} (delete DONE to rerun)\n"

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from headcount.cli.report import main
-from headcount.report.sweep_report import write_report
+from headcount.report.sweep_report import print_summary, write_report
 from headcount.run_dir import RunPaths
 
 COLUMNS = ["scan", "mask", "layer", "head", "mode", "loss", "acc", "delta_loss", "delta_acc", "n_heads_off"]
@@ -125,3 +125,25 @@ def test_ablate_logs_inside_a_run_are_not_runs(tmp_path):
         logs.mkdir(parents=True)
         (logs / "overrides.yaml").write_text("- run_dir=x\n")
     assert find_runs(tmp_path) == [tmp_path / "a=1", tmp_path / "a=2"]
+
+
+def test_the_terminal_table_fits_80_columns_with_a_legend_and_whole_values(capsys, tmp_path, monkeypatch):
+    """12 runs swept over long keys: the table once cut every name to the same prefix at 80 columns."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    swept = ["model.attn.n_heads", "trainer.val_check_interval", "ablation.scans.pruning.step", "data.path"]
+    rows = [
+        {"run": f"r{i}", "status": "finished" if i % 3 else "unfinished", "model.attn.n_heads": 2 ** (i % 4)}
+        | {"trainer.val_check_interval": 150 * (i // 4 + 1), "ablation.scans.pruning.step": 0.05}
+        | {"data.path": f"/data/corpora/python_stdlib_{i:02d}.txt", "params": 1000, "test/loss": 2.0 + i / 100}
+        for i in range(12)
+    ]
+    print_summary(tmp_path / "report", pd.DataFrame(rows, columns=["run", "status", *swept, "params", "test/loss"]))
+    err = capsys.readouterr().err
+    table = [line for line in err.splitlines() if line[:1] in "┏┃┡│└"]
+    assert len(table) > 12 and max(len(line) for line in table) <= 80, err
+    legend = "columns: n_heads = model.attn.n_heads, val_check_interval = trainer.val_check_interval, path = data.path"
+    assert legend in err
+    assert "step" not in "".join(table)  # the same in every run: no column
+    cells = "".join(line.split("│")[3] for line in table if line.startswith("│"))
+    for i in range(12):  # values wrap rather than being cut
+        assert f"/data/corpora/python_stdlib_{i:02d}.txt" in cells.replace(" ", ""), cells

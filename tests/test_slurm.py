@@ -30,7 +30,7 @@ TRAIN += ["trainer.max_steps=300", "trainer.val_check_interval=50", "trainer.pro
 # The local cluster has no GPUs and 2 cores: one core per job, both at once. (Its partition `local` is the default.)
 LOCAL_CLUSTER = ["hydra.launcher.partition=local", "hydra.launcher.gpus_per_node=null"]
 LOCAL_CLUSTER += ["hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=10"]
-DEADLINE_S = 300
+DEADLINE_S = 600  # about 3 minutes on 2 idle cores; twice that when other work shares them
 
 
 def free_port_pair() -> int:

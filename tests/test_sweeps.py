@@ -1,12 +1,15 @@
 """Sweeps with Hydra multirun: each job finishes its own run directory; the same command again skips finished jobs and
 resumes the rest; bad input fails before any job starts; the sweep folder is a pure function of the command."""
 
+import re
+import shlex
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from sweep_helpers import SMOKE, compose_with_hydra, report_rows, run_dirs, run_python, train_in_process
 
+from headcount.report.names import folder_name
 from headcount.run_dir import RunPaths
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,3 +98,20 @@ def test_bad_sweep_fails_in_one_line_before_any_job(monkeypatch, tmp_path, capsy
 )
 def test_sweep_folder_is_a_pure_function_of_the_command(overrides, folder):
     assert compose_with_hydra(overrides).hydra.sweep.dir == folder
+
+
+def test_job_folders_are_named_by_the_swept_keys_short_and_shell_safe():
+    """Once `ablation=[baseline,single_head,pruning],data=pystdlib,...,trainer.val_check_interval=150`: every
+    override, brackets and commas included. Now the keys every job shares are excluded, keys are shortened to the
+    segments that tell them apart, lists join by `+`, and anything a shell would read (spaces, slashes, quotes)
+    becomes `_` with a short hash, so that two values never share a folder."""
+    overrides = ["ablation=[baseline,single_head,pruning]", "data=pystdlib", "model.attn.n_heads=4", "seed=1"]
+    overrides += ["trainer.val_check_interval=150", "data.path='/a b/c.txt'", "model.dropout=0.1"]
+    overrides += ["trainer.optim.dropout=0"]
+    name = folder_name(overrides, exclude=["data", "trainer.val_check_interval"])
+    assert name == (
+        "ablation=baseline+single_head+pruning,path=a_b_c.txt-ba4c01,n_heads=4,model.dropout=0.1,seed=1,optim.dropout=0"
+    )
+    assert re.fullmatch(r"[A-Za-z0-9._+=,-]+", name) and shlex.quote(name) == name
+    assert folder_name(["data.path='/a b/c.txt'"]) != folder_name(["data.path='/a_b/c.txt'"])
+    assert folder_name(["ablation=[]"]) == "ablation=empty" and folder_name(["seed=1"], exclude=["seed"]) == "run"

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from headcount.cli.errors import exit_on_config_error
-from headcount.cli.train import run
+from headcount.cli.train import ablation_headline, run
 from headcount.config import CONF_DIR, validate_train_config
 from headcount.metrics import masked_loss_and_accuracy
 from headcount.run_dir import RunPaths, load_model, load_run, to_batches
@@ -195,7 +196,9 @@ def test_a_run_prints_no_third_party_noise_unless_asked_with_v(tmp_path):
     quiet = stderr_of()
     for noise in ("Tip", "srun", "LeafSpec", "Epoch 0/-2", "Total FLOPs", "GPU available", "Trainer.fit"):
         assert noise not in quiet, quiet
-    assert "step 4/4" in quiet and "trained 4 steps" in quiet and "per target token" in quiet
+    assert "trained 4 steps" in quiet and "per target token" in quiet
+    # The bar counts steps, shows the latest losses and the time left (its last frame, off a terminal).
+    assert re.search(r"step 4/4 train/loss \d+\.\d{4}  val/loss \d+\.\d{4} \d+:\d\d:\d\d", quiet), quiet
     assert "GPU available" in stderr_of("-v")  # Lightning's own output is back
 
 
@@ -204,3 +207,24 @@ def test_verbosity_flags_leave_the_command_line_before_hydra_reads_it(monkeypatc
     assert take_verbosity_flags(["model=tiny", "-m", "seed=0,1"]) == ["model=tiny", "-m", "seed=0,1"]
     assert verbosity() == 0
     assert take_verbosity_flags(["-vv", "model=tiny"]) == ["model=tiny"] and verbosity() == 2
+
+
+def test_the_end_of_run_summary_reads_the_runs_own_mode_from_summary_json():
+    """summary.json holds one section per mode (format 2): the summary line reads the run's, not the file's top."""
+    zero = {
+        "settings": {"mode": "zero", "split": "val", "n_eval": 32},
+        "baseline_loss": 5.25,
+        "scans": {"single_head": {}, "pruning": {}},
+        "most_important_head": {"mask": "L1H3", "delta_loss": 0.125},
+        "prunable_fraction": {"gradient": 0.25, "random": 0.5},
+        "arbitrary_orders": ["gradient"],
+    }
+    mean = {"settings": {"mode": "mean", "split": "test", "n_eval": 8}, "baseline_loss": 5.5, "scans": {"layer": {}}}
+    summary = {"format": 2, "modes": {"zero": zero, "mean": mean}, "mode_independent": {"scans": {"head_scores": {}}}}
+    assert ablation_headline(summary, "zero") == (
+        "single_head, pruning, head_scores (zero ablation, 32 val examples); baseline loss 5.2500; "
+        "most important head L1H3 (loss +0.1250 without it); "
+        "prunable 25% by gradient (arbitrary order), 50% by random"
+    )
+    assert ablation_headline(summary, "mean").startswith("layer, head_scores (mean ablation, 8 test examples)")
+    assert ablation_headline({"format": 2, "modes": {}}, "zero") is None

@@ -70,7 +70,10 @@ def model_on_meta(cfg: ModelConfig, trainer: DictConfig) -> Transformer:
     try:
         with torch.device("meta"):
             return Transformer(cfg)
-    except RuntimeError:  # one weight matrix has more bytes than PyTorch can count (2^63)
+    except RuntimeError as error:
+        if "overflow" not in str(error):  # a bug, not a size: let it show as one
+            raise
+        # one weight matrix has more bytes than PyTorch can count (2^63)
         key, value = largest_dimension(cfg)
         available, kind = training_memory(trainer)
         raise ConfigError(

@@ -1,6 +1,5 @@
 """`headcount-train [-m] <overrides>`: train, run the ablation scans, then check the finding, for a run or a sweep."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from rich.markup import escape
 
 from headcount import run_lock
 from headcount.ablation import run_ablations
+from headcount.ablation.summary import SHARED, mode_summary, read_summary
 from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, run_hydra_command
 from headcount.cli.preflight import validate_job
 from headcount.cli.sweep import check_launcher_installed, register_resolvers, skipped_finding
@@ -31,7 +31,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     """The whole job for one run directory: validate, train, ablate, mark DONE. Skips a run that is already DONE."""
     console = Console(stderr=True)
     if is_done(run_dir):
-        console.print(f"[green]already finished:[/green] {escape(str(run_dir))} (delete DONE to rerun)")
+        console.print(f"[green]already finished:[/green] {escape(str(run_dir))} (delete DONE to rerun)", soft_wrap=True)
         return
     validate_job(cfg)
     cfg = resolve_pretrained(cfg)  # the model the checkpoint implies (read once per process)
@@ -44,11 +44,12 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
         if cfg.logger.kind == "wandb":
             log_run_results(run_dir, metrics)
         mark_done(run_dir)
-    print_run_summary(console, run_dir, metrics)
+    print_run_summary(console, run_dir, metrics, cfg.ablation.mode)
 
 
-def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
-    """The end of a run: what was trained and measured, the headline numbers, and the files written."""
+def print_run_summary(console: Console, run_dir: Path, metrics: dict, mode: str = "zero") -> None:
+    """The end of a run: what was trained and measured, the headline numbers of the run's ablation mode, and the
+    files written."""
     resumed = " (resumed)" if metrics.get("tokens_per_second") is None and metrics["steps"] else ""
     console.print(
         f"[bold]trained[/bold] {metrics['steps']:,} steps in {metrics['train_seconds']:.0f} s{resumed}: "
@@ -59,21 +60,37 @@ def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
     measured = [key for key in ("val/loss", "val/acc", "test/loss", "test/acc") if key in metrics]
     numbers = "  ".join(f"{key} {metrics[key]:.4f}" for key in measured)
     console.print(f"[bold]measured[/bold] {numbers} (per target token)", highlight=False, soft_wrap=True)
-    summary_path = RunPaths(run_dir).ablation / "summary.json"
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        settings = summary.get("settings", {})
-        said = [f"{', '.join(summary.get('scans', {}))} ({settings.get('mode')} ablation on {settings.get('split')})"]
-        if head := summary.get("most_important_head"):
-            said.append(f"most important head {head['mask']} (loss {head['delta_loss']:+.4f} without it)")
-        if fractions := summary.get("prunable_fraction"):
-            said.append("prunable " + ", ".join(f"{fraction:.0%} by {order}" for order, fraction in fractions.items()))
-        console.print("[bold]ablated[/bold] " + "; ".join(said), highlight=False, soft_wrap=True)
-    console.print(f"[green]wrote[/green] {escape(str(run_dir))}")
+    if said := ablation_headline(read_summary(RunPaths(run_dir).ablation / "summary.json"), mode):
+        console.print(f"[bold]ablated[/bold] {said}", highlight=False, soft_wrap=True)
+    console.print(f"[green]wrote[/green] {escape(str(run_dir))}", soft_wrap=True)
     written = (p for p in run_dir.rglob("*") if p.suffix in {".json", ".csv", ".png", ".ckpt"})
     for path in sorted(p.relative_to(run_dir) for p in written):
         if path.parts[0] != "wandb":  # W&B's own files are many; `wandb sync` reads them
             console.print(f"  {path}")
+
+
+def ablation_headline(summary: dict, mode: str) -> str | None:
+    """The scans of the run's mode and their headline numbers, in one line; None when no scan ran."""
+    section = mode_summary(summary, mode)
+    scans = [*section.get("scans", {}), *summary.get(SHARED, {}).get("scans", {})]
+    if not scans:
+        return None
+    settings = section.get("settings", {})
+    said = [f"{', '.join(scans)} ({mode} ablation, {settings.get('n_eval')} {settings.get('split')} examples)"]
+    if (baseline := section.get("baseline_loss")) is not None:
+        said.append(f"baseline loss {baseline:.4f}")
+    if head := section.get("most_important_head"):
+        said.append(f"most important head {head['mask']} (loss {head['delta_loss']:+.4f} without it)")
+    if fractions := section.get("prunable_fraction"):
+        arbitrary = set(section.get("arbitrary_orders", []))
+        said.append(
+            "prunable "
+            + ", ".join(
+                f"{fraction:.0%} by {order}{' (arbitrary order)' if order in arbitrary else ''}"
+                for order, fraction in fractions.items()
+            )
+        )
+    return "; ".join(said)
 
 
 register_configs()
