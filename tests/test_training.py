@@ -171,7 +171,7 @@ def test_val_and_test_loss_are_per_token_as_the_ablation_baseline(compose_train,
     cfg = compose_train(SMOKE + overrides)
     run(cfg, tmp_path)
     metrics = json.loads(RunPaths(tmp_path).metrics.read_text())
-    baseline = json.loads((RunPaths(tmp_path).ablation / "summary.json").read_text())
+    baseline = json.loads((RunPaths(tmp_path).ablation / "summary.json").read_text())["modes"]["zero"]
     assert metrics["val/loss"] == pytest.approx(baseline["baseline_loss"], rel=1e-6, abs=0)
     assert metrics["val/acc"] == pytest.approx(baseline["baseline_acc"], rel=1e-6, abs=0)
 
