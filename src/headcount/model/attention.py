@@ -19,6 +19,8 @@ A head is a query head. Grouped-query attention (`kv_groups`: how many consecuti
 head, regular [H / H_kv] * H_kv as trained, any sizes after pruning) changes only where k and v come from: z stays
 per query head, so gates, masks and replacements do not change.
 
+(The module runs past the project's ~250-line guide on purpose: splitting it would put the weight layout in two places.)
+
 The parameters are one fused `qkv` Linear whose output rows are laid out [q: H*D | k: H_kv*D | v: H_kv*D] (with
 H_kv = H, the (3, H, D) layout of every headcount checkpoint) and one `out` Linear; checkpoints store them under those
 names. Tensor names carry their shape: B batch, T positions, C model width, H heads, G key/value heads, D head width.
@@ -245,3 +247,15 @@ class MultiHeadAttention(nn.Module):
         if self.rotary is not None:
             floats += 2 * self.z_floats() + kv_floats
         return floats
+
+
+def fuse_qkv(parts: list[tuple[Tensor, Tensor | None]]) -> tuple[Tensor, Tensor | None]:
+    """Separate q, k, v projections (weight, bias) as MultiHeadAttention.qkv's fused rows
+    [q: H*D | k: H_kv*D | v: H_kv*D], the layout this module alone knows (checkpoint converters build it with this)."""
+    weight = torch.cat([w for w, _ in parts])
+    biases = [b for _, b in parts]
+    if all(b is None for b in biases):
+        return weight, None
+    if any(b is None for b in biases):
+        raise ValueError("q, k and v projections must all have biases or none")
+    return weight, torch.cat(biases)

@@ -9,6 +9,7 @@ from typing import Any
 from torch import Tensor
 
 from headcount.config.model import AttentionConfig, ModelConfig, Norm, Positions
+from headcount.model.attention import fuse_qkv
 from headcount.pretrained.checks import gelu_activation, rope
 from headcount.pretrained.weights import HFWeights, put_linear, put_norm
 
@@ -41,10 +42,12 @@ def state_dict(hf: HFWeights, cfg: ModelConfig) -> dict[str, Tensor]:
     for layer in range(cfg.n_layers):
         ours, theirs = f"blocks.{layer}", f"gpt_neox.layers.{layer}"
         put_norm(state, f"{ours}.ln_attn", hf, f"{theirs}.input_layernorm")
+        # GPT-NeoX interleaves its fused rows by head, [q_h | k_h | v_h] for each h: split them into q, k and v
         weight, bias = hf.take_linear(f"{theirs}.attention.query_key_value")
-        weight = weight.view(H, 3, D, C).transpose(0, 1).reshape(3 * H * D, C)
-        bias = None if bias is None else bias.view(H, 3, D).transpose(0, 1).reshape(3 * H * D)
-        put_linear(state, f"{ours}.attn.qkv", weight, bias)
+        weights = weight.view(H, 3, D, C).unbind(1)
+        biases = (None,) * 3 if bias is None else bias.view(H, 3, D).unbind(1)
+        parts = [(w.reshape(H * D, C), None if b is None else b.reshape(H * D)) for w, b in zip(weights, biases)]
+        put_linear(state, f"{ours}.attn.qkv", *fuse_qkv(parts))
         put_linear(state, f"{ours}.attn.out", *hf.take_linear(f"{theirs}.attention.dense"))
         put_norm(state, f"{ours}.ln_mlp", hf, f"{theirs}.post_attention_layernorm")
         put_linear(state, f"{ours}.mlp.fc", *hf.take_linear(f"{theirs}.mlp.dense_h_to_4h"))

@@ -11,8 +11,9 @@ from typing import Any
 from torch import Tensor
 
 from headcount.config.model import Activation, AttentionConfig, ModelConfig, Norm, Positions
+from headcount.model.attention import fuse_qkv
 from headcount.pretrained.checks import head_dim_setting, kv_heads_setting, refuse_if, rope, unsupported
-from headcount.pretrained.weights import HFWeights, fuse_qkv, put_linear, put_norm
+from headcount.pretrained.weights import HFWeights, put_linear, put_norm
 
 
 def model_config(hf: Any, source: str) -> ModelConfig:

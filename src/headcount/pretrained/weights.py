@@ -1,6 +1,5 @@
 """Moving a Hugging Face state dict into headcount's names, with nothing left behind unnoticed."""
 
-import torch
 from torch import Tensor
 
 
@@ -39,14 +38,3 @@ def put_linear(state: dict[str, Tensor], prefix: str, weight: Tensor, bias: Tens
 def put_norm(state: dict[str, Tensor], prefix: str, hf: HFWeights, hf_prefix: str) -> None:
     """A LayerNorm (weight and bias) or an RMSNorm (weight only)."""
     put_linear(state, prefix, hf.take(f"{hf_prefix}.weight"), hf.take_optional(f"{hf_prefix}.bias"))
-
-
-def fuse_qkv(parts: list[tuple[Tensor, Tensor | None]]) -> tuple[Tensor, Tensor | None]:
-    """Separate q, k, v projections as headcount's fused rows [q: H*D | k: H_kv*D | v: H_kv*D]."""
-    weight = torch.cat([w for w, _ in parts])
-    biases = [b for _, b in parts]
-    if all(b is None for b in biases):
-        return weight, None
-    if any(b is None for b in biases):
-        raise ValueError("q, k and v projections must all have biases or none")
-    return weight, torch.cat(biases)
