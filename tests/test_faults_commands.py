@@ -101,7 +101,7 @@ MISTAKES = [
     (["ablation.mode=bogus"], "ablation.mode='bogus': allowed: zero, mean, resample", ""),
     (["seed=abc"], "seed='abc'", ""),
     (["model.d_model=1000000000"], "model.d_model=1000000000: the model needs more than", "of RAM"),
-    (["model.d_model=8192", "model.n_layers=4000"], "model.n_layers=4000: a model of 3.", "GiB to train"),
+    (["model.d_model=32768", "model.n_layers=100"], "model.d_model=32768: a model of 1.29e+12", "GiB to train"),
     (["ablation=pairs", "ablation.scans.pairs.top_k=1"], "ablation.scans.pairs.top_k=1: must be at least 2", ""),
     (["ablation.scans.pairs.top_k=1"], "ablation.scans.pairs.top_k=1: no scan named pairs is selected", ""),
     (["ablation=custom"], "ablation.scans.custom.masks_file=None", ""),

@@ -149,7 +149,9 @@ def test_train_from_pretrained_and_evaluate_as_is(monkeypatch, tmp_path, text_fi
         run_command(training.main, monkeypatch, tmp_path, [*common, "trainer.max_steps=0", f"hydra.run.dir={as_is}"])
         == 0
     )
-    assert "Loading weights" not in capsys.readouterr().err  # transformers' progress bars stay quiet by default
+    err = capsys.readouterr().err
+    assert "Loading weights" not in err  # transformers' progress bars stay quiet by default
+    assert "evaluated as it is (no training): 106,816 parameters" in err
     record = json.loads((as_is / "pretrained.json").read_text())
     assert record["weights"] == "as_pretrained" and record["provenance"]["source"] == NAME
     assert not (as_is / "checkpoints" / "last.ckpt").exists()

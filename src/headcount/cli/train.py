@@ -50,9 +50,11 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
 def print_run_summary(console: Console, run_dir: Path, metrics: dict, mode: str = "zero") -> None:
     """The end of a run: what was trained and measured, the headline numbers of the run's ablation mode, and the
     files written."""
-    resumed = " (resumed)" if metrics.get("tokens_per_second") is None and metrics["steps"] else ""
+    resumed = " (resumed)" if metrics.get("tokens_per_second") is None else ""
+    # trainer.max_steps=0 (a pretrained model evaluated as it is) trains nothing
+    trained = f"trained {metrics['steps']:,} steps in {metrics['train_seconds']:.0f} s{resumed}"
     console.print(
-        f"[bold]trained[/bold] {metrics['steps']:,} steps in {metrics['train_seconds']:.0f} s{resumed}: "
+        f"[bold]{trained if metrics['steps'] else 'evaluated as it is (no training)'}[/bold]: "
         f"{metrics['params']:,} parameters, {metrics['flops_per_token']:,.0f} training FLOPs per token",
         highlight=False,
         soft_wrap=True,
