@@ -30,16 +30,28 @@ def run_dirs(sweep: Path) -> list[Path]:
     return sorted(p.parent.parent for p in sweep.glob("*/.hydra/overrides.yaml"))
 
 
-def train_in_process(monkeypatch, cwd: Path, args: list[str]) -> int:
-    """headcount-train <args> in this process, from cwd; returns its exit code."""
+def command_in_process(main, monkeypatch, cwd: Path, args: list[str]) -> int:
+    """A command's main(), with <args> as its command line, in this process, from cwd; returns its exit code."""
     monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", ["headcount-train", *args])
+    monkeypatch.setattr(sys, "argv", ["headcount", *args])
     GlobalHydra.instance().clear()
     try:
-        training.main()
+        main()
     except SystemExit as e:
         return e.code
     return 0
+
+
+def train_in_process(monkeypatch, cwd: Path, args: list[str]) -> int:
+    """headcount-train <args> in this process, from cwd; returns its exit code."""
+    return command_in_process(training.main, monkeypatch, cwd, args)
+
+
+def one_line(err: str) -> str:
+    """The one line a refused command printed (and no traceback)."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
 
 
 def compose_with_hydra(overrides: list[str]) -> DictConfig:

@@ -12,8 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hydra.core.global_hydra import GlobalHydra
-from sweep_helpers import SMOKE, run_dirs, train_in_process
+from sweep_helpers import SMOKE, command_in_process, one_line, run_dirs, train_in_process
 
 from headcount import run_lock
 from headcount.cli import ablate as ablating
@@ -31,20 +30,7 @@ QUIET = ["ablation.progress=false", "trainer.progress_bar=false"]
 
 def ablate_in_process(monkeypatch, cwd: Path, args: list[str]) -> int:
     """headcount-ablate <args> in this process, from cwd; returns its exit code."""
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", ["headcount-ablate", *args])
-    GlobalHydra.instance().clear()
-    try:
-        ablating.main()
-    except SystemExit as e:
-        return e.code
-    return 0
-
-
-def one_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+    return command_in_process(ablating.main, monkeypatch, cwd, args)
 
 
 def python_env() -> dict:
@@ -305,7 +291,8 @@ def running(pid: int) -> bool:
 @pytest.mark.parametrize(
     "launcher, signum",
     [
-        pytest.param(["hydra/launcher=submitit_local"], signal.SIGINT, id="submitit_local"),
+        # slow (80 s): the basic launcher's stop is in the default suite (test_sigterm_stops_a_basic_sweep_...)
+        pytest.param(["hydra/launcher=submitit_local"], signal.SIGINT, id="submitit_local", marks=pytest.mark.slow),
         pytest.param(
             ["hydra/launcher=parallel", "hydra.launcher.n_jobs=2"],
             signal.SIGTERM,

@@ -92,6 +92,7 @@ def test_reduced_induction_heads_finding(monkeypatch, tmp_path):
     assert (tmp_path / "findings" / "induction_heads.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # 100 s; each experiment runs at smoke size in the default suite (test_experiments.py)
 def test_every_experiment_from_the_command_line_at_smoke_size(tmp_path):
     """`headcount-train -m experiment=glob(*) size=smoke`: each experiment a single smoke job; the ones whose
     finding reads one run check it."""

@@ -4,16 +4,16 @@ from it (and max_steps=0), and every scan kind, mode, importance, pruning, L0 ga
 headcount-ablate without a training run."""
 
 import json
-import sys
 from importlib.metadata import PackageNotFoundError
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
 
 pytest.importorskip("transformers")
+
+from sweep_helpers import command_in_process, one_line  # noqa: E402
 
 from headcount.cli import ablate as ablating  # noqa: E402
 from headcount.cli import train as training  # noqa: E402
@@ -49,23 +49,6 @@ def text_file(tmp_path_factory) -> Path:
     ]
     path.write_text(" ".join(words[(i * 7) % len(words)] for i in range(6000)))
     return path
-
-
-def run_command(main, monkeypatch, cwd: Path, args: list[str]) -> int:
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", ["headcount", *args])
-    GlobalHydra.instance().clear()
-    try:
-        main()
-    except SystemExit as e:
-        return e.code
-    return 0
-
-
-def one_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def test_config_comes_from_the_checkpoint_and_disagreements_are_refused(compose_train, text_file):
@@ -146,7 +129,9 @@ def test_train_from_pretrained_and_evaluate_as_is(monkeypatch, tmp_path, text_fi
     common = ["model=tiny_random_llama", "data=text", f"data.path={text_file}", *DATA, *QUIET, "ablation=[baseline]"]
     as_is = tmp_path / "as_is"
     assert (
-        run_command(training.main, monkeypatch, tmp_path, [*common, "trainer.max_steps=0", f"hydra.run.dir={as_is}"])
+        command_in_process(
+            training.main, monkeypatch, tmp_path, [*common, "trainer.max_steps=0", f"hydra.run.dir={as_is}"]
+        )
         == 0
     )
     err = capsys.readouterr().err
@@ -165,7 +150,7 @@ def test_train_from_pretrained_and_evaluate_as_is(monkeypatch, tmp_path, text_fi
 
     tuned = tmp_path / "tuned"
     steps = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.optim.warmup_steps=1"]
-    assert run_command(training.main, monkeypatch, tmp_path, [*common, *steps, f"hydra.run.dir={tuned}"]) == 0
+    assert command_in_process(training.main, monkeypatch, tmp_path, [*common, *steps, f"hydra.run.dir={tuned}"]) == 0
     assert json.loads((tuned / "pretrained.json").read_text())["weights"] == "fine_tuned"
     model = load_model(tuned / "checkpoints" / "last.ckpt")
     assert model.cfg.attn.n_kv_heads == 2 and model.cfg.pretrained == NAME
@@ -174,7 +159,7 @@ def test_train_from_pretrained_and_evaluate_as_is(monkeypatch, tmp_path, text_fi
 
 
 def ablate(monkeypatch, cwd: Path, args: list[str]) -> int:
-    return run_command(ablating.main, monkeypatch, cwd, args)
+    return command_in_process(ablating.main, monkeypatch, cwd, args)
 
 
 def test_every_scan_mode_and_export_on_a_pretrained_model_without_training(monkeypatch, tmp_path, text_file, capsys):
@@ -205,9 +190,21 @@ def test_default_run_dir_and_bad_sources(monkeypatch, tmp_path, text_file, capsy
     assert (run_dir / "pretrained.json").exists() and (run_dir / "ablation" / "baseline.csv").exists()
     capsys.readouterr()
     assert ablate(monkeypatch, tmp_path, ["model.pretrained=org/model", "ablation=[baseline]"]) == 2
-    assert "the Hub cannot provide it: HF_HUB_OFFLINE is set" in one_line(capsys.readouterr().err)
+    assert "the Hub cannot provide it: no network (or HF_HUB_OFFLINE set)" in one_line(capsys.readouterr().err)
     assert ablate(monkeypatch, tmp_path, ["model.pretrained=./nowhere", "ablation=[baseline]"]) == 2
     assert "model.pretrained='./nowhere': no such folder or .gguf file" in one_line(capsys.readouterr().err)
+    # refused commands leave nothing: outputs/pretrained/ holds the one run made above
+    assert sorted(p.name for p in (tmp_path / "outputs" / "pretrained").iterdir()) == ["tiny-random-llama"]
+
+
+def test_a_hub_name_without_a_network_reads_the_cache_only(monkeypatch):
+    """No network: the Hub is read offline (the Hugging Face cache) at once, not after half a minute of retries."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(source, "hub_reachable", lambda timeout_s=3.0: False)
+    source.require(source.locate("org/model"))
+    assert constants.HF_HUB_OFFLINE
 
 
 def test_a_sweep_of_a_pretrained_model_logs_to_wandb_and_reports(monkeypatch, tmp_path, text_file, capsys):
@@ -217,7 +214,7 @@ def test_a_sweep_of_a_pretrained_model_logs_to_wandb_and_reports(monkeypatch, tm
     monkeypatch.setenv("WANDB_MODE", "offline")
     args = ["-m", "model=tiny_random_llama", "data=text", f"data.path={text_file}", *DATA, *QUIET]
     args += ["trainer.max_steps=0", "ablation=[single_head,pruning]", "ablation.n_eval=8,16", "logger=wandb"]
-    assert run_command(training.main, monkeypatch, tmp_path, [*args, "sweep_name=pretrained"]) == 0
+    assert command_in_process(training.main, monkeypatch, tmp_path, [*args, "sweep_name=pretrained"]) == 0
     sweep = tmp_path / "outputs" / "multirun" / "pretrained"
     jobs = sorted(path.name for path in sweep.iterdir() if (path / "DONE").exists())
     assert jobs == ["n_eval=16", "n_eval=8"]

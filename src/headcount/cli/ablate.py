@@ -24,12 +24,12 @@ from rich.console import Console
 
 from headcount import run_lock
 from headcount.ablation.session import run_ablations
-from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, run_hydra_command, typed_value
+from headcount.cli.errors import BAD_INPUT, discarded_if_rejected, exit_on_config_error, run_hydra_command, typed_value
 from headcount.cli.pretrained_run import default_run_dir, prepare_pretrained_run, pretrained_requested
 from headcount.config import CONF_DIR, register_configs
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
-from headcount.run_dir import finished_checkpoint, load_run_config, read_pretrained
+from headcount.run_dir import RunPaths, finished_checkpoint, load_run_config, read_pretrained
 from headcount.train.quiet import take_verbosity_flags
 
 
@@ -97,12 +97,30 @@ def finished_run(run_dir: Path) -> Path:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="ablate")
 @exit_on_config_error
 def ablate_job(cfg: DictConfig) -> None:
-    with discarded_if_rejected(Path(HydraConfig.get().runtime.output_dir), Path(cfg.run_dir)):
-        if cfg.model.pretrained is not None:
-            prepare_pretrained_run(cfg, Path(cfg.run_dir))
-        else:
-            run_lock.acquire(finished_run(Path(cfg.run_dir)), "headcount-ablate", "run_dir")
-        print_written(ablate(cfg, typed_ablation_keys(HydraConfig.get().overrides.task)))
+    run_dir = Path(cfg.run_dir)
+    new_pretrained_run = cfg.model.pretrained is not None and not RunPaths(run_dir).config.exists()
+    try:
+        with discarded_if_rejected(Path(HydraConfig.get().runtime.output_dir), run_dir):
+            if cfg.model.pretrained is not None:
+                prepare_pretrained_run(cfg, run_dir)
+            else:
+                run_lock.acquire(finished_run(run_dir), "headcount-ablate", "run_dir")
+            print_written(ablate(cfg, typed_ablation_keys(HydraConfig.get().overrides.task)))
+    except BAD_INPUT:
+        if new_pretrained_run:  # the folder Hydra made for a pretrained run that was refused goes too
+            discard_empty_run_dir(run_dir)
+        raise
+
+
+def discard_empty_run_dir(run_dir: Path) -> None:
+    """run_dir and the folders above it that it leaves empty (up to the working directory), if nothing but its lock
+    is in it."""
+    run_lock.release(run_dir)
+    cwd = Path.cwd().resolve()
+    folder = run_dir.resolve()
+    while folder != cwd and folder.is_relative_to(cwd) and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
 
 
 def take_run(args: list[str]) -> None:
