@@ -65,3 +65,14 @@ def report_rows(sweep: Path) -> pd.DataFrame:
     """runs.csv of a fresh report on the sweep."""
     write_report(sweep)
     return pd.read_csv(sweep / "report" / "runs.csv")
+
+
+def smoke_run(monkeypatch_factory, root: Path, extra: list[str] = ()) -> Path:
+    """A smoke run trained by headcount-train in this process (its baseline scan only), in root/run."""
+    mp = monkeypatch_factory()
+    try:
+        args = [*SMOKE, "ablation.progress=false", "trainer.progress_bar=false", "ablation=[baseline]", *extra]
+        assert train_in_process(mp, root, [*args, "hydra.run.dir=run"]) == 0
+    finally:
+        mp.undo()
+    return root / "run"

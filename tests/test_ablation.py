@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from headcount.ablation import replacements, resumable
+from headcount.ablation import modes, resumable
 from headcount.ablation.evaluator import MaskEvaluator
 from headcount.ablation.masks import (
     all_heads,
@@ -29,7 +29,7 @@ from headcount.ablation.masks import (
     pair_masks,
     single_head_masks,
 )
-from headcount.ablation.replacements import resample_sources
+from headcount.ablation.modes import resample_sources
 from headcount.ablation.results import RECORD_COLUMNS
 from headcount.ablation.scans import KINDS, validate_scans
 from headcount.ablation.scans.mask_scan import SCAN_COLUMNS
@@ -40,8 +40,9 @@ from headcount.cli.errors import BAD_INPUT, as_config_error
 from headcount.cli.train import run
 from headcount.config import CONF_DIR
 from headcount.config.ablation import AblationConfig, L0GatesConfig, PruningConfig, ScanConfig
+from headcount.data.examples import split_examples
 from headcount.errors import ConfigError
-from headcount.run_dir import RunPaths, load_model, split_examples
+from headcount.run_dir import RunPaths, load_model
 
 RECORD = [c for c in RECORD_COLUMNS if c != "mode"]  # mask scans have a mode column of their own
 SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "logger=none"]
@@ -267,7 +268,13 @@ def test_ablate_writes_every_scan_kind_in_the_run_layout(run_copy, tmp_path):
         assert scan == "baseline" or (out / f"{scan}.mean.png").stat().st_size > 1000
     assert pd.read_csv(out / "custom.mean.csv")["mask"].tolist() == ["both-L0H0-L1H1", "L1H2"]
     importance = pd.read_csv(out / "importance.mean.csv")
-    scores = ["grad_importance", "grad_importance_raw", "single_head_delta"]  # pairs ran single_head
+    scores = [
+        "grad_importance",
+        "grad_importance_raw",
+        "grad_importance_per_example",
+        "grad_importance_per_example_raw",
+    ]
+    scores.append("single_head_delta")  # pairs ran single_head
     assert list(importance.columns) == ["layer", "head", *scores, "mode", *RECORD]
     curves = pd.read_csv(out / "pruning.mean.csv")
     assert set(curves["order"]) == {"gradient", "gradient_iterative", "single_head", "random"}
@@ -326,12 +333,12 @@ def test_interrupted_ablation_resumes_to_the_same_csv(run_copy, monkeypatch):
     monkeypatch.setattr(resumable, "SAVE_INTERVAL_S", 0.0)
     real_pass, passes = MaskEvaluator.masked_pass, []
 
-    def interrupted_pass(self, clean, gates_PLH, start):
+    def interrupted_pass(self, clean, gates_PLH, start, position_P):
         if start < self.model.n_layers:  # not the baseline, which the clean pass gives
             if len(passes) == 2:
                 raise KeyboardInterrupt
             passes.append(len(gates_PLH))
-        return real_pass(self, clean, gates_PLH, start)
+        return real_pass(self, clean, gates_PLH, start, position_P)
 
     monkeypatch.setattr(MaskEvaluator, "masked_pass", interrupted_pass)
     with pytest.raises(KeyboardInterrupt):
@@ -340,9 +347,9 @@ def test_interrupted_ablation_resumes_to_the_same_csv(run_copy, monkeypatch):
 
     resumed = []
 
-    def counted_pass(self, clean, gates_PLH, start):
+    def counted_pass(self, clean, gates_PLH, start, position_P):
         resumed.extend([len(gates_PLH)] if start < self.model.n_layers else [])
-        return real_pass(self, clean, gates_PLH, start)
+        return real_pass(self, clean, gates_PLH, start, position_P)
 
     monkeypatch.setattr(MaskEvaluator, "masked_pass", counted_pass)
     ablate_with(run_copy, "ablation=single_head", "ablation.masks_per_pass=2")
@@ -359,7 +366,7 @@ def test_resample_sources_are_saved_and_reused(run_copy, monkeypatch):
     def not_again(*args):
         raise AssertionError("the saved pairing should have been reused")
 
-    monkeypatch.setattr(replacements, "resample_sources", not_again)
+    monkeypatch.setattr(modes, "resample_sources", not_again)
     ablate_with(run_copy, "ablation=single_head", "ablation.mode=resample", "ablation.reference_split=val")
     table = pd.read_csv(out / "single_head.resample.csv")
     assert (table["mode"] == "resample").all() and table["delta_loss"].abs().max() > 0

@@ -120,7 +120,7 @@ def test_results_are_tables_with_a_mode_column(run):
 def test_results_of_a_scan_not_run_say_what_is_there(run):
     with pytest.raises(ConfigError, match="run.scan computes them; done: .*single_head"):
         run.results("layer")
-    with pytest.raises(ConfigError, match="allowed: zero, mean, resample"):
+    with pytest.raises(ConfigError, match="allowed: zero, mean, resample, patch"):
         run.evaluate(["L0H0"], mode="half")
 
 

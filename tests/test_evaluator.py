@@ -15,13 +15,14 @@ from headcount.ablation.masks import (
     pair_masks,
     single_head_masks,
 )
-from headcount.ablation.replacements import Replacements, mean_z
+from headcount.ablation.modes import Mean, Replacements, Resample, Zero, mean_z
 from headcount.ablation.results import fingerprint
 from headcount.ablation.resumable import load_partial
 from headcount.metrics import token_nll_and_correct
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
+LOSS = ("loss", "acc")  # the loss metric's columns
 MODES = ["zero", "mean", "mean_per_position", "resample"]
 HEADS_PER_LAYER = [4, 3, 4]  # uneven, as after structural pruning
 
@@ -75,12 +76,12 @@ def scan_kind_masks(kind: str) -> list[HeadMask]:
 
 def make_replacements(mode: str, model: Transformer) -> Replacements:
     if mode == "zero":
-        return Replacements("zero")
+        return Replacements(Zero())
     if mode == "resample":
-        return Replacements("resample")
+        return Replacements(Resample())
     device = next(model.parameters()).device
     reference = [{k: v.to(device) for k, v in b.items()} for b in make_batches(n_batches=2, B=4, seed=7)]
-    return Replacements("mean", mean_z(model, reference, per_position=mode == "mean_per_position"))
+    return Replacements(Mean(), mean_z(model, reference, per_position=mode == "mean_per_position"))
 
 
 def reference_replacements(mode: str, model: Transformer, batch: dict) -> list | None:
@@ -222,17 +223,17 @@ def test_interrupted_scan_resumes_without_redoing_done_masks(tmp_path, monkeypat
     evaluator = MaskEvaluator(model, batches, masks_per_pass=2)
     real_pass, done_sizes = evaluator.masked_pass, []
 
-    def failing_pass(clean, gates_PLH, start):
+    def failing_pass(clean, gates_PLH, start, position_P):
         if len(done_sizes) == 4:
             raise KeyboardInterrupt
         done_sizes.append(len(gates_PLH))
-        return real_pass(clean, gates_PLH, start)
+        return real_pass(clean, gates_PLH, start, position_P)
 
     monkeypatch.setattr(evaluator, "masked_pass", failing_pass)
     with pytest.raises(KeyboardInterrupt):
         resumable.evaluate_resumably(evaluator, masks, partial, "k", "x", False)
     key = fingerprint("k", [(m.name, m.heads_off) for m in masks], evaluator.batch_size, len(evaluator.batches))
-    saved = load_partial(partial, key, masks)
+    saved = load_partial(partial, key, masks, LOSS)
     assert int(saved.batches_done.sum()) == sum(done_sizes)  # every pass before the interruption is saved
 
     resumed = MaskEvaluator(model, batches, masks_per_pass=2)
@@ -240,7 +241,7 @@ def test_interrupted_scan_resumes_without_redoing_done_masks(tmp_path, monkeypat
     totals = resumable.evaluate_resumably(resumed, masks, partial, "k", "x", False)
     n_masks_run = sum(len(args[1]) for args in calls)
     assert n_masks_run == len(masks) * len(batches) - sum(done_sizes)
-    for field in ("batches_done", "nll_sum", "n_correct", "n_targets"):
+    for field in ("batches_done", "sums", "n_targets"):
         assert torch.equal(getattr(totals, field), getattr(complete, field)), field
 
 
@@ -251,16 +252,16 @@ def test_partial_file_from_other_settings_is_ignored(tmp_path, monkeypatch):
     monkeypatch.setattr(resumable, "SAVE_INTERVAL_S", 0.0)
     first = resumable.evaluate_resumably(MaskEvaluator(model, batches), masks, partial, "mode=zero", "x", False)
     key = fingerprint("mode=mean", [(m.name, m.heads_off) for m in masks], 5, 2)
-    assert load_partial(partial, key, masks) is None
+    assert load_partial(partial, key, masks, LOSS) is None
     again = resumable.evaluate_resumably(MaskEvaluator(model, batches), masks, partial, "mode=mean", "x", False)
-    assert torch.equal(first.nll_sum, again.nll_sum)
+    assert torch.equal(first.sums, again.sums)
 
 
 def test_totals_add_up_per_mask():
-    totals = MaskTotals.empty(3)
-    totals.add(torch.tensor([0, 2]), torch.tensor([1.0, 3.0]), torch.tensor([1.0, 0.0]), 4)
+    totals = MaskTotals.empty(3, LOSS)
+    totals.add(torch.tensor([0, 2]), torch.tensor([[1.0, 1.0], [3.0, 0.0]]), 4)
     assert totals.batches_done.tolist() == [1, 0, 1]
-    assert totals.loss()[0] == 0.25 and totals.acc()[2] == 0.0
+    assert totals.value("loss")[0] == 0.25 and totals.value("acc")[2] == 0.0
 
 
 @pytest.mark.gpu

@@ -28,8 +28,9 @@ def test_gpu_size_composes_and_validates(compose_train, experiment):
     validate_train_config(cfg)
     assert cfg.size == "gpu" and cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
     cpu = compose_train([f"experiment={experiment}"])
-    if experiment == "pretrained_heads":  # evaluated as it is: larger evaluation sets instead of longer training
-        assert cfg.trainer.max_steps == 0 and cfg.ablation.n_eval > cpu.ablation.n_eval
+    if cpu.trainer.max_steps == 0:  # a pretrained model evaluated as it is: larger evaluation sets instead
+        larger_task = (cfg.task.n_prompts or 0) > (cpu.task.n_prompts or 0)
+        assert cfg.trainer.max_steps == 0 and (larger_task or cfg.ablation.n_eval > cpu.ablation.n_eval)
     else:
         assert cfg.trainer.max_steps > cpu.trainer.max_steps or experiment == "heads_vs_combine"
 

@@ -321,5 +321,5 @@ def test_result_files_record_mode_splits_and_sizes(run_copy):
     ablate_with(run_copy, "ablation=[single_head]", *mean)
     mean = pd.read_csv(out / "single_head.mean.csv")
     record = mean[list(RECORD_COLUMNS)].drop_duplicates()
-    assert record.values.tolist() == [["mean", "val", 24, n_targets, "train", 40]]
+    assert record.values.tolist() == [["mean", "loss", "val", 24, n_targets, "train", 40]]
     assert read_mode_summary(out, "mean")["settings"]["n_reference"] == 40

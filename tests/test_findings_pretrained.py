@@ -162,7 +162,7 @@ def test_smoke_experiment_checks_the_finding(compose_train, tmp_path):
     finding = json.loads((tmp_path / "findings" / "findings.json").read_text())
     assert finding["experiment"] == "pretrained_heads" and len(finding["claims"]) == 5
     assert all(c["verdict"] in VERDICTS for c in finding["claims"])
-    figures = ["pretrained_heads.png", "induction_scores.png", "pruning.png", "kv_groups.png"]
+    figures = ["pretrained_heads.png", "induction_scores.png", "attribution.png", "pruning.png", "kv_groups.png"]
     assert finding["figures"] == figures
     assert all((tmp_path / "findings" / name).stat().st_size > 1000 for name in figures)
     assert finding["numbers"]["n_kv_groups"] == 4  # 2 layers x 2 key/value heads

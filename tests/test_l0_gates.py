@@ -14,7 +14,7 @@ from headcount.ablation.l0_gates import (
     sample_gates,
     train_l0_gates,
 )
-from headcount.ablation.replacements import clean_z
+from headcount.ablation.modes import clean_z
 from headcount.ablation.structural import prune_heads
 from headcount.config.ablation import KEY, L0GatesConfig, l0_targets, validate_l0_config
 from headcount.errors import ConfigError

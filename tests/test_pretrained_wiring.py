@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 
 from sweep_helpers import command_in_process, one_line  # noqa: E402
 
+from headcount import hub  # noqa: E402
 from headcount.cli import ablate as ablating  # noqa: E402
 from headcount.cli import train as training  # noqa: E402
 from headcount.config import validate_train_config  # noqa: E402
@@ -202,7 +203,7 @@ def test_a_hub_name_without_a_network_reads_the_cache_only(monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(source, "hub_reachable", lambda timeout_s=3.0: False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout_s=3.0: False)
     source.require(source.locate("org/model"))
     assert constants.HF_HUB_OFFLINE
 

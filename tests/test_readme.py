@@ -12,6 +12,7 @@ after the shell examples (one of which makes the smoke-sized run the Python bloc
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ def test_readme_has_examples():
 def readme_cwd(tmp_path_factory) -> tuple[Path, list[tuple[ShellCommand, subprocess.CompletedProcess]]]:
     """A temporary working directory after every shell example ran there, with each example's result."""
     cwd = tmp_path_factory.mktemp("readme")
+    # The README's commands run from a clone's root: the files they name there come along.
+    shutil.copytree(README.parent / "docs" / "examples", cwd / "docs" / "examples")
     src = str(Path(headcount.__file__).resolve().parents[1])  # the commands run the code under test
     env = {
         **os.environ,

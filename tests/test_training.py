@@ -14,8 +14,9 @@ import torch
 from headcount.cli.errors import exit_on_config_error
 from headcount.cli.train import ablation_headline, run
 from headcount.config import CONF_DIR, validate_train_config
+from headcount.data.examples import to_batches
 from headcount.metrics import masked_loss_and_accuracy
-from headcount.run_dir import RunPaths, load_model, load_run, to_batches
+from headcount.run_dir import RunPaths, load_model, load_run
 from headcount.train.job import train
 from headcount.train.quiet import VERBOSITY_ENV, take_verbosity_flags, verbosity
 

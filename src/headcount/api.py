@@ -5,40 +5,57 @@
     run = headcount.load_run("outputs/experiments/induction_heads")
     run.model, run.config, run.eval_batches  # in eval mode; the run's config; the batches the scans evaluate on
     run.evaluate({"prev": [(0, 3)]}, mode="mean")  # loss, acc and deltas per mask, as a scan computes them
+    run.evaluate(["L1H3"], mode="patch", metric="logit_diff", task="prompts.jsonl")  # a behaviour, patched
     run.scan("single_head", mode="resample")  # a scan kind with the run's settings; files in <run>/ablation/
-    run.results("single_head")  # its tables of every mode, stacked, with a `mode` column
+    run.results("single_head")  # its tables of every mode and metric, stacked, with `mode` and `metric` columns
 
-A Run reads everything from the run directory alone, so it opens any run headcount-train wrote (or a sweep's job):
-`evaluate` builds the evaluator the scans build (ablation/evaluation.py) and writes nothing; `scan` runs what
-`headcount-ablate run_dir=<run> ablation=<name> ablation.mode=<mode>` runs, under the run's lock. This module sits with
-the commands at the top of the import order: it may use every stage below it.
+A Run reads everything from the run directory alone, so it opens any run headcount-train wrote (or a sweep's job, or
+a pretrained model's run made by headcount-ablate): `evaluate` builds the evaluator the scans build
+(ablation/evaluation.py) and writes nothing; `scan` runs what `headcount-ablate run_dir=<run> ablation=<name>
+ablation.mode=<mode>` runs, under the run's lock. A task is named as on the command line's task=...: a source
+("ioi", "kv_retrieval", "needle"), a prompts file's path, or a mapping of task.* keys. This module sits with the
+commands at the top of the import order: it may use every stage below it.
 """
 
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from headcount import run_lock
-from headcount.ablation.evaluation import Evaluation, EvaluationSet, evaluation, evaluation_set
+from headcount.ablation.checks import validate_settings
+from headcount.ablation.evaluation import (
+    Evaluation,
+    EvaluationSet,
+    counterpart_baseline,
+    evaluation,
+    evaluation_set,
+    run_task,
+    task_config,
+)
 from headcount.ablation.masks import MaskSpec, masks_to_gates, requested_masks
-from headcount.ablation.results import read_csv, result_path, with_record
+from headcount.ablation.metrics import resolve_metric
+from headcount.ablation.results import read_checked, tasks_dir, with_record
 from headcount.ablation.scans.mask_scan import scan_table
 from headcount.ablation.session import AblationSession, resolve_device, typed_ablation
-from headcount.ablation.summary import read_mode_summary, read_summary
-from headcount.config.ablation import AblationConfig, Mode, ScanConfig, validate_ablation_config
+from headcount.ablation.summary import read_summary
+from headcount.config import typed
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.task import TaskConfig
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 from headcount.run_dir import FinishedRun, RunPaths
 from headcount.run_dir import load_run as open_finished_run
+from headcount.tasks import SOURCES, TaskSet
 
-MODES = [mode.value for mode in Mode]
+TaskSpec = str | dict | TaskConfig | None
 
 
 class Run:
-    """A finished training run: its model, config and evaluation data, and its ablation results.
+    """A finished run: its model, config and evaluation data, and its ablation results.
 
     model: the trained Transformer in eval mode, in float32 (as the scans evaluate it) on `device`.
     config: the run's resolved config (.hydra/config.yaml): model, data, trainer, ablation settings, seed.
@@ -53,10 +70,11 @@ class Run:
         # The scans the run's config lists: scan(name) takes their settings (pairs' top_k, custom's masks_file).
         self.scan_settings: dict[str, ScanConfig] = self.settings.scans
         self.settings.scans = {}
-        validate_ablation_config(self.settings)
+        validate_settings(self.settings, task_config(self.config))
         self.device = resolve_device(device or self.settings.device)
         self.model: Transformer = self.finished.model.to(self.device, torch.float32).eval()
         self._evaluations: dict[str, tuple[EvaluationSet, Evaluation]] = {}
+        self._tasks: dict[str, TaskSet | None] = {}
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
@@ -73,50 +91,95 @@ class Run:
 
     @cached_property
     def metrics(self) -> dict:
-        """metrics.json: the final val/test loss and accuracy, parameters, FLOPs per token, tokens/s."""
-        return OmegaConf.to_container(OmegaConf.load(RunPaths(self.path).metrics))
+        """metrics.json: the final val/test loss and accuracy, parameters, FLOPs per token, tokens/s. A pretrained
+        model ablated as it is (headcount-ablate model.pretrained=...) was never trained or evaluated: ConfigError."""
+        path = RunPaths(self.path).metrics
+        if not path.exists():
+            raise ConfigError(
+                "run_dir",
+                str(self.path),
+                "has no metrics.json: it holds a pretrained model ablated as it is (headcount-ablate "
+                "model.pretrained=...), never trained or evaluated; its baseline loss is "
+                "run.summary(mode)['baseline_loss']",
+            )
+        return OmegaConf.to_container(OmegaConf.load(path))
 
-    def evaluate(self, masks: dict[str, MaskSpec] | list[MaskSpec], mode: str | None = None) -> pd.DataFrame:
-        """Loss and accuracy with each mask's heads ablated, one row per mask: mask, layer, head (where the mask is one
-        head), mode, loss, acc, delta_loss and delta_acc against the unmasked model, n_heads_off, then how it was
-        computed (split, n_eval, n_targets, reference_split, n_reference). The numbers are exactly a scan's for the
-        same mask: the same evaluator on the same data. Writes nothing.
+    def task(self, task: TaskSpec = None) -> TaskSet | None:
+        """The task `task` names (default: the run's config's, if it names one), encoded for the model: its prompts'
+        tokens, answers, corrupted counterparts and named positions; None for the run's own data."""
+        cfg = self.task_settings(task)
+        key = "" if cfg is None else OmegaConf.to_yaml(OmegaConf.structured(cfg))
+        if key not in self._tasks:
+            self._tasks[key] = run_task(self.config, self.model, cfg) if cfg is not None else None
+        return self._tasks[key]
+
+    def evaluate(
+        self,
+        masks: dict[str, MaskSpec] | list[MaskSpec],
+        mode: str | None = None,
+        metric: Any = None,
+        task: TaskSpec = None,
+        **settings: Any,
+    ) -> pd.DataFrame:
+        """The metric with each mask's heads ablated, one row per mask: mask, layer, head (where the mask is one
+        head), [position], mode, the metric's columns (loss and acc for loss) and their deltas against the unmasked
+        model, [gap_fraction, on a task with corrupted prompts], n_heads_off, then how it was computed (metric,
+        split, n_eval, n_targets, reference_split, n_reference). The numbers are exactly a scan's for the same mask:
+        the same evaluator on the same data. Writes nothing.
 
         masks: a mapping name -> heads off, or a list of masks; a mask is a list of (layer, head) pairs or "L1H3"
-        names, a name such as "L0H3+L1H2", or a HeadMask. mode: zero, mean or resample (default: the run's
-        ablation.mode); mean and resample draw on the run's ablation.reference_split."""
-        settings = self.mode_settings(mode)
-        head_masks = requested_masks(masks, self.model.heads_per_layer)
+        names, a name such as "L0H3+L1H2" (on a task, "L1H3@S2" at one named position), or a HeadMask.
+        mode: zero, mean, resample or patch (default: the run's ablation.mode). metric: a metric name or
+        {"_target_": ...} (default: the run's, else loss on the data, logit_diff on a task with wrong answers).
+        task: as on the command line (a source such as "ioi", a prompts file, a mapping of task.* keys); default:
+        the run's own task, else its data. settings: other ablation.* keys (patch_direction="denoise", ...)."""
+        s = self.mode_settings(mode, metric, **settings)
+        task_set = self.task(task)
+        mode_object, _ = validate_settings(s, self.task_settings(task))
+        chosen_metric = resolve_metric(s.metric, task_set and task_set.has_wrong, task=task_set is not None)
+        mode_object.check(s, None if task_set is None else task_set.has_corrupted)
+        positions = [] if task_set is None else list(task_set.positions)
+        head_masks = requested_masks(masks, self.model.heads_per_layer, positions=positions)
         if not head_masks:
             raise ConfigError("masks", masks, "give at least one mask")
-        data, evaluated = self.evaluation(settings)
-        baseline = evaluated.evaluator.baseline()
-        totals = evaluated.evaluator.accumulate(masks_to_gates(head_masks, self.model.heads_per_layer))
-        table = scan_table("evaluate", settings.mode.value, head_masks, totals, baseline).drop(columns="scan")
+        data, evaluated = self.evaluation(s, mode_object, chosen_metric, task_set)
+        evaluator = evaluated.evaluator
+        baseline = evaluator.baseline()
+        counterpart = counterpart_baseline(s, chosen_metric, self.model, data, self.device)
+        position_M = torch.tensor([positions.index(m.position) if m.position else -1 for m in head_masks])
+        totals = evaluator.accumulate(masks_to_gates(head_masks, self.model.heads_per_layer), position_M=position_M)
+        table = scan_table("evaluate", s.mode, head_masks, totals, baseline, chosen_metric, counterpart)
         reference = data.reference
         record = {
-            "split": settings.split,
+            "metric": chosen_metric.name,
+            **({} if task_set is None else {"task": task_set.name}),
+            "split": data.split,
             "n_eval": len(data.examples["input_ids"]),
             "n_targets": baseline["n_targets"],
-            "reference_split": None if reference is None else settings.reference_split,
+            "reference_split": None if reference is None else data.reference_split,
             "n_reference": None if reference is None else len(reference["input_ids"]),
         }
-        return with_record(table, record)
+        return with_record(table.drop(columns="scan"), record)
 
-    def scan(self, name: str, mode: str | None = None, **scan_settings) -> pd.DataFrame:
+    def scan(
+        self, name: str, mode: str | None = None, metric: Any = None, task: TaskSpec = None, **scan_settings: Any
+    ) -> pd.DataFrame:
         """Run the scan `name` (a kind: single_head, layer, leave_one_in, pairs, custom, importance, pruning,
-        l0_gates, head_scores, baseline) with the run's settings in `mode`, as headcount-ablate does: results go to
-        <run>/ablation/ and summary.json, and a rerun with unchanged settings reads them back. A name the run's
-        config lists keeps its settings there; scan_settings set the scan's own keys (top_k=6 for pairs,
-        masks_file="masks.yaml" for custom). Returns the scan's table."""
-        settings = self.mode_settings(mode)
+        l0_gates, head_scores, attribution, baseline) with the run's settings in `mode` and `metric`, on `task`, as
+        headcount-ablate does: results go to <run>/ablation/ (a task's to ablation/tasks/<name>/) and summary.json,
+        and a rerun with unchanged settings reads them back. A name the run's config lists keeps its settings
+        there; scan_settings set the scan's own keys (top_k=6 for pairs, masks_file="masks.yaml" for custom,
+        verify_top_k=20 for attribution). Returns the scan's table."""
+        settings = self.mode_settings(mode, metric)
         settings.prune.export = False
         own = OmegaConf.structured(self.scan_settings.get(name, ScanConfig(kind=name)))
         settings.scans = {name: OmegaConf.to_object(OmegaConf.merge(own, scan_settings))}
         config = self.config.copy()
         config.ablation = OmegaConf.structured(settings)
+        task_cfg = self.task_settings(task)
+        config.task = OmegaConf.structured(task_cfg if task_cfg is not None else TaskConfig())
         already_held = run_lock.holds(self.path)
-        run_lock.acquire(self.path, "headcount.load_run(...).scan")
+        run_lock.acquire_if_writable(self.path, "headcount.load_run(...).scan")  # read-only storage: read back only
         try:
             session = AblationSession(config, self.path)
             return session.scans[name].run()
@@ -124,60 +187,110 @@ class Run:
             if not already_held:
                 run_lock.release(self.path)
 
-    def results(self, scan: str, mode: str | None = None) -> pd.DataFrame:
-        """The table <run>/ablation/<scan>[.<mode>].csv holds: of one mode, or with mode=None of every mode the scan
-        has results in, stacked (their `mode` column tells them apart). A result no mode changes (head_scores) has
-        one table and no mode column."""
-        modes = MODES if mode is None else [Mode(mode).value]
-        paths = dict.fromkeys(result_path(self.ablation_dir, scan, m, ".csv") for m in modes)
-        tables = [read_csv(path) for path in paths if path.exists()]
-        if not tables:
-            done = ", ".join(self.results_index()["scan"].unique()) or "none"
-            which = "any mode" if mode is None else f"{mode} mode"
+    def results(
+        self, scan: str, mode: str | None = None, metric: str | None = None, task: str | None = None
+    ) -> pd.DataFrame:
+        """The tables of a scan, stacked: of every mode and metric it has results in (their `mode` and `metric`
+        columns tell them apart), or of one; on the run's data, or with task=<name> on that task's (its folder's
+        name: ablation/tasks/<name>). A result no mode changes (head_scores) has one table and no mode column."""
+        index = self.results_index()
+        rows = index[(index["scan"] == scan) & (index["task"] == (task or ""))]
+        if mode is not None:
+            rows = rows[rows["mode"] == mode]
+        if metric is not None:
+            rows = rows[rows["metric"] == metric]
+        folder = self.ablation_dir if not task else tasks_dir(self.ablation_dir) / task
+        paths = [folder / csv for csv in dict.fromkeys(rows["csv"]) if (folder / csv).exists()]
+        if not paths:
+            done = ", ".join(index["scan"].unique()) or "none"
+            which = " ".join(f"{k}={v}" for k, v in (("mode", mode), ("metric", metric), ("task", task)) if v)
             raise ConfigError(
-                "scan", scan, f"has no results in {which} in {self.ablation_dir} (run.scan computes them; done: {done})"
+                "scan",
+                scan,
+                f"has no results{' with ' + which if which else ''} in {folder} (run.scan computes them; done: {done})",
             )
-        return pd.concat(tables, ignore_index=True)
+        return pd.concat([read_checked(path) for path in paths], ignore_index=True)
 
     def results_index(self) -> pd.DataFrame:
-        """One row per scan result in <run>/ablation/: scan, kind, mode (empty where no mode changes it), rows, csv."""
-        summary = read_summary(self.ablation_dir / "summary.json")
-        sections = [(mode, section) for mode, section in summary.get("modes", {}).items()]
-        sections.append(("", summary.get("mode_independent", {})))
-        rows = [
-            {"scan": name, "kind": entry["kind"], "mode": mode, "rows": entry["rows"], "csv": entry["files"][0]}
-            for mode, section in sections
-            for name, entry in section.get("scans", {}).items()
-        ]
-        return pd.DataFrame(rows, columns=["scan", "kind", "mode", "rows", "csv"])
+        """One row per scan result of the run: scan, kind, task ("" for the run's data), mode and metric (empty where
+        neither changes it), rows, csv (the file's name in its folder)."""
+        folders = [("", self.ablation_dir)]
+        if tasks_dir(self.ablation_dir).is_dir():
+            folders += [(f.name, f) for f in sorted(tasks_dir(self.ablation_dir).iterdir()) if f.is_dir()]
+        rows = []
+        for task, folder in folders:
+            summary = read_summary(folder / "summary.json")
+            sections = [(name, section) for name, section in summary.get("modes", {}).items()]
+            sections.append(("", summary.get("mode_independent", {})))
+            for section_name, section in sections:
+                mode, _, metric = section_name.partition(".")
+                metric = metric or ("loss" if mode else "")
+                for name, entry in section.get("scans", {}).items():
+                    rows.append(
+                        {
+                            "scan": name,
+                            "kind": entry["kind"],
+                            "task": task,
+                            "mode": mode,
+                            "metric": metric,
+                            "rows": entry["rows"],
+                            "csv": entry["files"][0],
+                        }
+                    )
+        return pd.DataFrame(rows, columns=["scan", "kind", "task", "mode", "metric", "rows", "csv"])
 
-    def summary(self, mode: str = "zero") -> dict:
-        """The section of <run>/ablation/summary.json for `mode`: baseline, most important head, prunable fractions."""
-        return read_mode_summary(self.ablation_dir, Mode(mode).value)
+    def summary(self, mode: str = "zero", metric: str = "loss", task: str | None = None) -> dict:
+        """A section of summary.json: baseline, most important head, prunable fractions of one mode and metric, on the
+        run's data or a task's (its folder's name)."""
+        folder = self.ablation_dir if not task else tasks_dir(self.ablation_dir) / task
+        section = mode if metric == "loss" else f"{mode}.{metric}"
+        return read_summary(folder / "summary.json").get("modes", {}).get(section, {})
 
     # --- helpers ----------------------------------------------------------------------------------------------
 
-    def mode_settings(self, mode: str | None) -> AblationConfig:
-        """A copy of the run's ablation settings in `mode` (default: the run's own)."""
-        settings = typed_ablation(OmegaConf.structured(self.settings))
+    def mode_settings(self, mode: str | None, metric: Any = None, **settings: Any) -> AblationConfig:
+        """A copy of the run's ablation settings in `mode` and `metric` (default: the run's own), with other keys."""
+        merged = OmegaConf.merge(OmegaConf.structured(self.settings), settings)
+        s = typed_ablation(merged)
         if mode is not None:
-            if mode not in MODES:
-                raise ConfigError("mode", mode, f"allowed: {', '.join(MODES)}")
-            settings.mode = Mode(mode)
-        return settings
+            s.mode = mode
+        if metric is not None:
+            s.metric = metric
+        return s
 
-    def evaluation(self, settings: AblationConfig) -> tuple[EvaluationSet, Evaluation]:
-        """The evaluation set and evaluator for the settings' mode, built once per mode."""
-        mode = settings.mode.value
-        if mode not in self._evaluations:
-            data = evaluation_set(self.finished, settings)
-            self._evaluations[mode] = data, evaluation(settings, self.model, data, None, self.device)
-        return self._evaluations[mode]
+    def task_settings(self, task: TaskSpec) -> TaskConfig | None:
+        """task as a TaskConfig: a source's name, a prompts file, a mapping of task.* keys; None: the run's own."""
+        if task is None:
+            return task_config(self.config)
+        if isinstance(task, TaskConfig):
+            return task
+        if isinstance(task, str):
+            if task in SOURCES and task != "file":
+                task = {"source": task}
+            elif Path(task).suffix.lower() in (".jsonl", ".json", ".csv", ".parquet"):
+                task = {"source": "file", "path": task}
+            else:
+                raise ConfigError(
+                    "task",
+                    task,
+                    f"a task source ({', '.join(n for n in SOURCES if n != 'file')}), a "
+                    "prompts file (.jsonl, .json, .csv, .parquet) or a mapping of task.* keys",
+                )
+        return typed(OmegaConf.create(dict(task)), TaskConfig)
+
+    def evaluation(self, s: AblationConfig, mode, metric, task: TaskSet | None) -> tuple[EvaluationSet, Evaluation]:
+        """The evaluation set and evaluator for the settings, built once per mode, metric and task."""
+        key = OmegaConf.to_yaml(OmegaConf.structured(s)) + repr(metric.describe()) + str(task and task.fingerprint())
+        if key not in self._evaluations:
+            data = evaluation_set(self.finished, s, mode, task)
+            self._evaluations[key] = data, evaluation(s, mode, metric, self.model, data, None, self.device)
+        return self._evaluations[key]
 
 
 def load_run(run_dir: str | Path, device: str | None = None) -> Run:
-    """The finished run in run_dir (the folder headcount-train wrote: .hydra/, checkpoints/, metrics.json), its model
-    in eval mode on `device` (default: the run's ablation.device, `auto`: CUDA when there is one)."""
+    """The finished run in run_dir (the folder headcount-train wrote: .hydra/, checkpoints/, metrics.json; or a
+    pretrained model's, made by headcount-ablate), its model in eval mode on `device` (default: the run's
+    ablation.device, `auto`: CUDA when there is one)."""
     return Run(run_dir, device)
 
 

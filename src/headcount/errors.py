@@ -11,3 +11,12 @@ class ConfigError(ValueError):
         self.key, self.value, self.allowed = key, value, allowed
         shown = value.value if isinstance(value, Enum) else value  # a config choice reads as its plain value
         super().__init__(f"{key}={shown!r}: {allowed}")
+
+
+SEED_MAX = 2**32 - 1  # numpy's (and Lightning's seed_everything's) range: outside it a random seed is drawn instead
+
+
+def check_seed(key: str, seed: object) -> None:
+    """ConfigError for a seed numpy cannot take (Lightning would warn and train under a random seed instead)."""
+    if not (isinstance(seed, int) and 0 <= seed <= SEED_MAX):
+        raise ConfigError(key, seed, f"must be an integer in 0..{SEED_MAX} (numpy's range)")

@@ -123,23 +123,27 @@ def model_config_from_dict(model: dict | DictConfig) -> ModelConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), model))
 
 
-def read_checkpoint(path: str | Path, remedy: str) -> dict:
+def read_checkpoint(path: str | Path, remedy: str, map_location: str | torch.device = "cpu") -> dict:
     """A checkpoint's contents, its tensors memory-mapped rather than read; a file that cannot be read (truncated,
     damaged, not a checkpoint) is a ConfigError naming it and what to do."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as error:  # a damaged file fails in the zip reader or the unpickler, in many ways
+        return torch.load(path, map_location=map_location, weights_only=False, mmap=True)
+    except Exception as error:  # a damaged file fails in the zip reader (OSError at some lengths) or the unpickler
         reason = "not a complete zip archive" if not zipfile.is_zipfile(path) else str(error).strip().split("\n")[0]
         raise ConfigError("checkpoint", str(path), f"is damaged or incomplete ({reason}); {remedy}") from error
 
 
+DAMAGED_MODEL = "it holds the run's weights: restore it from a copy, or train the run again"
+
+
 def load_model(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> Transformer:
-    """The Transformer stored in a headcount checkpoint (a Lightning one or a structurally pruned export)."""
-    ckpt = torch.load(ckpt_path, map_location=map_location, weights_only=False)
+    """The Transformer stored in a headcount checkpoint (a Lightning one or a structurally pruned export), in eval
+    mode (dropout off), as load_run gives it; ConfigError for a file that cannot be read."""
+    ckpt = read_checkpoint(ckpt_path, DAMAGED_MODEL, map_location)
     model = Transformer(model_config_from_dict(ckpt["hyper_parameters"]["model"]))
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state)
-    return model
+    return model.eval()
 
 
 def load_run_config(run_dir: str | Path) -> DictConfig:
@@ -180,10 +184,14 @@ class FinishedRun:
 
     def examples(self, split: str, n: int | None, key: str) -> dict[str, Tensor]:
         """The first n examples of a split (all when n is None); ConfigError names `key` for a split it lacks."""
+        from headcount.data.examples import split_examples
+
         return split_examples(self.splits, split, n, key)
 
     def eval_batches(self, device: str | torch.device = "cpu") -> list[dict[str, Tensor]]:
         """The ablation split's examples in the ablation batches, as the scans saw them."""
+        from headcount.data.examples import to_batches
+
         a = self.config.ablation
         return to_batches(self.examples(a.split, a.n_eval, "ablation.split"), a.batch_size, torch.device(device))
 
@@ -196,51 +204,3 @@ def load_run(run_dir: str | Path, config: DictConfig | None = None) -> FinishedR
         return FinishedRun(config, None, pretrained_model(run_dir, record).eval())
     checkpoint = finished_checkpoint(run_dir)
     return FinishedRun(config, checkpoint, load_model(checkpoint).eval())
-
-
-def split_examples(splits: dict, split: str, n: int | None, key: str) -> dict[str, Tensor]:
-    """input_ids (N, T) int64 and loss_mask (N, T) bool of the first n examples (all when n is None)."""
-    if split not in splits:
-        raise ConfigError(key, split, f"allowed: {', '.join(splits)}")
-    dataset = splits[split].with_format("torch")
-    n = len(dataset) if n is None else min(n, len(dataset))
-    if n == 0:
-        raise ConfigError(key, split, "has no examples")
-    rows = dataset[:n]
-    return {"input_ids": rows["input_ids"].long(), "loss_mask": rows["loss_mask"].bool()}
-
-
-def to_batches(examples: dict[str, Tensor], batch_size: int, device: torch.device) -> list[dict[str, Tensor]]:
-    n = len(examples["input_ids"])
-    return [
-        {key: value[i : i + batch_size].to(device) for key, value in examples.items()} for i in range(0, n, batch_size)
-    ]
-
-
-def describe_run(config: DictConfig, run_dir: str | Path | None = None) -> str:
-    """What a figure says it shows: the model and the data, e.g.
-    "model tiny (2 layers x 4 heads, d_model 32), data induction"."""
-    return f"{describe_model(config, run_dir)}, {describe_data(config)}"
-
-
-def describe_model(config: DictConfig, run_dir: str | Path | None = None) -> str:
-    """The model's preset (where Hydra recorded the choice in the run's .hydra/hydra.yaml) and its shape."""
-    m = config.model
-    record = read_pretrained(run_dir) if run_dir is not None else None
-    if record is not None:  # the run's config holds model.pretrained; the shape is the checkpoint's
-        m = OmegaConf.create(record["model"])
-    heads = m.get("heads_per_layer") or [m.attn.n_heads] * m.n_layers
-    per_layer = f"{heads[0]} heads" if len(set(heads)) == 1 else f"{list(heads)} heads"
-    shape = f"{m.n_layers} layers x {per_layer}, d_model {m.d_model}" + (", summed" if m.attn.combine == "sum" else "")
-    hydra_file = Path(run_dir) / ".hydra" / "hydra.yaml" if run_dir is not None else None
-    choices = OmegaConf.load(hydra_file).hydra.runtime.choices if hydra_file and hydra_file.exists() else {}
-    if m.get("pretrained"):
-        return f"model {Path(m.pretrained).name} ({shape})"
-    return f"model {choices['model']} ({shape})" if "model" in choices else f"model {shape}"
-
-
-def describe_data(config: DictConfig) -> str:
-    """The data source, with the file or dataset it reads where it reads one."""
-    d = config.data
-    detail = {"text": Path(str(d.get("path"))).name, "hub": d.get("hub_name")}.get(d.source)
-    return f"data {d.source}" + (f" {detail}" if detail else "")

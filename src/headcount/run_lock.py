@@ -11,6 +11,7 @@ too; only a killed process leaves it behind).
 """
 
 import atexit
+import contextlib
 import fcntl
 import json
 import os
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from headcount.errors import ConfigError
+from headcount.io import WriteError, writable
 
 LOCK_NAME = ".lock"
 
@@ -91,11 +93,28 @@ def acquire(run_dir: Path, command: str, key: str = "run_dir") -> None:
             highlight=False,
         )
     me = Holder(command, os.getpid(), socket.gethostname(), time.strftime("%Y-%m-%d %H:%M:%S"))
-    handle.seek(0)
-    handle.truncate()
-    handle.write(json.dumps(me.__dict__))
-    handle.flush()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(me.__dict__))
+        handle.flush()
+    except OSError as error:  # a full disk: let go, leaving no lock file that names nobody
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # closing flushes what the disk refused again; the file closes anyway
+            handle.close()
+        raise WriteError(path, error) from error
     _held[run_dir] = handle
+
+
+def acquire_if_writable(run_dir: Path, command: str, key: str = "run_dir") -> bool:
+    """acquire, where the run directory can be written; on read-only storage (an archive, a shared folder mounted
+    read-only), where no lock file can be made, only check that no other process holds one: a process that cannot
+    write there only reads, and any write it then tries fails on its own. Returns whether the lock was taken."""
+    if writable(run_dir):
+        acquire(run_dir, command, key)
+        return True
+    check_free(Path(run_dir), key, str(run_dir))
+    return False
 
 
 def release(run_dir: Path) -> None:

@@ -10,17 +10,24 @@ from torch import Tensor
 
 from headcount.ablation.evaluator import MaskEvaluator
 from headcount.ablation.importance import Importance
-from headcount.ablation.replacements import Replacements
+from headcount.ablation.metrics import Metric
+from headcount.ablation.modes import AblationMode, Replacements
 from headcount.ablation.results import ResultFiles
 from headcount.config.ablation import AblationConfig
 from headcount.model import Transformer
 from headcount.run_dir import FinishedRun
+from headcount.tasks import TaskSet
 
 
 class ScanContext(Protocol):
     settings: AblationConfig
+    mode: AblationMode  # what an ablated head's z becomes
+    metric: Metric  # what a mask is measured by
+    section: str  # the mode and metric: the results' section of summary.json and the tag in their file names
     run: FinishedRun  # the finished run: its config, checkpoint, model and data splits
-    out: Path  # <run>/ablation
+    task: TaskSet | None  # the task masks are evaluated on, None for the run's own data
+    positions: list[str]  # the task's named positions (the columns of a batch's named_pos)
+    out: Path  # <run>/ablation, or <run>/ablation/tasks/<task name>
     device: torch.device
     model: Transformer  # on `device`, in eval mode
     heads_per_layer: list[int]
@@ -32,14 +39,15 @@ class ScanContext(Protocol):
     replacements: Replacements
     batches: list[dict[str, Tensor]]  # the evaluation split, on `device`
     evaluator: MaskEvaluator
-    baseline: dict[str, float]
+    baseline: dict[str, float]  # each metric column of the unmasked model, and n_targets
+    counterpart: dict[str, float] | None  # the same on a task's counterpart prompts (the gap's other end), or None
     shared: dict[str, Any]  # scan kind -> what its last run in this session handed to other scans
 
     def provided(self, kind: str, compute: bool = True) -> Any:
         """What a scan of this kind hands to others: from this session, from its up-to-date results, or computed."""
 
-    def importance(self, mask_LH: Tensor) -> Importance:
-        """Gradient importance at gates mask_LH under the session's replacements."""
+    def importance(self, mask_LH: Tensor, per_example: bool = False) -> Importance:
+        """Gradient importance of the metric at gates mask_LH under the session's replacements."""
 
     def layer_head_tensor(self, table: pd.DataFrame, column: str) -> Tensor:
         """(L, H) float64 from a table's layer, head and `column`."""

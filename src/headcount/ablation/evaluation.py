@@ -1,32 +1,104 @@
-"""A run's evaluation set under ablation settings, and the evaluator on it: what a scan session and the Python API's
-`Run.evaluate` both build, the same way, so that masks evaluated either way give the same numbers."""
+"""What masks are evaluated on, under ablation settings, and the evaluator on it: what a scan session and the Python
+API's `Run.evaluate` both build, the same way, so that masks evaluated either way give the same numbers.
+
+The evaluation set is the run's own data (the first n_eval examples of ablation.split, next-token loss over its
+targets) or a task's prompts (task.*: scored at their answers' positions), with the reference set the mode draws on
+(mean, resample) and, for a task with corrupted prompts, the counterparts: the other end of its clean-to-corrupted gap.
+"""
 
 from dataclasses import dataclass
 
 import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
 from torch import Tensor
 
 from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.replacements import Replacements, prepare_replacements
+from headcount.ablation.metrics import Metric
+from headcount.ablation.modes import AblationMode, Replacements
 from headcount.ablation.results import ResultFiles
+from headcount.config import typed
 from headcount.config.ablation import AblationConfig
+from headcount.config.task import TaskConfig
+from headcount.data.examples import to_batches
+from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
-from headcount.run_dir import FinishedRun, to_batches
+from headcount.run_dir import FinishedRun
+from headcount.tasks import ByteTokens, HFTokens, IdsOnly, TaskSet, TaskTokenizer, build_task
+
+TASK_REFERENCES = ("prompts", "corrupted")
 
 
 @dataclass
 class EvaluationSet:
-    examples: dict[str, Tensor]  # input_ids, loss_mask (N, T) of ablation.split; source_ids too once resample pairs
-    reference: dict[str, Tensor] | None  # the reference split's examples (mean and resample), else None
+    examples: dict[str, Tensor]  # input_ids (N, T) and loss_mask, or a task's score points; sources once prepared
+    reference: dict[str, Tensor] | None  # what mean and resample draw on, else None
+    split: str  # what examples are: a split of the run's data, or a task's "prompts" ("corrupted" when denoising)
+    reference_split: str | None
+    task: TaskSet | None = None
+    counterpart: dict[str, Tensor] | None = None  # a task's other end of the gap: corrupted prompts (clean: denoise)
+
+    @property
+    def positions(self) -> list[str]:
+        """The task's named positions, in the order of the examples' named_pos columns."""
+        return [] if self.task is None else list(self.task.positions)
+
+    def fingerprint(self) -> dict:
+        return {} if self.task is None else self.task.fingerprint()
 
 
-def evaluation_set(run: FinishedRun, s: AblationConfig) -> EvaluationSet:
-    """The first n_eval examples of s.split and, unless the mode is zero, the first n_reference of s.reference_split."""
+def reference_split(s: AblationConfig, task: TaskSet | None) -> str:
+    """ablation.reference_split with its default: train for the run's data, the prompts for a task."""
+    if task is None:
+        return s.reference_split or "train"
+    chosen = s.reference_split or "prompts"
+    if chosen not in TASK_REFERENCES:
+        raise ConfigError("ablation.reference_split", chosen, f"on a task, allowed: {', '.join(TASK_REFERENCES)}")
+    if chosen == "corrupted" and not task.has_corrupted:
+        raise ConfigError("ablation.reference_split", chosen, "the task has no corrupted prompts")
+    return chosen
+
+
+def evaluation_set(run: FinishedRun, s: AblationConfig, mode: AblationMode, task: TaskSet | None) -> EvaluationSet:
+    """The first n_eval examples of s.split (or prompts of the task) and, for a mode that needs it, the reference
+    set: the first n_reference examples of the reference split, or the task's prompts (or their counterparts)."""
+    if task is not None:
+        return task_evaluation_set(task, s, mode)
+    reference_name = reference_split(s, None)
     examples = run.examples(s.split, s.n_eval, "ablation.split")
+    if s.n_eval is not None and len(examples["input_ids"]) < s.n_eval:
+        said_fewer(f"the {s.split} split holds", s.n_eval, len(examples["input_ids"]))
     reference = None
-    if s.mode != "zero":
-        reference = run.examples(s.reference_split, s.n_reference, "ablation.reference_split")
-    return EvaluationSet(examples, reference)
+    if mode.uses_reference:
+        reference = run.examples(reference_name, s.n_reference, "ablation.reference_split")
+    return EvaluationSet(examples, reference, s.split, reference_name if mode.uses_reference else None)
+
+
+def task_evaluation_set(task: TaskSet, s: AblationConfig, mode: AblationMode) -> EvaluationSet:
+    """A task's first n_eval prompts (their counterparts when denoising), the reference set the mode draws on (the
+    prompts or their counterparts) and the other end of the gap."""
+    reference_name = reference_split(s, task)
+    if s.n_eval is not None and len(task) < s.n_eval:
+        said_fewer(f"task {task.name} holds", s.n_eval, len(task))
+    task = task.first(s.n_eval)
+    denoise = mode.name == "patch" and s.patch_direction == "denoise"
+    examples = task.examples(corrupted=denoise)
+    reference = None
+    if mode.uses_reference:
+        chosen = task.examples(corrupted=reference_name == "corrupted")
+        reference = {"input_ids": chosen["input_ids"], "valid": chosen["valid"]}
+    counterpart = task.examples(corrupted=not denoise) if task.has_corrupted else None
+    split = "corrupted" if denoise else "prompts"
+    return EvaluationSet(examples, reference, split, reference_name if mode.uses_reference else None, task, counterpart)
+
+
+def said_fewer(what: str, asked: int, used: int) -> None:
+    """Not an error (a smoke-sized split under an experiment's n_eval): the tables record the number evaluated."""
+    Console(stderr=True).print(
+        f"[yellow]note:[/yellow] ablation.n_eval={asked} is more than {what}: evaluated all {used} of its examples",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @dataclass
@@ -37,11 +109,61 @@ class Evaluation:
 
 
 def evaluation(
-    s: AblationConfig, model: Transformer, data: EvaluationSet, files: ResultFiles | None, device: torch.device
+    s: AblationConfig,
+    mode: AblationMode,
+    metric: Metric,
+    model: Transformer,
+    data: EvaluationSet,
+    files: ResultFiles | None,
+    device: torch.device,
 ) -> Evaluation:
-    """The replacements for s.mode (saved in and read back from `files`; files=None keeps them in memory), the eval
+    """The mode's replacements (saved in and read back from `files`; files=None keeps them in memory), the eval
     batches and the evaluator, sized by s.masks_per_pass or s.memory_budget_mb."""
-    replacements = prepare_replacements(s, data.reference, model, data.examples, files)
+    replacements = mode.prepare(s, model, data, files)
     batches = to_batches(data.examples, s.batch_size, device)
     budget = None if s.memory_budget_mb is None else s.memory_budget_mb * 2**20
-    return Evaluation(replacements, batches, MaskEvaluator(model, batches, replacements, s.masks_per_pass, budget))
+    evaluator = MaskEvaluator(model, batches, replacements, s.masks_per_pass, budget, metric=metric)
+    return Evaluation(replacements, batches, evaluator)
+
+
+def counterpart_baseline(
+    s: AblationConfig, metric: Metric, model: Transformer, data: EvaluationSet, device: torch.device
+) -> dict[str, float] | None:
+    """The metric on the unmasked model's counterpart prompts (None without them): the other end of the gap."""
+    if data.counterpart is None:
+        return None
+    batches = to_batches(data.counterpart, s.batch_size, device)
+    return MaskEvaluator(model, batches, masks_per_pass=1, metric=metric).baseline()
+
+
+def task_config(config: DictConfig) -> TaskConfig | None:
+    """A run config's task section, typed; None when it names no task (the run's own data)."""
+    section = OmegaConf.select(config, "task")
+    if section is None or section.get("source") is None:
+        return None
+    return typed(section, TaskConfig)
+
+
+def task_tokenizer(config: DictConfig, vocab_size: int) -> TaskTokenizer:
+    """What reads a task's text for this run's model: its checkpoint's tokenizer, bytes for a byte-level model, or
+    none for a model of a synthetic alphabet (token ids only)."""
+    from headcount.config.data import TEXT_SOURCES
+    from headcount.pretrained.run_config import checkpoint_tokenizer
+
+    pretrained = OmegaConf.select(config, "model.pretrained")
+    if pretrained:
+        tokens = HFTokens(checkpoint_tokenizer(pretrained).tokenizer)
+        tokens.vocab_size = min(tokens.vocab_size, vocab_size)  # ids the model has rows for
+        return tokens
+    source = str(config.data.source)
+    if source in TEXT_SOURCES:
+        return ByteTokens()
+    return IdsOnly(vocab_size, f"the model reads the synthetic alphabet of data.source={source} (no tokenizer)")
+
+
+def run_task(config: DictConfig, model: Transformer, cfg: TaskConfig | None = None) -> TaskSet | None:
+    """The task a run's config (or `cfg`) names, encoded for its model; None for no task."""
+    cfg = cfg if cfg is not None else task_config(config)
+    if cfg is None:
+        return None
+    return build_task(cfg, task_tokenizer(config, model.cfg.vocab_size), model.cfg.n_ctx)

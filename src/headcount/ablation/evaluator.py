@@ -1,8 +1,8 @@
-"""The fast evaluator: exact loss and accuracy of many head masks on one evaluation set.
+"""The fast evaluator: the exact metric of many head masks on one evaluation set.
 
 Every scan, the pruning curves and the baseline run through `MaskEvaluator`. Each mask's result equals one plain
-forward pass per mask, `model(x, gates=mask, replacements=r)`, up to float rounding. Three kinds of reuse make it
-cheaper, all exact:
+forward pass per mask, `model(x, gates=mask, replacements=r)`, read by the metric at the evaluation set's score points
+(ablation/metrics.py), up to float rounding. Three kinds of reuse make it cheaper, all exact:
 
 - Prefix caching: one clean forward pass per eval batch caches the residual stream before every layer. A mask whose
   first touched layer is f runs only layers f..L-1 from the cached stream; a mask that touches nothing costs nothing.
@@ -14,12 +14,14 @@ cheaper, all exact:
   of a whole batch fits, batches are split instead. On CPU the default budget is small on purpose: passes of one or
   two thousand tokens stay in cache and run ~20-30% faster per token than passes of eight thousand (bench_scan.py).
   It is never smaller than the model's weights, though: every pass reads the weights of its layers and of the
-  unembedding, and a pretrained model's (SmolLM2-135M: 540 MB, a 49152-token vocabulary whose logits alone take 25 MB
-  per example) would otherwise be run one mask of one example at a time, ~2.5x slower per token on 2 CPU cores.
+  unembedding, and a pretrained model's (SmolLM2-135M: 540 MB) would otherwise be run one mask of one example at a
+  time, ~2.5x slower per token on 2 CPU cores.
 
-The unembedding runs only at the positions loss_mask marks as targets. Batches are the outer loop, so the clean pass
-is computed once per batch for all masks, and `MaskTotals` (per-mask sums over the batches done) is all an
-interrupted scan needs to resume.
+The unembedding runs only at the score points, and only as far as the metric reads it (two rows per point for a
+logit difference, not the vocabulary). A mask may name a position (a task's named position, `position` of the
+masks): its heads are then replaced at that position only. Batches are the outer loop, so the clean pass is computed
+once per batch for all masks, and `MaskTotals` (per-mask sums over the batches done) is all an interrupted scan needs
+to resume.
 
 The module runs a little over 250 lines on purpose: the three reuses and the memory sizing that decides how many masks
 share a pass are one algorithm, and its exactness argument is easiest to check when it reads in one place.
@@ -29,10 +31,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from headcount.ablation.replacements import Replacements
+from headcount.ablation.metrics import Loss, Metric, Targets, batch_sums
+from headcount.ablation.modes import BatchReplacement, Replacements, Zero
 from headcount.model.transformer import Transformer
 
 CPU_MEMORY_BUDGET = 64 * 2**20  # bytes of activations per pass, at least (see default_memory_budget)
@@ -41,44 +43,29 @@ CUDA_FREE_MEMORY_SHARE = 0.5
 
 @dataclass
 class MaskTotals:
-    """Per-mask sums over the eval batches done so far."""
+    """Per-mask sums over the eval batches done so far: each metric column summed over score points, and the points."""
 
     batches_done: Tensor  # (M,) int64: mask m has seen batches 0..batches_done[m]-1
-    nll_sum: Tensor  # (M,) float64
-    n_correct: Tensor  # (M,) float64
-    n_targets: Tensor  # (M,) int64
+    sums: Tensor  # (M, K) float64, one column per metric column
+    n_targets: Tensor  # (M,) int64: score points summed over
+    columns: tuple[str, ...]
 
     @classmethod
-    def empty(cls, n_masks: int) -> "MaskTotals":
-        zeros = torch.zeros(n_masks, dtype=torch.float64)
-        return cls(
-            torch.zeros(n_masks, dtype=torch.int64), zeros, zeros.clone(), torch.zeros(n_masks, dtype=torch.int64)
-        )
+    def empty(cls, n_masks: int, columns: tuple[str, ...]) -> "MaskTotals":
+        zeros = torch.zeros(n_masks, dtype=torch.int64)
+        return cls(zeros, torch.zeros(n_masks, len(columns), dtype=torch.float64), zeros.clone(), tuple(columns))
 
-    def add(self, index: Tensor, nll_sum: Tensor, n_correct: Tensor, n_targets: int) -> None:
+    def add(self, index: Tensor, sums_PK: Tensor, n_targets: int) -> None:
         self.batches_done[index] += 1
-        self.nll_sum[index] += nll_sum.cpu()
-        self.n_correct[index] += n_correct.cpu()
+        self.sums[index] += sums_PK.cpu()
         self.n_targets[index] += n_targets
 
-    def loss(self) -> Tensor:
-        return self.nll_sum / self.n_targets
+    def value(self, column: str) -> Tensor:
+        """(M,) float64: the column's mean over the score points."""
+        return self.sums[:, self.columns.index(column)] / self.n_targets
 
-    def acc(self) -> Tensor:
-        return self.n_correct / self.n_targets
-
-
-@dataclass
-class Targets:
-    """The positions a batch is scored on: target_BS[b, s] marks input_ids[b, s + 1], predicted at position s."""
-
-    target_BS: Tensor
-    ids_N: Tensor
-
-    @classmethod
-    def of(cls, batch: dict[str, Tensor]) -> "Targets":
-        target_BS = batch["loss_mask"][:, 1:].bool()
-        return cls(target_BS, batch["input_ids"][:, 1:][target_BS])
+    def values(self) -> dict[str, Tensor]:
+        return {column: self.value(column) for column in self.columns}
 
 
 @dataclass
@@ -87,10 +74,10 @@ class CleanPass:
 
     resid_pre: list[Tensor]  # L + 1 entries (B, T, C): the stream before each layer, then the final stream
     z: list[Tensor]  # L entries (B, T, H, D)
-    replacements: list[Tensor | None] | None
+    replacement: BatchReplacement
     targets: Targets
-    nll_sum: Tensor  # (1,) float64
-    n_correct: Tensor  # (1,)
+    named_pos: Tensor | None  # (B, K) the task's named positions, for masks that name one
+    sums: Tensor  # (1, K) float64
 
 
 class MaskEvaluator:
@@ -103,13 +90,16 @@ class MaskEvaluator:
         memory_budget: int | None = None,
         prefix_cache: bool = True,
         clean_attention: bool = True,
+        metric: Metric | None = None,
     ):
-        """batches: dicts of input_ids and loss_mask (B, T), plus source_ids (B, T) for resample, on the model's
-        device, all of one size but the last. masks_per_pass: P, keeping the batches as they are; None sizes passes
-        (and if need be batches) to memory_budget, bytes of activations per pass (default: 64 MiB on CPU, half the free
-        CUDA memory). prefix_cache and clean_attention switch the reuse off, for tests and benchmarks."""
+        """batches: dicts of input_ids (B, T) and either loss_mask (language modelling) or score_mask, answer_ids and
+        wrong_ids (a task), plus source_ids for resample and patch, on the model's device, all of one size but the
+        last. masks_per_pass: P, keeping the batches as they are; None sizes passes (and if need be batches) to
+        memory_budget, bytes of activations per pass (default: 64 MiB on CPU, half the free CUDA memory).
+        prefix_cache and clean_attention switch the reuse off, for tests and benchmarks. metric: default loss."""
         self.model = model.eval()
-        self.replacements = replacements or Replacements("zero")
+        self.replacements = replacements or Replacements(Zero())
+        self.metric = metric or Loss()
         self.prefix_cache = prefix_cache
         self.clean_attention = clean_attention
         param = next(model.parameters())
@@ -117,8 +107,11 @@ class MaskEvaluator:
         B, T = batches[0]["input_ids"].shape
         if masks_per_pass is None:
             budget = memory_budget or default_memory_budget(model)
-            resample = self.replacements.mode == "resample"
-            clean, per_mask = clean_bytes_per_example(model, T, resample), mask_bytes_per_example(model, T, resample)
+            per_example = self.replacements.mode.per_example
+            points = max(int(Targets.of(batch).where_BT.sum(1).max()) for batch in batches)
+            logits = points * (model.cfg.vocab_size if self.metric.reads_vocab else 2)
+            clean = clean_bytes_per_example(model, T, per_example)
+            per_mask = mask_bytes_per_example(model, T, per_example, logits)
             B = max(1, min(B, budget // (clean + per_mask)))
             masks_per_pass = max(1, (budget - B * clean) // (B * per_mask))
         self.masks_per_pass = masks_per_pass
@@ -137,14 +130,18 @@ class MaskEvaluator:
     def gates_shape(self) -> tuple[int, int]:
         return self.model.n_layers, self.model.max_heads
 
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.metric.columns
+
     def baseline(self) -> dict[str, float]:
+        """The unmasked model: each metric column, and n_targets (the score points)."""
         totals = self.accumulate(torch.ones(1, *self.gates_shape))
-        return {"loss": float(totals.loss()[0]), "acc": float(totals.acc()[0]), "n_targets": int(totals.n_targets[0])}
+        return {column: float(v[0]) for column, v in totals.values().items()} | {"n_targets": int(totals.n_targets[0])}
 
     def evaluate(self, gates_MLH: Tensor, on_pass: Callable[[MaskTotals, int], None] | None = None) -> dict:
-        """dict(loss=(M,), acc=(M,)) float64 for gates (M, L, H): the callable pruning_curves takes."""
-        totals = self.accumulate(gates_MLH, on_pass=on_pass)
-        return {"loss": totals.loss(), "acc": totals.acc()}
+        """Each metric column (M,) float64 for gates (M, L, H): the callable pruning_curves takes."""
+        return self.accumulate(gates_MLH, on_pass=on_pass).values()
 
     @torch.no_grad()
     def accumulate(
@@ -152,11 +149,14 @@ class MaskEvaluator:
         gates_MLH: Tensor,
         totals: MaskTotals | None = None,
         on_pass: Callable[[MaskTotals, int], None] | None = None,
+        position_M: Tensor | None = None,
     ) -> MaskTotals:
         """Add to `totals` (fresh by default) every eval batch each mask has not seen, in batch order.
+        position_M: (M,) the column of each batch's named_pos a mask replaces its heads at (-1: every position).
         on_pass(totals, n_masks) runs after every pass: progress bars and partial saves hook in there."""
         gates_MLH = gates_MLH.to(self.device, self.dtype)
-        totals = totals if totals is not None else MaskTotals.empty(len(gates_MLH))
+        totals = totals if totals is not None else MaskTotals.empty(len(gates_MLH), self.columns)
+        position_M = torch.full((len(gates_MLH),), -1) if position_M is None else position_M.cpu()
         start_M = self.start_layers(gates_MLH)
         for b, batch in enumerate(self.batches):
             todo = (totals.batches_done == b).nonzero().squeeze(1)
@@ -164,8 +164,8 @@ class MaskEvaluator:
                 continue
             clean = self.clean_pass(batch)
             for start, index in self.passes(todo, start_M):
-                nll_sum, n_correct = self.masked_pass(clean, gates_MLH[index.to(self.device)], start)
-                totals.add(index, nll_sum, n_correct, len(clean.targets.ids_N))
+                sums = self.masked_pass(clean, gates_MLH[index.to(self.device)], start, position_M[index])
+                totals.add(index, sums, len(clean.targets))
                 if on_pass is not None:
                     on_pass(totals, len(index))
         return totals
@@ -191,48 +191,54 @@ class MaskEvaluator:
         model, cache = self.model, {}
         final_BTC = model.forward_layers(model.embed(batch["input_ids"]), 0, cache=cache)
         targets = Targets.of(batch)
-        nll_sum, n_correct = self.target_sums(final_BTC[None], targets)
         L = model.n_layers
         return CleanPass(
             resid_pre=[cache["resid_pre", layer] for layer in range(L)] + [final_BTC],
             z=[cache["z", layer] for layer in range(L)],
-            replacements=self.replacements.for_batch(model, batch),
+            replacement=self.replacements.for_batch(model, batch),
             targets=targets,
-            nll_sum=nll_sum,
-            n_correct=n_correct,
+            named_pos=batch.get("named_pos"),
+            sums=batch_sums(model, final_BTC, targets, self.metric),
         )
 
-    def masked_pass(self, clean: CleanPass, gates_PLH: Tensor, start: int) -> tuple[Tensor, Tensor]:
-        """Loss sum and correct count per mask (P,) for P masks whose first touched layer is `start` (or later)."""
+    def masked_pass(self, clean: CleanPass, gates_PLH: Tensor, start: int, position_P: Tensor) -> Tensor:
+        """(P, K) metric sums for P masks whose first touched layer is `start` (or later)."""
         P, L = len(gates_PLH), self.model.n_layers
         if start == L:
-            return clean.nll_sum.expand(P), clean.n_correct.expand(P)
+            return clean.sums.expand(P, -1)
         B, T, C = clean.resid_pre[0].shape
         gates_XLH = gates_PLH.repeat_interleave(B, dim=0)
         touched_L = self.touched(gates_PLH).any(dim=0)
-        replacements = repeated_replacements(clean.replacements, touched_L, P)
+        replacements = repeated_replacements(clean.replacement.values, touched_L, P)
+        where_XT = self.gate_positions(clean, position_P)
         resid_XTC = clean.resid_pre[start].repeat(P, 1, 1)
         if self.clean_attention:
             block = self.model.blocks[start]
             z_XTHD = clean.z[start].repeat(P, 1, 1, 1)
             gate_XH = gates_XLH[:, start, : z_XTHD.shape[2]]
             replacement = None if replacements is None else replacements[start]
-            resid_XTC = block.finish(resid_XTC, block.attn.gate_z(z_XTHD, gate_XH, replacement))
+            resid_XTC = block.finish(resid_XTC, block.attn.gate_z(z_XTHD, gate_XH, replacement, where_XT))
             start += 1
         if not touched_L[start:].any():
             # Every later gate is 1: the plain layers give the same numbers without the gating arithmetic.
-            gates_XLH = replacements = None
-        final_XTC = self.model.forward_layers(resid_XTC, start, gates_XLH, replacements)
-        return self.target_sums(final_XTC.view(P, B, T, C), clean.targets)
+            gates_XLH = replacements = where_XT = None
+        final_XTC = self.model.forward_layers(resid_XTC, start, gates_XLH, replacements, gate_where=where_XT)
+        return batch_sums(self.model, final_XTC, clean.targets, self.metric, copies=P)
 
-    def target_sums(self, final_PBTC: Tensor, targets: Targets) -> tuple[Tensor, Tensor]:
-        """Next-token loss sum (float64) and correct count per mask, unembedding only the target positions."""
-        P = final_PBTC.shape[0]
-        resid_PNC = final_PBTC[:, :, :-1][:, targets.target_BS]
-        logits_PNV = self.model.unembed(resid_PNC)
-        nll_PN = F.cross_entropy(logits_PNV.flatten(0, 1), targets.ids_N.repeat(P), reduction="none").view(P, -1)
-        correct_PN = logits_PNV.argmax(dim=-1) == targets.ids_N
-        return nll_PN.double().sum(dim=1), correct_PN.double().sum(dim=1)
+    def gate_positions(self, clean: CleanPass, position_P: Tensor) -> Tensor | None:
+        """(P * B, T) where each mask's gates act: the mode's positions (aligned patching), and the one position a
+        mask names; None when both are every position."""
+        where_BT, B, T = clean.replacement.where_BT, *clean.resid_pre[0].shape[:2]
+        if where_BT is None and bool((position_P < 0).all()):
+            return None
+        where_PBT = torch.ones(len(position_P), B, T, dtype=torch.bool, device=self.device)
+        if where_BT is not None:
+            where_PBT &= where_BT
+        for p, column in enumerate(position_P.tolist()):
+            if column >= 0:
+                named_B = clean.named_pos[:, column]
+                where_PBT[p] &= torch.arange(T, device=self.device)[None] == named_B[:, None]
+        return where_PBT.flatten(0, 1)
 
 
 def repeated_replacements(
@@ -248,21 +254,21 @@ def repeated_replacements(
     ]
 
 
-def mask_bytes_per_example(model: Transformer, seq_len: int, resample: bool) -> int:
+def mask_bytes_per_example(model: Transformer, seq_len: int, per_example: bool, logits: int) -> int:
     """A generous estimate of the activations one example of one mask holds during a pass: one layer at work, the
-    target logits, and for resample the repeated replacements (every layer's z)."""
+    `logits` floats the metric reads, and for per-example replacements (resample, patch) every layer's z repeated."""
     sizes = model.activation_floats(seq_len)
-    floats = seq_len * (sizes.layer + sizes.logits)
-    if resample:
+    floats = seq_len * sizes.layer + logits
+    if per_example:
         floats += model.n_layers * seq_len * sizes.z
     return floats * next(model.parameters()).element_size()
 
 
-def clean_bytes_per_example(model: Transformer, seq_len: int, resample: bool) -> int:
+def clean_bytes_per_example(model: Transformer, seq_len: int, per_example: bool) -> int:
     """What the clean pass keeps per example for the masks of its batch: the stream before each layer and each
-    layer's z, and for resample the sources' z."""
+    layer's z, and for per-example replacements the sources' z."""
     sizes = model.activation_floats(seq_len)
-    floats = model.n_layers * seq_len * (sizes.resid + sizes.z * (2 if resample else 1))
+    floats = model.n_layers * seq_len * (sizes.resid + sizes.z * (2 if per_example else 1))
     return floats * next(model.parameters()).element_size()
 
 

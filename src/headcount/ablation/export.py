@@ -18,6 +18,7 @@ from headcount.ablation.context import ScanContext
 from headcount.ablation.evaluator import MaskEvaluator
 from headcount.ablation.importance import Importance
 from headcount.ablation.masks import HeadMask, check_head_exists, head_name, masks_to_gates
+from headcount.ablation.metrics import METRICS
 from headcount.ablation.results import result_path
 from headcount.ablation.scans.l0_gates import l0_keep_gates
 from headcount.ablation.scans.pruning import prunable_fraction
@@ -65,8 +66,8 @@ def export_pruned_model(session: ScanContext) -> None:
         meta = {"chosen_by": f"pruning order {prune.order}", "order": prune.order, "fraction": fraction}
     if not bool(((keep_LH.cpu() == 0) & session.evaluator.exists_LH.cpu()).any()):
         raise nothing_removed(prune, s.pruning.tolerance)
-    path = result_path(session.out, "pruned", s.mode, ".ckpt")
-    means = session.replacements.means if s.mode == "mean" else None
+    path = result_path(session.out, "pruned", session.section, ".ckpt")
+    means = session.replacements.constant_per_head()
     speed_shape = (s.batch_size, session.batches[0]["input_ids"].shape[1])
     evaluator, model = session.evaluator, session.model
     record = export_pruned(model, evaluator, keep_LH, means, path, {**meta, "mode": s.mode}, speed_shape)
@@ -94,7 +95,7 @@ def print_export(record: dict, path: Path, n_heads: int) -> None:
     Console(stderr=True).print(
         f"[green]exported[/green] {escape(str(path))}: removed {record['n_heads_removed']} of {n_heads} heads "
         f"({', '.join(record['heads_removed_names'])}), chosen by {record['chosen_by']}\n"
-        f"  loss {record['loss_pruned']:.4f} nats (masked model {record['loss_masked']:.4f}); "
+        f"  {measured(record)}; "
         f"{record['params_pruned']:,} of {record['params_full']:,} parameters\n"
         f"  speedup {record['speedup']:.2f}x (median of {record['speed_repeats']} repeats, range "
         f"{record['speedup_min']:.2f}-{record['speedup_max']:.2f}x; {record['tokens_per_s_pruned']:,.0f} against "
@@ -102,6 +103,14 @@ def print_export(record: dict, path: Path, n_heads: int) -> None:
         highlight=False,
         soft_wrap=True,
     )
+
+
+def measured(record: dict) -> str:
+    """The pruned model's metric against the masked model's, e.g. "loss 2.3456 nats (masked model 2.3456)"."""
+    metric = METRICS[record.get("metric", "loss")]() if record.get("metric", "loss") in METRICS else None
+    primary = metric.primary if metric is not None else record["metric"]
+    unit = f" {metric.unit}" if metric is not None else ""
+    return f"{primary} {record[f'{primary}_pruned']:.4f}{unit} (masked model {record[f'{primary}_masked']:.4f})"
 
 
 def removal_gates(
@@ -131,8 +140,9 @@ def removal_gates(
         # The same steps as the curve up to this count, so the mask matches the curve's at a grid fraction.
         steps = {count for count in (round(f * total) for f in step_fractions(cfg.step)) if count < n_pruned}
         return iterative_masks(importance_fn, sorted(steps | {n_pruned}), exists_LH)[-1]
-    if order == "gradient":
-        scores = importance_fn(torch.ones(exists_LH.shape))
+    if order in ("gradient", "gradient_per_example"):
+        per_example = {"per_example": True} if order == "gradient_per_example" else {}
+        scores = importance_fn(torch.ones(exists_LH.shape), **per_example)
         ranking = rank_ascending(scores.score_LH, exists_LH, scores.raw_LH)
     elif order == "single_head":
         ranking = rank_ascending(single_head_delta(), exists_LH)
@@ -151,15 +161,16 @@ def export_pruned(
     speed_shape: tuple[int, int],
 ) -> dict:
     """Write the model without the heads keep_LH switches off; return what summary.json records about it: the masked
-    and the pruned model's loss (equal, up to rounding) and their forward throughput on speed_shape (B, T) batches
+    and the pruned model's metric (equal, up to rounding) and their forward throughput on speed_shape (B, T) batches
     (compare_speed: medians, the speedup's range)."""
     from headcount.ablation.structural import compare_speed, prune_heads, save_pruned_checkpoint
 
     exists_LH = evaluator.exists_LH.cpu()
     remove_LH = (keep_LH.cpu() == 0) & exists_LH
     pruned = prune_heads(model, remove_LH, replacements)
-    masked_loss = float(evaluator.evaluate(keep_LH[None])["loss"][0])
-    pruned_loss = MaskEvaluator(pruned, evaluator.batches).baseline()["loss"]
+    primary = evaluator.metric.primary
+    masked_value = float(evaluator.evaluate(keep_LH[None])[primary][0])
+    pruned_value = MaskEvaluator(pruned, evaluator.batches, metric=evaluator.metric).baseline()[primary]
     heads_removed = remove_LH.nonzero().tolist()
     record = {
         **meta,
@@ -170,8 +181,9 @@ def export_pruned(
         "heads_per_layer": list(pruned.heads_per_layer),
         "params_full": model.num_params(),
         "params_pruned": pruned.num_params(),
-        "loss_masked": masked_loss,
-        "loss_pruned": pruned_loss,
+        "metric": evaluator.metric.name,
+        f"{primary}_masked": masked_value,
+        f"{primary}_pruned": pruned_value,
     }
     save_pruned_checkpoint(pruned, path, record)
     device = evaluator.device

@@ -1,7 +1,10 @@
-"""Gradient head importance (Michel, Levy, Neubig 2019): I_{l,h} = E_batches |dL/dg_{l,h}|.
+"""Gradient head importance (Michel, Levy, Neubig 2019): I_{l,h} = E |dL/dg_{l,h}|, from the attribution pass.
 
-The gates are the model's own head gates (docs/DESIGN.md: z_h <- g z_h + (1 - g) r_h), so the gradient says how fast the
-loss moves as a head slides toward its replacement: zero, mean or resample, whichever `replacements` holds.
+The gates are the model's own head gates (docs/DESIGN.md: z_h <- g z_h + (1 - g) r_h), so the gradient says how fast
+the metric moves as a head slides toward its replacement: zero, mean, resample or patch, whichever `replacements`
+holds. It is attribution patching with |.| (ablation/attribution.py, one implementation): the expectation runs over
+batches (|dL_batch/dg| averaged over batches, headcount's form before) or, as the paper defines it, over examples
+(`per_example=True`: |dL_x/dg| averaged over examples).
 
 Michel et al. divide each layer's scores by their l2 norm. A layer of one head would score exactly 1 whatever its
 gradient, so layers of one head keep their raw score: with one head per layer, normalised importance is raw
@@ -14,9 +17,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from headcount.ablation.replacements import Replacements
+from headcount.ablation.attribution import attribute
+from headcount.ablation.metrics import Loss, Metric
+from headcount.ablation.modes import Mean, Replacements, Zero
 from headcount.errors import ConfigError
-from headcount.metrics import token_nll_and_correct
 from headcount.model.transformer import Transformer
 
 
@@ -27,40 +31,39 @@ class Importance(NamedTuple):
     raw_LH: Tensor
 
 
+def importance_under(
+    model: Transformer,
+    batches: list[dict],
+    replacements: Replacements,
+    normalize: bool,
+    mask_LH: Tensor | None = None,
+    metric: Metric | None = None,
+    per_example: bool = False,
+) -> Importance:
+    """Gradient importance at gates mask_LH (all ones by default), each head sliding toward `replacements`: the
+    score (per layer normalised, if asked) and the raw E|dL/dg| that breaks its ties. Heads the mask has off (0),
+    and heads a pruned layer lacks, score 0."""
+    if not batches:
+        raise ConfigError("ablation.n_eval", 0, "gradient importance needs at least one batch")
+    attribution = attribute(model, batches, replacements, metric or Loss(), mask_LH)
+    raw_LH = attribution.example_abs_LH if per_example else attribution.batch_abs_LH
+    dtype = next(model.parameters()).dtype
+    raw_LH = raw_LH.to(device=next(model.parameters()).device, dtype=dtype)
+    return Importance(normalize_per_layer(raw_LH, model.heads_per_layer) if normalize else raw_LH, raw_LH)
+
+
 def gradient_importance(
     model: Transformer,
     batches: list[dict],
-    replacements: list | None = None,
+    replacements: list[Tensor] | None = None,
     normalize: bool = True,
     mask_LH: Tensor | None = None,
+    per_example: bool = False,
 ) -> Tensor:
-    """(L, H) importance: the mean over batches of |dL/dg| at g = mask_LH (all ones by default), L each batch's masked
-    next-token loss. Heads the mask has switched off (0) score 0, so iterative pruning never picks them twice; heads a
-    pruned layer lacks score 0 too. With `normalize`, each layer's row is divided by its l2 norm (Michel et al.),
-    except in layers of one head."""
-    if not batches:
-        raise ConfigError("ablation.n_eval", 0, "gradient importance needs at least one batch")
-    param = next(model.parameters())
-    shape = (model.n_layers, model.max_heads)
-    mask_LH = torch.ones(shape) if mask_LH is None else mask_LH
-    gates_LH = mask_LH.detach().to(device=param.device, dtype=param.dtype).clone().requires_grad_(True)
-    was_training = model.training
-    model.eval()
-    try:
-        abs_grad_sum_LH = torch.zeros(shape, dtype=param.dtype, device=param.device)
-        for batch in batches:
-            input_ids_BT = batch["input_ids"].to(param.device)
-            logits_BTV = model(input_ids_BT, gates=gates_LH, replacements=replacements)
-            nll_BS, _ = token_nll_and_correct(logits_BTV, input_ids_BT)
-            marked_BS = batch["loss_mask"][:, 1:].to(device=param.device, dtype=nll_BS.dtype)
-            loss = (nll_BS * marked_BS).sum() / marked_BS.sum().clamp_min(1)
-            # Gradient with respect to the gates only: parameter .grad fields stay untouched.
-            (grad_LH,) = torch.autograd.grad(loss, gates_LH)
-            abs_grad_sum_LH += grad_LH.abs()
-    finally:
-        model.train(was_training)
-    importance_LH = (abs_grad_sum_LH / len(batches)).masked_fill(gates_LH.detach() == 0, 0.0)
-    return normalize_per_layer(importance_LH, model.heads_per_layer) if normalize else importance_LH
+    """(L, H) the next-token loss's gradient importance at gates mask_LH, with a constant replacement per layer
+    (`replacements`, as Transformer.forward takes them; None: zero ablation)."""
+    prepared = Replacements(Zero()) if replacements is None else Replacements(Mean(), list(replacements))
+    return importance_under(model, batches, prepared, normalize, mask_LH, per_example=per_example).score_LH
 
 
 def normalize_per_layer(importance_LH: Tensor, heads_per_layer: list[int]) -> Tensor:
@@ -69,22 +72,3 @@ def normalize_per_layer(importance_LH: Tensor, heads_per_layer: list[int]) -> Te
     norm_L1 = importance_LH.norm(dim=1, keepdim=True).clamp_min(torch.finfo(importance_LH.dtype).tiny)
     one_head_L1 = torch.tensor(heads_per_layer, device=importance_LH.device).unsqueeze(1) <= 1
     return torch.where(one_head_L1, importance_LH, importance_LH / norm_L1)
-
-
-def importance_under(
-    model: Transformer, batches: list[dict], replacements: Replacements, normalize: bool, mask_LH: Tensor
-) -> Importance:
-    """Gradient importance at gates mask_LH, with each batch's heads sliding toward `replacements`: the score (per
-    layer normalised, if asked) and the raw E|dL/dg| that breaks its ties."""
-    if replacements.mode != "resample":
-        raw_LH = gradient_importance(model, batches, replacements.for_batch(model, batches[0]), False, mask_LH)
-    else:
-        # Resample replacements differ per batch, and gradient_importance takes one set: average per-batch calls
-        # (the same E_batches |dL/dg|).
-        per_batch = []
-        for batch in batches:
-            with torch.no_grad():
-                batch_replacements = replacements.for_batch(model, batch)
-            per_batch.append(gradient_importance(model, [batch], batch_replacements, False, mask_LH))
-        raw_LH = torch.stack(per_batch).mean(dim=0)
-    return Importance(normalize_per_layer(raw_LH, model.heads_per_layer) if normalize else raw_LH, raw_LH)

@@ -33,9 +33,10 @@ import torch
 from rich.progress import track
 from torch import Tensor
 
+from headcount.ablation.metrics import Loss, Metric, Targets, point_values
+from headcount.ablation.modes import Replacements
 from headcount.config.ablation import KEY, L0GatesConfig, validate_l0_config
 from headcount.errors import ConfigError
-from headcount.metrics import masked_loss_and_accuracy
 from headcount.model.transformer import Transformer
 
 
@@ -75,13 +76,17 @@ def train_l0_gates(
     batches: list[dict],
     cfg: L0GatesConfig,
     target_heads: int | None,
-    replacements: list | None = None,
+    replacements: Replacements | list | None = None,
     progress: bool = True,
+    metric: Metric | None = None,
 ) -> L0Result:
     """Train one log_alpha per head on the frozen model for cfg.steps steps: with target_heads None, under the fixed
-    penalty cfg.penalty; else steered toward target_heads kept heads (module docstring). Batches are dicts of
-    input_ids and loss_mask (B, T), cycled; `replacements` as in Transformer.forward. Heads a pruned layer lacks stay
-    off and are not counted. The model's requires_grad flags and train/eval mode are restored afterwards."""
+    penalty cfg.penalty; else steered toward target_heads kept heads (module docstring). Batches are the evaluator's
+    (input_ids and loss_mask, or a task's score points), cycled; `replacements` a session's Replacements, or one per
+    layer as in Transformer.forward. The task term is the metric (default: loss), negated where higher is better.
+    Heads a pruned layer lacks stay off and are not counted. The model's requires_grad flags and train/eval mode are
+    restored afterwards."""
+    metric = metric or Loss()
     n_heads = sum(model.heads_per_layer)
     # This run is the config with this one target: the other targets of cfg are other runs.
     validate_l0_config(replace(cfg, target_heads=target_heads), n_heads)
@@ -111,8 +116,14 @@ def train_l0_gates(
             batch = used_batches[step % len(used_batches)]
             input_ids_BT = batch["input_ids"].to(param.device)
             gates_BLH = sample_gates(log_alpha_LH, len(input_ids_BT), cfg, generator) * exists_LH
-            logits_BTV = model(input_ids_BT, gates=gates_BLH.to(param.dtype), replacements=replacements)
-            task_loss, _ = masked_loss_and_accuracy(logits_BTV, input_ids_BT, batch["loss_mask"].to(param.device))
+            values, where_BT = replacements, None
+            if isinstance(replacements, Replacements):
+                with torch.no_grad():
+                    replaced = replacements.for_batch(model, batch)
+                values, where_BT = replaced.values, replaced.where_BT
+            resid_BTC = model.embed(input_ids_BT)
+            final_BTC = model.forward_layers(resid_BTC, 0, gates_BLH.to(param.dtype), values, gate_where=where_BT)
+            task_loss = metric.badness(point_values(model, final_BTC, Targets.of(batch), metric)[0, :, 0]).mean()
             expected_l0 = (expected_open(log_alpha_LH, cfg) * exists_LH).sum()
             if target_heads is None:
                 target_now, penalty = None, penalty_weight * expected_l0
@@ -150,10 +161,10 @@ def train_l0_gates(
 def l0_gates_table(results: list[L0Result], evaluate: Callable[[Tensor], dict]) -> pd.DataFrame:
     """Long format, one row per (run, existing head): target_heads, n_kept, penalty_weight (lambda at the last step:
     the fixed penalty, or where dual ascent arrived), layer, head, kept, log_alpha, gate (the deterministic test-time
-    gate), and the exact loss and acc of the run's binary mask, `evaluate(masks_MLH) -> dict(loss=(M,), acc=(M,))`."""
+    gate), and the exact metric columns of the run's binary mask, `evaluate(masks_MLH) -> {column: (M,)}` (for loss:
+    loss and acc)."""
     masks_MLH = torch.stack([result.keep_LH.float() for result in results])
-    scores = evaluate(masks_MLH)
-    loss_M, acc_M = (scores[key].detach().double().cpu() for key in ("loss", "acc"))
+    scores = {column: values.detach().double().cpu() for column, values in evaluate(masks_MLH).items()}
     rows = [
         dict(
             target_heads=result.target_heads,
@@ -164,8 +175,7 @@ def l0_gates_table(results: list[L0Result], evaluate: Callable[[Tensor], dict]) 
             kept=bool(result.keep_LH[layer, head]),
             log_alpha=float(result.log_alpha[layer, head]),
             gate=float(result.gate_LH[layer, head]),
-            loss=float(loss_M[m]),
-            acc=float(acc_M[m]),
+            **{column: float(values[m]) for column, values in scores.items()},
         )
         for m, result in enumerate(results)
         for layer, head in result.log_alpha.isfinite().nonzero().tolist()  # -inf marks heads a layer lacks

@@ -31,6 +31,7 @@ class HeadMask:
     heads_off: tuple[Head, ...]
     layer: int = -1  # the layer the mask is about, where one is (single head, layer, leave-one-in)
     head: int = -1  # the head it is about, where one is (single head, leave-one-in)
+    position: str = ""  # a task's named position the heads are replaced at alone ("": every position)
 
 
 def head_name(layer: int, head: int) -> str:
@@ -49,7 +50,10 @@ def baseline_masks() -> list[HeadMask]:
     return [HeadMask("baseline", ())]
 
 
-def single_head_masks(heads_per_layer: list[int]) -> list[HeadMask]:
+def single_head_masks(heads_per_layer: list[int], positions: list[str] | None = None) -> list[HeadMask]:
+    """Each head off alone; with positions, each head at each named position alone (named L1H3@S2)."""
+    if positions:
+        return [HeadMask(f"{head_name(*h)}@{p}", (h,), *h, p) for p in positions for h in all_heads(heads_per_layer)]
     return [HeadMask(head_name(*h), (h,), *h) for h in all_heads(heads_per_layer)]
 
 
@@ -144,13 +148,16 @@ MaskSpec = HeadMask | str | Iterable[Head | str]  # one mask as the Python API t
 
 
 def requested_masks(
-    masks: Mapping[str, MaskSpec] | Iterable[MaskSpec], heads_per_layer: list[int], key: str = "masks"
+    masks: Mapping[str, MaskSpec] | Iterable[MaskSpec],
+    heads_per_layer: list[int],
+    key: str = "masks",
+    positions: list[str] = (),
 ) -> list[HeadMask]:
     """Masks as the Python API takes them, checked against the model's heads: a mapping name -> heads, or a list of
-    masks, each a HeadMask, a name such as "L1H3+L0H2", or (layer, head) pairs and "L1H3" names; unnamed ones are
-    named after their heads."""
+    masks, each a HeadMask, a name such as "L1H3+L0H2" (with a task's named positions: "L1H3@S2", the heads at that
+    position alone), or (layer, head) pairs and "L1H3" names; unnamed ones are named after their heads."""
     named = masks.items() if isinstance(masks, Mapping) else ((None, spec) for spec in masks)
-    result = [requested_mask(name, spec, heads_per_layer, key) for name, spec in named]
+    result = [requested_mask(name, spec, heads_per_layer, key, list(positions)) for name, spec in named]
     names = [m.name for m in result]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate is not None:
@@ -158,15 +165,24 @@ def requested_masks(
     return result
 
 
-def requested_mask(name: str | None, spec: MaskSpec, heads_per_layer: list[int], key: str) -> HeadMask:
+def requested_mask(
+    name: str | None, spec: MaskSpec, heads_per_layer: list[int], key: str, positions: list[str]
+) -> HeadMask:
+    position = ""
     if isinstance(spec, HeadMask):
-        name, spec = name or spec.name, spec.heads_off
+        name, position, spec = name or spec.name, spec.position, spec.heads_off
+    elif isinstance(spec, str) and "@" in spec:
+        spec, position = spec.rsplit("@", 1)
+        name = name or f"{spec}@{position}"
+    if position and position not in positions:
+        named = ", ".join(positions) or "none (a task names them)"
+        raise ConfigError(key, f"{spec}@{position}", f"no such named position; the task's: {named}")
     items = spec.split("+") if isinstance(spec, str) else list(spec)
     heads = tuple(sorted({parsed_head(item, key) for item in items if item != "none"}))
     for layer, head in heads:
         check_head_exists(layer, head, heads_per_layer, key, str(name or spec))
     one = heads[0] if len(heads) == 1 else (-1, -1)
-    return HeadMask(str(name) if name is not None else joined_name(heads), heads, *one)
+    return HeadMask(str(name) if name is not None else joined_name(heads), heads, *one, position)
 
 
 def parsed_head(item: Head | str, key: str) -> Head:

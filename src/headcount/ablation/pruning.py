@@ -1,6 +1,7 @@
 """Masked pruning curves: remove heads in a chosen order, a fraction of all heads at a time, and record the loss.
 
-Orders (Michel et al. 2019 and baselines): `gradient` ranks heads once by gradient importance at the full model;
+Orders (Michel et al. 2019 and baselines): `gradient` ranks heads once by gradient importance at the full model
+(averaged over batches); `gradient_per_example` the same with the paper's own definition, averaged over examples;
 `gradient_iterative` re-ranks the surviving heads under the current mask after every step; `single_head` removes first
 the heads whose removal alone raised the loss least; `random` draws `random_seeds` permutations. Every mask is known
 before any loss is, so all masks of all orders go to the evaluator in one call, each distinct mask once.
@@ -20,12 +21,13 @@ import torch
 from torch import Tensor
 
 from headcount.ablation.importance import Importance
+from headcount.ablation.metrics import Loss, Metric
 from headcount.config.ablation import PruningConfig, validate_pruning_config
 from headcount.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-CURVE_COLUMNS = ["order", "seed", "fraction", "n_pruned", "loss", "acc", "delta_loss", "arbitrary_order"]
+CURVE_COLUMNS = ["order", "seed", "fraction", "n_pruned", "loss", "acc", "delta_loss", "arbitrary_order"]  # loss
 Scores = Importance | Tensor  # what an importance function returns; a plain (L, H) tensor breaks no ties
 
 
@@ -37,13 +39,17 @@ def pruning_curves(
     cfg: PruningConfig,
     seed: int,
     baseline: dict,
+    metric: Metric | None = None,
 ) -> pd.DataFrame:
     """One row per (order, seed, fraction) for fractions 0, step, 2*step, ..., 1.0 of all existing heads, with
-    n_pruned = round(fraction * total). `evaluate(masks_MLH) -> dict(loss=(M,), acc=(M,))`; `importance_fn(mask_LH)
-    -> Importance` or an (L, H) tensor; `single_head_delta` (L, H) loss increase of each head removed alone (None
-    skips that order); `baseline` = dict(loss, acc) of the unmasked model. The seed column is `seed` for the
-    deterministic orders and, for random, the seed of that permutation (derived from `seed`: the same seed gives the
-    same curves); arbitrary_order marks the orders whose heads all scored the same."""
+    n_pruned = round(fraction * total). `evaluate(masks_MLH) -> {column: (M,)}` for the metric's columns (default
+    loss: loss and acc); `importance_fn(mask_LH) -> Importance` or an (L, H) tensor; `single_head_delta` (L, H) how
+    much each head removed alone worsens the metric (None skips that order); `baseline`: the unmasked model's
+    metric columns. The seed column is `seed` for the deterministic orders and, for random, the seed of that
+    permutation (derived from `seed`: the same seed gives the same curves); arbitrary_order marks the orders whose
+    heads all scored the same."""
+    metric = metric or Loss()
+    columns = ["order", "seed", "fraction", "n_pruned", *metric.columns, f"delta_{metric.primary}", "arbitrary_order"]
     validate_pruning_config(cfg)
     exists_LH = existing_heads(n_heads_per_layer)
     fractions = step_fractions(cfg.step)
@@ -51,8 +57,9 @@ def pruning_curves(
     curves: list[tuple[str, int, Tensor]] = []  # (order, seed, masks (F, L, H), one per fraction)
     arbitrary: set[str] = set()
     for order in cfg.orders:
-        if order == "gradient":
-            scores = as_importance(importance_fn(torch.ones(exists_LH.shape)))
+        if order in ("gradient", "gradient_per_example"):
+            per_example = {"per_example": True} if order == "gradient_per_example" else {}
+            scores = as_importance(importance_fn(torch.ones(exists_LH.shape), **per_example))
             arbitrary |= {order} if warn_if_arbitrary(order, scores, exists_LH) else set()
             ranking = rank_ascending(scores.score_LH, exists_LH, scores.raw_LH)
             curves.append((order, seed, masks_removing_first(ranking, n_pruned, exists_LH)))
@@ -76,19 +83,19 @@ def pruning_curves(
                 ranking = random_ranking(exists_LH, random_seed)
                 curves.append((order, random_seed, masks_removing_first(ranking, n_pruned, exists_LH)))
     if not curves:
-        return pd.DataFrame(columns=CURVE_COLUMNS)
+        return pd.DataFrame(columns=columns)
     # Fraction 0 and 1.0 give the same mask in every order, and small models repeat counts: evaluate each mask once.
     unique_MLH, index_N = torch.unique(torch.cat([masks for *_, masks in curves]), dim=0, return_inverse=True)
     results = evaluate(unique_MLH)
-    loss_N, acc_N = (results[key].detach().double().cpu()[index_N] for key in ("loss", "acc"))
     rows = [
         (order, order_seed, fraction, count)
         for order, order_seed, _ in curves
         for fraction, count in zip(fractions, n_pruned)
     ]
-    table = pd.DataFrame(rows, columns=CURVE_COLUMNS[:4])
-    table["loss"], table["acc"] = loss_N.numpy(), acc_N.numpy()
-    table["delta_loss"] = table["loss"] - float(baseline["loss"])
+    table = pd.DataFrame(rows, columns=columns[:4])
+    for column in metric.columns:
+        table[column] = results[column].detach().double().cpu()[index_N].numpy()
+    table[f"delta_{metric.primary}"] = table[metric.primary] - float(baseline[metric.primary])
     table["arbitrary_order"] = table["order"].isin(arbitrary)
     return table
 
@@ -128,9 +135,12 @@ def warn_if_arbitrary(order: str, scores: Importance, candidates_LH: Tensor) -> 
     return True
 
 
-def prunable_fractions(curves: pd.DataFrame, baseline_loss: float, tolerance: float) -> dict[str, float]:
-    """Per order, the largest fraction f such that the loss (for random: its mean over seeds) stays within
-    baseline_loss * (1 + tolerance) at every fraction up to and including f.
+def prunable_fractions(
+    curves: pd.DataFrame, baseline_loss: float, tolerance: float, metric: Metric | None = None
+) -> dict[str, float]:
+    """Per order, the largest fraction f such that the metric (for random: its mean over seeds) stays within
+    tolerance of the baseline, relative to it, at every fraction up to and including f: for loss, within
+    baseline_loss * (1 + tolerance); for a metric where higher is better, at least baseline - tolerance * |baseline|.
 
     This is the conservative, monotone reading: a curve that leaves the tolerance band and later dips back into it
     does not count past its first exit: a lucky dip after a bad step is noise, not a safe amount of pruning.
@@ -139,11 +149,15 @@ def prunable_fractions(curves: pd.DataFrame, baseline_loss: float, tolerance: fl
     fraction: with few heads, a 10% step rounds to zero heads, and "0.2 prunable" must not mean "none removed"."""
     if not tolerance >= 0:
         raise ConfigError("ablation.pruning.tolerance", tolerance, "must be a non-negative number")
-    threshold = baseline_loss * (1 + tolerance)
+    metric = metric or Loss()
+    # baseline * (1 + tolerance) for a positive loss, as a product: a sum would round 1.01 past 1.0 + 0.01
+    worse_side = 1 - tolerance if metric.higher_is_better == (baseline_loss >= 0) else 1 + tolerance
+    threshold = baseline_loss * worse_side
     prunable = {}
     for order, curve in curves.groupby("order", sort=False):
-        steps = curve.groupby("fraction").agg(loss=("loss", "mean"), n_pruned=("n_pruned", "first")).sort_index()
-        within = (steps["loss"] <= threshold).to_numpy()
+        value = metric.primary
+        steps = curve.groupby("fraction").agg(value=(value, "mean"), n_pruned=("n_pruned", "first")).sort_index()
+        within = (metric.damage(steps["value"], threshold) <= 0).to_numpy()
         n_within = len(within) if within.all() else int(within.argmin())  # steps before the first exit
         n_heads = steps["n_pruned"].max()
         prunable[order] = float(steps["n_pruned"].iloc[n_within - 1] / n_heads) if n_within and n_heads else 0.0

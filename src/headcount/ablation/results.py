@@ -23,12 +23,13 @@ from rich.markup import escape
 
 from headcount.ablation import summary as summary_file
 from headcount.config import plain
-from headcount.io import atomic_write_text
+from headcount.errors import ConfigError
+from headcount.io import atomic_write_text, writable
 from headcount.model.transformer import Transformer
 from headcount.run_dir import RunPaths
 
 # Constant columns every result table ends with (where a scan has them), so that a CSV says how it was computed.
-RECORD_COLUMNS = ("mode", "split", "n_eval", "n_targets", "reference_split", "n_reference")
+RECORD_COLUMNS = ("mode", "metric", "split", "n_eval", "n_targets", "reference_split", "n_reference")
 
 
 def fingerprint(*parts) -> str:
@@ -47,25 +48,94 @@ def model_fingerprint(model: Transformer) -> str:
     return digest.hexdigest()[:16]
 
 
-def mode_tag(mode: str | None) -> str:
-    """What a result file's name carries for its mode: nothing for zero (and for mode-independent results)."""
-    return "" if mode in (None, "zero") else f".{mode}"
+def section_name(mode: str, metric: str = "loss") -> str:
+    """The results of one mode and metric: their section of summary.json and the tag in their file names. The mode
+    alone for loss (zero, mean, resample: as results were named before other metrics), else mode.metric
+    (patch.logit_diff, zero.answer_prob)."""
+    return mode if metric == "loss" else f"{mode}.{metric}"
 
 
-def result_path(ablation_dir: Path, stem: str, mode: str | None, ext: str) -> Path:
-    """<ablation_dir>/<stem><mode tag><ext>, e.g. single_head.mean.csv."""
-    return Path(ablation_dir) / f"{stem}{mode_tag(mode)}{ext}"
+def mode_tag(section: str | None) -> str:
+    """What a result file's name carries for its section: nothing for zero-mode loss (and mode-independent results)."""
+    return "" if section in (None, "zero") else f".{section}"
+
+
+def result_path(ablation_dir: Path, stem: str, section: str | None, ext: str) -> Path:
+    """<ablation_dir>/<stem><section tag><ext>, e.g. single_head.mean.csv, single_head.patch.logit_diff.csv."""
+    return Path(ablation_dir) / f"{stem}{mode_tag(section)}{ext}"
+
+
+def metric_name(spec) -> str:
+    """The name of the metric ablation.metric gives (None: loss; a mapping: its name or its function's)."""
+    if spec is None:
+        return "loss"
+    if hasattr(spec, "keys"):
+        return str(spec.get("name") or str(spec["_target_"]).rsplit(".", 1)[-1])
+    return str(spec)
+
+
+def tasks_dir(ablation_dir: Path) -> Path:
+    """Where the results of tasks go: <run>/ablation/tasks/<task name>/, one folder (and summary.json) per task."""
+    return Path(ablation_dir) / "tasks"
+
+
+def configured_results(run_dir: str | Path, config: DictConfig | None = None) -> tuple[Path, str]:
+    """The folder and section of the results a run's own config asks for (its ablation mode and metric, on its task
+    or its data): what its report and its finding read. A task's default metric is the one its folder recorded."""
+    paths = RunPaths(Path(run_dir))
+    if config is None:
+        config = OmegaConf.load(paths.config) if paths.config.exists() else OmegaConf.create({})
+    mode = str(OmegaConf.select(config, "ablation.mode", default="zero"))
+    spec = OmegaConf.select(config, "ablation.metric", default=None)
+    task = OmegaConf.select(config, "task.source", default=None)
+    if task is None:
+        return paths.ablation, section_name(mode, metric_name(spec))
+    from headcount.config import typed
+    from headcount.config.task import TaskConfig
+    from headcount.tasks import task_name  # tasks load their sources only when a run has one
+
+    folder = tasks_dir(paths.ablation) / task_name(typed(config.task, TaskConfig))
+    metric = (
+        metric_name(spec)
+        if spec is not None
+        else summary_file.read_summary(folder / "summary.json").get("default_metric", "loss")
+    )
+    return folder, section_name(mode, metric)
 
 
 def configured_mode(config: DictConfig) -> str:
-    """The ablation mode a run's own config asks for: the results its report and its finding read."""
-    return str(OmegaConf.select(config, "ablation.mode", default="zero"))
+    """The section (mode, and metric unless loss) a run's own config asks for on its data."""
+    mode = str(OmegaConf.select(config, "ablation.mode", default="zero"))
+    return section_name(mode, metric_name(OmegaConf.select(config, "ablation.metric", default=None)))
 
 
 def run_mode(run_dir: str | Path) -> str:
-    """configured_mode of a run directory; zero for a folder without a config."""
-    config = RunPaths(Path(run_dir)).config
-    return configured_mode(OmegaConf.load(config)) if config.exists() else "zero"
+    """The section of the results a run directory's config asks for; zero for a folder without a config."""
+    return configured_results(run_dir)[1]
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def matches_record(csv_path: Path, entry: dict) -> bool:
+    """Whether a result table is the file its summary.json entry recorded (entries from before digests: trusted)."""
+    return "sha256" not in entry or file_digest(csv_path) == entry["sha256"]
+
+
+def read_checked(csv_path: Path) -> pd.DataFrame:
+    """A result table, after checking it is the file summary.json (in its folder) recorded; ConfigError naming it
+    otherwise (a table replaced after its record, or cut short), so that no reader uses one that lies."""
+    csv_path = Path(csv_path)
+    entry = summary_file.entry_of_file(csv_path.parent / "summary.json", csv_path.name)
+    if entry is not None and not matches_record(csv_path, entry):
+        raise ConfigError(
+            "scan",
+            str(csv_path),
+            "does not match what summary.json recorded for it (changed or cut short since it was written): run the "
+            "scan again (headcount-ablate) to compute it anew",
+        )
+    return read_csv(csv_path)
 
 
 def with_record(table: pd.DataFrame, record: dict) -> pd.DataFrame:
@@ -94,8 +164,9 @@ class ResultFiles:
     def open(self, header: dict) -> None:
         """Record the session's fingerprint, inputs and baseline; earlier results of this mode under another
         fingerprint move to summary.json's `superseded`, with a notice."""
-        reason = summary_file.open_mode(self.summary_path, self.mode, {"fingerprint": self.key, **header})
-        self.note_written(self.summary_path)
+        reason, changed = summary_file.open_mode(self.summary_path, self.mode, {"fingerprint": self.key, **header})
+        if changed:
+            self.note_written(self.summary_path)
         if reason is not None:
             self.console.print(
                 f"[yellow]note:[/yellow] earlier {self.mode}-mode results no longer apply ({escape(reason)}); "
@@ -105,12 +176,29 @@ class ResultFiles:
             )
 
     def up_to_date(self, name: str, key: str, csv_path: Path, announce: bool = True, shared: bool = False):
-        """The scan's table if summary.json says it was computed under this fingerprint and its CSV is there."""
+        """The scan's table if summary.json says it was computed under this fingerprint and its CSV is there, the very
+        file summary.json recorded (a CSV replaced after its record, or cut short, is computed again)."""
         entry = summary_file.scan_entry(self.summary_path, None if shared else self.mode, name)
-        if entry.get("fingerprint") != key or not csv_path.exists():
+        matches = entry.get("fingerprint") == key and csv_path.exists()
+        if matches and not matches_record(csv_path, entry):
+            self.console.print(
+                f"[yellow]note:[/yellow] {escape(str(csv_path))} is not the table summary.json recorded for it "
+                "(changed or cut short since): computing it again",
+                highlight=False,
+                soft_wrap=True,
+            )
+            matches = False
+        if not matches:
+            if not writable(self.out):  # refused before the scan computes what it could not write
+                raise ConfigError(
+                    "run_dir",
+                    str(self.out.parent),
+                    f"is on read-only storage: scan {name} ({self.mode} mode) is not up to date there, and its results "
+                    "cannot be written; ablate a copy of the run on writable storage",
+                )
             return None
         if announce:
-            self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False)
+            self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False, soft_wrap=True)
         return read_csv(csv_path)
 
     def record(
@@ -119,11 +207,13 @@ class ResultFiles:
         files = [f for f in files if f is not None]
         self.written.extend(files)
         entry = {"kind": kind, "fingerprint": key, "files": [f.name for f in files], "rows": rows, "seconds": seconds}
-        self.update_summary({"scans": {name: entry}}, shared)
+        entry["sha256"] = file_digest(files[0])  # the table as written: a reader checks it is still this one
+        summary_file.record_scan(self.summary_path, None if shared else self.mode, name, entry)
+        self.note_written(self.summary_path)
 
     def update_summary(self, updates: dict, shared: bool = False) -> None:
-        summary_file.update_section(self.summary_path, None if shared else self.mode, updates)
-        self.note_written(self.summary_path)
+        if summary_file.update_section(self.summary_path, None if shared else self.mode, updates):
+            self.note_written(self.summary_path)
 
     def note_written(self, path: Path) -> None:
         if path not in self.written:

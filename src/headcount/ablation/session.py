@@ -1,13 +1,15 @@
 """run_ablations: every scan the ablation section lists, on one finished run, with results in <run>/ablation/.
 
 A session opens the run once (headcount.run_dir.load_run), checks the settings and what they name against the model
-before any work, prepares the replacements and the evaluator, computes the baseline, then runs the scans in the order
-given through their kinds (ablation/scans/), and finally the structural export if asked. Scans that others need
-(single_head for pairs' top_k and the single_head pruning order, pruning for a prunable-fraction export) run on demand
-under their kind's name. Before any work, the data is checked against what the run trained on (ablation/data_check.py).
-Every result carries a fingerprint of what it depends on (the model's weights, the data's content, the ablation
-settings, the masks): a scan whose CSV is up to date is read back rather than rerun, and an interrupted one resumes
-from its partial file. Each mode keeps its own files and its own section of summary.json (ablation/results.py).
+before any work, builds the evaluation set (the run's data, or the task the config names, encoded for the model),
+prepares the mode's replacements, the evaluator and the baseline, then runs the scans in the order given through
+their kinds (ablation/scans/), and finally the structural export if asked. Scans that others need (single_head for
+pairs' top_k and the single_head pruning order, pruning for a prunable-fraction export) run on demand under their
+kind's name. Before any work, the data is checked against what the run trained on (ablation/data_check.py).
+Every result carries a fingerprint of what it depends on (the model's weights, the data's or the task's content, the
+ablation settings, the masks): a scan whose CSV is up to date is read back rather than rerun, and an interrupted one
+resumes from its partial file. Each mode and metric keeps its own files and its own section of summary.json
+(ablation/results.py); a task keeps its own folder, ablation/tasks/<task name>/.
 """
 
 from pathlib import Path
@@ -18,19 +20,24 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
+from headcount.ablation.checks import validate_settings
 from headcount.ablation.data_check import checked_data
-from headcount.ablation.evaluation import evaluation, evaluation_set
+from headcount.ablation.evaluation import counterpart_baseline, evaluation, evaluation_set, run_task, task_config
+from headcount.ablation.evaluator import MaskEvaluator
 from headcount.ablation.export import check_export, export_pruned_model
 from headcount.ablation.importance import Importance, importance_under
-from headcount.ablation.results import ResultFiles, fingerprint, model_fingerprint
-from headcount.ablation.scans import KINDS, Scan, validate_scans
-from headcount.config.ablation import AblationConfig, ScanConfig, validate_ablation_config
-from headcount.run_dir import RunPaths, describe_run, load_run, read_pretrained
+from headcount.ablation.metrics import METRICS, resolve_metric
+from headcount.ablation.results import ResultFiles, fingerprint, model_fingerprint, section_name, tasks_dir
+from headcount.ablation.scans import KINDS, Scan
+from headcount.ablation.summary import record_default_metric
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.report.captions import describe_run
+from headcount.run_dir import RunPaths, load_run, read_pretrained
 
 
 def run_ablations(cfg: DictConfig, run_dir: str | Path) -> list[Path]:
     """Run cfg.ablation's scans (and the pruned export, if asked) on the finished run in run_dir; cfg is a train
-    config (model, data, seed, ablation). Returns the files written."""
+    config (model, data, seed, ablation, task). Returns the files written."""
     session = AblationSession(cfg, Path(run_dir))
     for scan in session.scans.values():
         scan.run()
@@ -50,64 +57,88 @@ def typed_ablation(section: DictConfig) -> AblationConfig:
 
 
 class AblationSession:
-    """What every scan of one run shares: the settings, the model and its evaluator on the eval batches, the
-    replacements, the baseline, the result files, and what scans have handed to others (`shared`)."""
+    """What every scan of one run shares: the settings, the mode and the metric, the model and its evaluator on the
+    eval batches, the replacements, the baseline, the result files, and what scans have handed to others (`shared`)."""
 
     def __init__(self, cfg: DictConfig, run_dir: Path):
         self.settings = s = typed_ablation(cfg.ablation)
-        validate_ablation_config(s)
-        validate_scans(s)
+        task_cfg = task_config(cfg)
+        self.mode, _ = validate_settings(s, task_cfg)
         self.run = load_run(run_dir, cfg)
-        self.out = RunPaths(run_dir).ablation
         self.device = resolve_device(s.device)
         model_key = model_fingerprint(self.run.model)
         self.model = self.run.model.to(self.device, torch.float32).eval()
         self.heads_per_layer = self.model.heads_per_layer
+        self.task = run_task(cfg, self.model, task_cfg)
+        self.positions = [] if self.task is None else list(self.task.positions)
+        has = (lambda what: None) if self.task is None else (lambda what: getattr(self.task, what))  # noqa: E731
+        self.metric = resolve_metric(s.metric, has("has_wrong"), task=self.task is not None)
+        self.mode.check(s, has("has_corrupted"))
+        self.section = section_name(s.mode, self.metric.name)
+        self.out = RunPaths(run_dir).ablation
         self.subject = describe_run(self.run.config, run_dir)
+        if self.task is not None:
+            self.out = tasks_dir(self.out) / self.task.name
+            self.subject += f", task {self.task.name}"
         # Everything a file or a head list can get wrong is checked before any work starts.
         self.scans = {name: self.new_scan(name, scan) for name, scan in s.scans.items()}
         for scan in self.scans.values():
             scan.prepare()
         check_export(s.prune, self.heads_per_layer)
-        data = checked_data(run_dir, self.run, s.allow_data_change)
+        if self.task is None:
+            data = checked_data(run_dir, self.run, s.allow_data_change)
+        else:
+            data = {"fingerprint": self.task.fingerprint()}
 
-        eval_set = evaluation_set(self.run, s)
+        eval_set = evaluation_set(self.run, s, self.mode, self.task)
         examples, reference = eval_set.examples, eval_set.reference
         n_eval = len(examples["input_ids"])
         settings_record = {
             "mode": s.mode,
-            "split": s.split,
+            "split": eval_set.split,
             "n_eval": n_eval,
-            **({} if reference is None else {"reference_split": s.reference_split}),
+            **({} if reference is None else {"reference_split": eval_set.reference_split}),
             **({} if reference is None else {"n_reference": len(reference["input_ids"])}),
-            **({"mean_per_position": s.mean_per_position} if s.mode == "mean" else {}),
-            **({"seed": s.seed} if s.mode == "resample" else {}),
+            **self.mode.settings(s),
+            **({} if self.metric.name == "loss" else {"metric": self.metric.describe()}),
+            **({} if self.task is None else {"task": self.task.name}),
+            **({"patch_positions": "each"} if s.patch_positions == "each" else {}),
         }
         self.key = fingerprint(model_key, data["fingerprint"], settings_record)
-        self.eval_key = fingerprint(model_key, data["fingerprint"], {"split": s.split, "n_eval": n_eval})
-        self.files = ResultFiles(self.out, s.mode, self.key)
-        evaluated = evaluation(s, self.model, eval_set, self.files, self.device)
+        self.eval_key = fingerprint(model_key, data["fingerprint"], {"split": eval_set.split, "n_eval": n_eval})
+        self.files = ResultFiles(self.out, self.section, self.key)
+        evaluated = evaluation(s, self.mode, self.metric, self.model, eval_set, self.files, self.device)
         self.replacements, self.batches, self.evaluator = evaluated.replacements, evaluated.batches, evaluated.evaluator
         self.baseline = self.evaluator.baseline()
+        self.counterpart = counterpart_baseline(s, self.metric, self.model, eval_set, self.device)
         self.record = {
             "mode": s.mode,
-            "split": s.split,
+            "metric": self.metric.name,
+            **({} if self.task is None else {"task": self.task.name}),
+            "split": eval_set.split,
             "n_eval": n_eval,
             "n_targets": self.baseline["n_targets"],
             "reference_split": settings_record.get("reference_split"),
             "n_reference": settings_record.get("n_reference"),
         }
+        baselines = {f"baseline_{column}": self.baseline[column] for column in self.metric.columns}
+        if self.task is not None:  # whether the model does the task at all, whatever the metric
+            top1 = MaskEvaluator(self.model, self.batches, masks_per_pass=1, metric=METRICS["top1"]())
+            baselines["task_top1"] = top1.baseline()["top1"]
+        if self.counterpart is not None:
+            baselines["counterpart"] = {column: self.counterpart[column] for column in self.metric.columns}
         self.files.open(
             {
                 "model": model_key,
                 "data": data,
                 "settings": settings_record,
-                "baseline_loss": self.baseline["loss"],
-                "baseline_acc": self.baseline["acc"],
+                **baselines,
                 "n_targets": self.baseline["n_targets"],
                 **({"pretrained": pretrained["provenance"]} if (pretrained := read_pretrained(run_dir)) else {}),
             }
         )
+        if self.task is not None:
+            record_default_metric(self.files.summary_path, resolve_metric(None, self.task.has_wrong, task=True).name)
         self.shared: dict[str, Any] = {}  # scan kind -> what its last run here handed to other scans
 
     def new_scan(self, name: str, cfg: ScanConfig) -> Scan:
@@ -122,10 +153,13 @@ class AblationSession:
                 scan.run()
         return self.shared.get(kind)
 
-    def importance(self, mask_LH: Tensor) -> Importance:
-        """Gradient importance at gates mask_LH, on the eval batches, under this session's replacements."""
+    def importance(self, mask_LH: Tensor, per_example: bool = False) -> Importance:
+        """Gradient importance of the metric at gates mask_LH, on the eval batches, under this session's
+        replacements; per batch (headcount's form) or per example (Michel et al.'s)."""
         s = self.settings
-        return importance_under(self.model, self.batches, self.replacements, s.normalize_importance, mask_LH)
+        return importance_under(
+            self.model, self.batches, self.replacements, s.normalize_importance, mask_LH, self.metric, per_example
+        )
 
     def layer_head_tensor(self, table: pd.DataFrame, column: str) -> Tensor:
         """(L, H) float64 from a table's layer, head and `column`; 0 where a head has no row."""

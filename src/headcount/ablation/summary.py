@@ -47,10 +47,19 @@ def read_mode_summary(ablation_dir: Path, mode: str = "zero") -> dict:
     return mode_summary(json.loads(path.read_text()), mode) if path.exists() else {}
 
 
-def open_mode(path: Path, mode: str, header: dict) -> str | None:
+def write_if_changed(path: Path, summary: dict) -> bool:
+    """Write summary.json unless it holds this already (a rerun with every result up to date writes nothing, so it
+    also works on a run directory on read-only storage); returns whether it wrote."""
+    if path.exists() and json.loads(path.read_text()) == summary:
+        return False
+    atomic_write_json(path, summary)
+    return True
+
+
+def open_mode(path: Path, mode: str, header: dict) -> tuple[str | None, bool]:
     """Start (or continue) a session's section: header holds its fingerprint, model, data and settings, and the
     headline numbers every session recomputes. A section recorded under another fingerprint moves to `superseded`;
-    returns why, or None."""
+    returns why (or None), and whether summary.json changed."""
     summary = read_summary(path)
     section = summary["modes"].get(mode)
     reason = None
@@ -59,8 +68,7 @@ def open_mode(path: Path, mode: str, header: dict) -> str | None:
         summary.setdefault("superseded", []).append({"mode": mode, "reason": reason, **section})
         section = None
     summary["modes"][mode] = {**(section or {}), **header}
-    atomic_write_json(path, summary)
-    return reason
+    return reason, write_if_changed(path, summary)
 
 
 def why_superseded(old: dict, new: dict) -> str:
@@ -80,8 +88,9 @@ def why_superseded(old: dict, new: dict) -> str:
     return "; ".join(reasons) or "the results' fingerprint changed"
 
 
-def update_section(path: Path, mode: str | None, updates: dict) -> None:
-    """Merge `updates` into a mode's section (mode None: the mode-independent one), one level deep for dict values."""
+def update_section(path: Path, mode: str | None, updates: dict) -> bool:
+    """Merge `updates` into a mode's section (mode None: the mode-independent one), one level deep for dict values;
+    returns whether summary.json changed."""
     summary = read_summary(path)
     section = summary["modes"].setdefault(mode, {}) if mode is not None else summary.setdefault(SHARED, {})
     for name, value in updates.items():
@@ -89,7 +98,7 @@ def update_section(path: Path, mode: str | None, updates: dict) -> None:
             section[name] = {**section[name], **value}
         else:
             section[name] = value
-    atomic_write_json(path, summary)
+    return write_if_changed(path, summary)
 
 
 def scan_entry(path: Path, mode: str | None, name: str) -> dict:
@@ -97,3 +106,35 @@ def scan_entry(path: Path, mode: str | None, name: str) -> dict:
     summary = read_summary(path)
     section = summary["modes"].get(mode, {}) if mode is not None else summary.get(SHARED, {})
     return section.get("scans", {}).get(name, {})
+
+
+def record_default_metric(path: Path, metric: str) -> None:
+    """The metric a task's results use when the config names none (its summary.json's `default_metric`), so readers
+    of a run's config find the section it asks for."""
+    summary = read_summary(path)
+    if summary.get("default_metric") != metric:
+        atomic_write_json(path, {**summary, "default_metric": metric})
+
+
+def record_scan(path: Path, mode: str | None, name: str, entry: dict) -> None:
+    """A scan's entry in a mode's section (None: the mode-independent one); an entry it replaces that was computed
+    under another fingerprint (other masks, settings) moves to `superseded`, so its record does not vanish."""
+    summary = read_summary(path)
+    section = summary["modes"].setdefault(mode, {}) if mode is not None else summary.setdefault(SHARED, {})
+    old = section.setdefault("scans", {}).get(name)
+    if old is not None and old.get("fingerprint") != entry["fingerprint"]:
+        reason = f"scan {name} computed again under other settings (its masks or its own settings changed)"
+        summary.setdefault("superseded", []).append({"mode": mode, "scan": name, "reason": reason, **old})
+    section["scans"][name] = entry
+    write_if_changed(path, summary)
+
+
+def entry_of_file(path: Path, file_name: str) -> dict | None:
+    """The scan entry (of any section) whose first file, its table, is file_name; None when none records it."""
+    summary = read_summary(path)
+    sections = [*summary["modes"].values(), summary.get(SHARED, {})]
+    for section in sections:
+        for entry in section.get("scans", {}).values():
+            if entry.get("files", [None])[0] == file_name:
+                return entry
+    return None

@@ -8,12 +8,15 @@ is the base; each `ablation.*` key typed on the command line overrides it, and t
 Before Hydra starts, run_dir must name a finished training run (else one line, exit 2, and nothing created), and the
 command takes the run's lock (run_lock.py): one process at a time works on a run, training or ablating.
 
-`headcount-ablate model.pretrained=<checkpoint> data=<source> [run_dir=<folder>]` (or model=<pretrained preset>)
+`headcount-ablate model.pretrained=<checkpoint> data=<source> [run_dir=<folder>]` (or model=<pretrained preset>;
+`hydra.run.dir=<folder>` names the run directory too)
 ablates a pretrained model as it is, without training: cli/pretrained_run.py prepares its run directory (default
 under outputs/pretrained/), then the scans run there as on any run.
 """
 
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,16 +29,19 @@ from headcount import run_lock
 from headcount.ablation.session import run_ablations
 from headcount.cli.errors import BAD_INPUT, discarded_if_rejected, exit_on_config_error, run_hydra_command, typed_value
 from headcount.cli.pretrained_run import default_run_dir, prepare_pretrained_run, pretrained_requested
+from headcount.components import take_list_flag
 from headcount.config import CONF_DIR, register_configs
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
+from headcount.io import writable
 from headcount.run_dir import RunPaths, finished_checkpoint, load_run_config, read_pretrained
 from headcount.train.quiet import take_verbosity_flags
 
 
-def ablate(cfg: DictConfig, typed_keys: Sequence[str] = ()) -> list[Path]:
-    """Run the scans of a composed ablate config (run_dir, ablation) on its run; typed_keys are the dotted
-    `ablation.*` keys to take from cfg over the run's own settings. Returns the files written."""
+def ablate(cfg: DictConfig, typed_keys: Sequence[str] = (), task_given: bool = False) -> list[Path]:
+    """Run the scans of a composed ablate config (run_dir, ablation, task) on its run; typed_keys are the dotted
+    `ablation.*` keys to take from cfg over the run's own settings; task_given: the command line selected a task
+    (else the run's own task section, if it has one, applies). Returns the files written."""
     run_cfg = load_run_config(cfg.run_dir)
     base = OmegaConf.to_container(run_cfg.get("ablation") or OmegaConf.create({}))
     base.pop("scans", None)
@@ -44,6 +50,8 @@ def ablate(cfg: DictConfig, typed_keys: Sequence[str] = ()) -> list[Path]:
         OmegaConf.update(ablation, key.removeprefix("ablation."), OmegaConf.select(cfg, key), merge=True)
     ablation.scans = cfg.ablation.scans
     run_cfg.ablation = ablation
+    if task_given or "task" not in run_cfg:
+        run_cfg.task = cfg.task
     return run_ablations(run_cfg, Path(cfg.run_dir))
 
 
@@ -53,8 +61,16 @@ def typed_ablation_keys(overrides: Sequence[str]) -> list[str]:
     return [key for key in keys if key.startswith("ablation.") and not key.startswith("ablation.scans")]
 
 
+def task_selected(overrides: Sequence[str]) -> bool:
+    """Whether the command line names a task (task=..., task.*=...), which then replaces the run's own."""
+    return any(override.split("=", 1)[0].lstrip("+~").split(".")[0] == "task" for override in overrides)
+
+
 def print_written(paths: list[Path]) -> None:
     console = Console(stderr=True)
+    if not paths:
+        console.print("[green]nothing to write:[/green] every result asked for is up to date")
+        return
     console.print("[green]wrote[/green]")
     for path in dict.fromkeys(paths):
         console.print(f"  {path}", highlight=False, soft_wrap=True, markup=False)  # sweep paths hold [ ]
@@ -74,6 +90,29 @@ def quote_run_dir(args: list[str]) -> list[str]:
             arg = "run_dir='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
         quoted.append(arg)
     return quoted
+
+
+def hydra_run_dir_as_run_dir(args: list[str]) -> list[str]:
+    """`hydra.run.dir=<dir>`, which names a run directory for headcount-train, names it here too: it becomes
+    `run_dir=<dir>` (Hydra's own files go to <dir>/ablation/logs/ as always). ConfigError if run_dir names another."""
+
+    def values(key: str) -> list[str]:
+        return [arg.partition("=")[2] for arg in args if arg.partition("=")[0].lstrip("+") == key]
+
+    def path(value: str) -> str:  # as Hydra will read it (quoted or not)
+        return str(typed_value(quote_run_dir([f"run_dir={value}"])[0]))
+
+    hydra_dirs, run_dirs = values("hydra.run.dir"), values("run_dir")
+    if not hydra_dirs:
+        return args
+    if run_dirs and path(hydra_dirs[-1]) != path(run_dirs[-1]):
+        raise ConfigError(
+            "hydra.run.dir",
+            path(hydra_dirs[-1]),
+            f"names headcount-ablate's run directory, as run_dir does; give one of them (run_dir={path(run_dirs[-1])})",
+        )
+    kept = [arg for arg in args if arg.partition("=")[0].lstrip("+") not in ("hydra.run.dir", "run_dir")]
+    return [*kept, f"run_dir={hydra_dirs[-1]}"]
 
 
 def run_dir_argument(args: list[str]) -> Path:
@@ -104,8 +143,9 @@ def ablate_job(cfg: DictConfig) -> None:
             if cfg.model.pretrained is not None:
                 prepare_pretrained_run(cfg, run_dir)
             else:
-                run_lock.acquire(finished_run(run_dir), "headcount-ablate", "run_dir")
-            print_written(ablate(cfg, typed_ablation_keys(HydraConfig.get().overrides.task)))
+                run_lock.acquire_if_writable(finished_run(run_dir), "headcount-ablate", "run_dir")
+            overrides = HydraConfig.get().overrides.task
+            print_written(ablate(cfg, typed_ablation_keys(overrides), task_selected(overrides)))
     except BAD_INPUT:
         if new_pretrained_run:  # the folder Hydra made for a pretrained run that was refused goes too
             discard_empty_run_dir(run_dir)
@@ -123,17 +163,33 @@ def discard_empty_run_dir(run_dir: Path) -> None:
         folder = folder.parent
 
 
-def take_run(args: list[str]) -> None:
+def take_run(args: list[str]) -> Path | None:
+    """Take the run's lock before Hydra writes anything there. Returns the run directory if it is on read-only storage:
+    the command then only reads it (results up to date are read back; one that is not is refused in one line)."""
     if pretrained_requested(args):
-        return  # its run directory is known once the config is composed: the job takes the lock
-    run_lock.acquire(run_dir_argument(args), "headcount-ablate", "run_dir")
+        named = [Path(str(typed_value(arg))) for arg in args if arg.partition("=")[0].lstrip("+") == "run_dir"]
+        if not named or not RunPaths(named[-1]).config.exists() or writable(named[-1]):
+            return None  # a new run, or a default folder known once the config is composed: the job takes the lock
+        run_lock.check_free(named[-1], "run_dir", str(named[-1]))
+        return named[-1]
+    run_dir = run_dir_argument(args)
+    return None if run_lock.acquire_if_writable(run_dir, "headcount-ablate", "run_dir") else run_dir
 
 
 def main() -> None:
     """`headcount-ablate [-v|-vv] run_dir=<run> [ablation=<scan>] [ablation.*=...]`."""
-    sys.argv[1:] = quote_run_dir(take_verbosity_flags(sys.argv[1:]))
-    exit_on_config_error(take_run)(sys.argv[1:])
-    run_hydra_command(ablate_job)
+    args = take_verbosity_flags(take_list_flag(sys.argv[1:]))
+    sys.argv[1:] = quote_run_dir(exit_on_config_error(hydra_run_dir_as_run_dir)(args))
+    if exit_on_config_error(take_run)(sys.argv[1:]) is None:
+        run_hydra_command(ablate_job)
+        return
+    # Hydra's own files (the composed config, the log) go to <run>/ablation/logs/, which read-only storage refuses
+    logs = tempfile.mkdtemp(prefix="headcount-ablate-")
+    sys.argv.append(f"hydra.run.dir={logs}")
+    try:
+        run_hydra_command(ablate_job)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 if __name__ == "__main__":

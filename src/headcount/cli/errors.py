@@ -28,6 +28,7 @@ from headcount import run_lock
 from headcount.config import CONF_DIR
 from headcount.config.schema import closest, unknown_key
 from headcount.errors import ConfigError
+from headcount.io import READ_ONLY_ERRNOS, write_fault
 
 BAD_INPUT = (ConfigError, HydraException, OmegaConfBaseException)
 HYDRA_FILES = (".hydra", run_lock.LOCK_NAME)  # besides Hydra's log files (*.log): what a run folder holds at first
@@ -77,10 +78,27 @@ def unknown_override(error: HydraException, cause: ConfigKeyError | ConfigAttrib
     return unknown_key(cause.full_key, value, [key for key in keys if key != "hydra"])  # Hydra's node: not ours
 
 
+def unreadable_override(error: OverrideParseException) -> ConfigError | None:
+    """A value Hydra's lexer or grammar refuses unquoted (non-ASCII letters, parentheses, ...: paths often have them),
+    with the fix: quote it, past the shell. None for other parse errors (an unknown sweep function, ...)."""
+    key, sep, value = error.override.partition("=")
+    if not sep or error.message.startswith("Error parsing override"):
+        return None
+    quoted = value.replace("\\", "\\\\").replace('"', '\\"')
+    return ConfigError(
+        key.lstrip("+~"),
+        value,
+        f"Hydra cannot read this value unquoted; quote it, with the quotes passed through the shell: "
+        f"'{key}=\"{quoted}\"'",
+    )
+
+
 def as_config_error(error: BaseException) -> ConfigError | None:
     """Bad input Hydra or OmegaConf refused, as a ConfigError naming its key; None for errors without a key."""
     if isinstance(error, ConfigError):
         return error
+    if isinstance(error, OverrideParseException) and (unreadable := unreadable_override(error)) is not None:
+        return unreadable
     if isinstance(error, MissingConfigException) and error.missing_cfg_file:
         return unknown_option(error)
     cause = error.__cause__ if isinstance(error, HydraException) and error.__cause__ is not None else error
@@ -111,8 +129,39 @@ def print_error(message: str) -> None:
     Console(stderr=True).print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
 
 
+def what_is_intact(path: Path) -> str:
+    """After a write failed (atomically: the file is as it was), what the same command again starts from."""
+    if path.suffix == ".ckpt" and path.parent.name == "checkpoints":
+        if (path.parent / "last.ckpt").exists():
+            return "the last checkpoint (checkpoints/last.ckpt) is intact and the run resumes from it"
+        return "no checkpoint was written yet, so the run starts again"
+    if "ablation" in path.parts:
+        return "the results saved so far (and an interrupted scan's partial sums) are intact and the scans resume"
+    return "every file written before is intact (files are written whole or not at all)"
+
+
+def fault_line(error: BaseException) -> str:
+    """One line for a write the machine refused (write_fault(error) is not None): the file, why, what is intact and
+    what to do."""
+    fault = write_fault(error) or error
+    path = Path(fault.filename) if getattr(fault, "filename", None) else None
+    reason = getattr(fault, "strerror", None) or str(fault)
+    if path is None:  # a library's own write (Hydra's config and log files): its file object does not say which
+        return (
+            f"could not write a file ({reason}); every file written before is intact (files are written whole or not "
+            "at all): free space and run the same command again"
+        )
+    if fault.errno in READ_ONLY_ERRNOS:
+        return (
+            f"cannot write in {path.parent} ({reason}: {path.name}); nothing there was changed: run the command on "
+            "writable storage"
+        )
+    return f"could not write {path} ({reason}); {what_is_intact(path)}: free space and run the same command again"
+
+
 def exit_on_config_error(fn: Callable) -> Callable:
-    """Bad input becomes one line on stderr and exit code 2 (a diverged run: exit 1), not a traceback."""
+    """Bad input becomes one line on stderr and exit code 2 (a diverged run: exit 1), not a traceback; so does a write
+    the machine refused (disk full, read-only storage: exit 1)."""
 
     @functools.wraps(fn)  # Hydra names the job (and its log file) after the task function
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -122,6 +171,9 @@ def exit_on_config_error(fn: Callable) -> Callable:
             print_error(describe(e))
             sys.exit(2)
         except Exception as e:
+            if write_fault(e) is not None:
+                print_error(fault_line(e))
+                sys.exit(1)
             # Imported here: headcount-report uses this module and starts faster without Lightning
             from headcount.train.module import NonFiniteLossError
 

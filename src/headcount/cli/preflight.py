@@ -13,11 +13,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from headcount.ablation.checks import validate_settings
+from headcount.ablation.evaluation import run_task, task_config
 from headcount.ablation.export import check_export
-from headcount.ablation.scans import KINDS, validate_scans
+from headcount.ablation.metrics import resolve_metric
+from headcount.ablation.scans import KINDS
 from headcount.ablation.session import typed_ablation
 from headcount.config import typed, validate_train_config
-from headcount.config.ablation import AblationConfig, validate_ablation_config
+from headcount.config.ablation import AblationConfig
 from headcount.config.data import DataConfig
 from headcount.config.model import ModelConfig
 from headcount.data import validate_data_config
@@ -39,6 +42,7 @@ def validate_job(cfg: DictConfig) -> None:
     the model checked is the one the checkpoint implies (its config is read, not its weights)."""
     cfg = resolve_pretrained(cfg)
     validate_train_config(cfg)
+    check_precision_runs_here(cfg.trainer)
     data: DataConfig = typed(cfg.data, DataConfig)
     validate_data_config(data)
     if data.source == "text":
@@ -46,7 +50,7 @@ def validate_job(cfg: DictConfig) -> None:
     model = model_on_meta(typed(cfg.model, ModelConfig), cfg.trainer)
     check_fits_in_memory(model, cfg.trainer)
     if cfg.ablation.scans:
-        check_ablation(typed_ablation(cfg.ablation), model)
+        check_ablation(typed_ablation(cfg.ablation), model, cfg)
     validate_finding(cfg.finding)
 
 
@@ -86,11 +90,27 @@ def model_on_meta(cfg: ModelConfig, trainer: DictConfig) -> Transformer:
 
 def training_memory(trainer: DictConfig) -> tuple[int, str]:
     """The memory one training process has: the smallest GPU's when it trains on GPUs, else the machine's RAM."""
-    on_gpu = trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and torch.cuda.is_available())
-    if on_gpu and torch.cuda.is_available():
+    if on_gpu(trainer) and torch.cuda.is_available():
         sizes = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
         return min(sizes), "GPU memory"
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "RAM"
+
+
+def on_gpu(trainer: DictConfig) -> bool:
+    """Whether training runs on GPUs: asked for (gpu, cuda) or auto with CUDA present."""
+    return trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and torch.cuda.is_available())
+
+
+def check_precision_runs_here(trainer: DictConfig) -> None:
+    """Lightning runs 16-mixed on a CPU as bf16-mixed, with a warning, while the config would record 16-mixed: refuse
+    a precision that would not run as written."""
+    if str(trainer.precision) == "16-mixed" and not (on_gpu(trainer) and torch.cuda.is_available()):
+        raise ConfigError(
+            "trainer.precision",
+            "16-mixed",
+            "float16 autocast needs a GPU (on a CPU Lightning would run bf16-mixed and the run would record "
+            "16-mixed); allowed here: 32-true, 64-true, bf16-mixed, bf16-true",
+        )
 
 
 def gib(n_bytes: float) -> str:
@@ -115,17 +135,24 @@ class ModelShape:
     """What a scan's `prepare` checks against (ablation/context.py's ScanContext, in part) before any training: the
     settings, and the model on the meta device with its heads per layer."""
 
-    def __init__(self, settings: AblationConfig, model: Transformer):
-        self.settings, self.model = settings, model
+    def __init__(self, settings: AblationConfig, model: Transformer, task=None):
+        self.settings, self.model, self.task = settings, model, task
         self.heads_per_layer = model.heads_per_layer
         self.out = Path("ablation")  # where results would go; prepare() writes nothing
+        self.section, self.positions = str(settings.mode), [] if task is None else list(task.positions)
 
 
-def check_ablation(settings: AblationConfig, model: Transformer) -> None:
-    """The ablation section and each listed scan's checks, those against the model's heads included."""
-    validate_ablation_config(settings)
-    validate_scans(settings)
-    shape = ModelShape(settings, model)
+def check_ablation(settings: AblationConfig, model: Transformer, cfg: DictConfig | None = None) -> None:
+    """The ablation section and each listed scan's checks, those against the model's heads included, and the task
+    the config names: its prompts encoded for the model, every prompt checked, the metric and mode against it."""
+    task_cfg = task_config(cfg) if cfg is not None else None
+    mode, _ = validate_settings(settings, task_cfg)
+    task = None
+    if task_cfg is not None:
+        task = run_task(cfg, model, task_cfg)
+        resolve_metric(settings.metric, task.has_wrong, task=True)
+        mode.check(settings, task.has_corrupted)
+    shape = ModelShape(settings, model, task)
     for name, scan in settings.scans.items():
         KINDS[scan.kind](name, scan, shape).prepare()
     check_export(settings.prune, model.heads_per_layer)

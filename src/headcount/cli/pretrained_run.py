@@ -38,7 +38,7 @@ def default_run_dir(source: str | None, data: DictConfig) -> str:
 def prepare_pretrained_run(cfg: DictConfig, run_dir: Path) -> None:
     """Take run_dir's lock, check the config, and write (or find, up to date) the run of model.pretrained on the data.
     ConfigError, before anything is written, for bad input or a folder that holds another run."""
-    run_lock.acquire(run_dir, "headcount-ablate", "run_dir")
+    run_lock.acquire_if_writable(run_dir, "headcount-ablate", "run_dir")  # read-only storage: reading a finished run
     train_like = OmegaConf.merge(
         OmegaConf.structured(TrainConfig), {"model": cfg.model, "data": cfg.data, "seed": cfg.seed}
     )

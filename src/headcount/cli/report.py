@@ -4,9 +4,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from headcount.cli.errors import print_error
+from headcount.cli.errors import fault_line, print_error
 from headcount.config.logger import validate_wandb_project
 from headcount.errors import ConfigError
+from headcount.io import write_fault
 from headcount.report.sweep_report import print_summary, push_to_wandb, wandb_project_of, write_report
 
 
@@ -19,9 +20,12 @@ def main(argv: list[str] | None = None) -> None:
         "--wandb", action="store_true", help="also log the report to W&B (offline unless an API key is set)"
     )
     parser.add_argument("--project", help="W&B project (default: the one the runs were logged to)")
+    parser.add_argument(
+        "--out", type=Path, help="where to write the report (default: <sweep_dir>/report; a read-only sweep needs one)"
+    )
     args = parser.parse_args(argv)
     try:
-        out, runs, figures = write_report(args.sweep_dir)
+        out, runs, figures = write_report(args.sweep_dir, args.out)
         print_summary(out, runs)
         if args.wandb:
             project = args.project or wandb_project_of(runs, args.sweep_dir)
@@ -30,6 +34,11 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print_error(str(e))
         sys.exit(2)
+    except OSError as e:
+        if write_fault(e) is None:
+            raise
+        print_error(fault_line(e))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from rich.markup import escape
 
 from headcount import run_lock
 from headcount.cli.errors import BAD_INPUT, describe, print_error
+from headcount.cli.reruns import check_rerun
 from headcount.config import CONF_DIR
 from headcount.errors import ConfigError
 from headcount.findings import check_finding, missing_scans, reads_sweep
@@ -177,6 +178,7 @@ class ValidateJobsFirst(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
             get_method(self.validate)(without_hydra(config))
+            check_rerun(config)
         except BAD_INPUT as e:
             print_error(describe(e))
             sys.exit(2)

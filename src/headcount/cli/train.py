@@ -12,15 +12,18 @@ from rich.markup import escape
 
 from headcount import run_lock
 from headcount.ablation import run_ablations
+from headcount.ablation.metrics import metric_named
+from headcount.ablation.results import configured_results
 from headcount.ablation.summary import SHARED, mode_summary, read_summary
 from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, run_hydra_command
 from headcount.cli.preflight import validate_job
 from headcount.cli.sweep import check_launcher_installed, register_resolvers, skipped_finding
+from headcount.components import take_list_flag
 from headcount.config import CONF_DIR, register_configs
 from headcount.findings import check_finding, reads_sweep
 from headcount.pretrained.run_config import resolve_pretrained
 from headcount.report.tracking import log_run_results
-from headcount.run_dir import RunPaths, is_done, mark_done
+from headcount.run_dir import is_done, mark_done
 from headcount.train.job import train
 from headcount.train.launch import ddp_confined_to_this_job, own_gpu_in_a_sweep
 from headcount.train.loggers import closing_wandb_run
@@ -44,13 +47,13 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
         if cfg.logger.kind == "wandb":
             log_run_results(run_dir, metrics)
         mark_done(run_dir)
-    print_run_summary(console, run_dir, metrics, cfg.ablation.mode)
+    print_run_summary(console, run_dir, metrics)
 
 
-def print_run_summary(console: Console, run_dir: Path, metrics: dict, mode: str = "zero") -> None:
-    """The end of a run: what was trained and measured, the headline numbers of the run's ablation mode, and the
-    files written."""
-    resumed = " (resumed)" if metrics.get("tokens_per_second") is None else ""
+def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
+    """The end of a run: what was trained and measured, the headline numbers of the run's ablation mode and metric
+    (on its task, if it names one), and the files written."""
+    resumed = " (resumed)" if metrics.get("resumed_from_step") is not None else ""
     # trainer.max_steps=0 (a pretrained model evaluated as it is) trains nothing
     trained = f"trained {metrics['steps']:,} steps in {metrics['train_seconds']:.0f} s{resumed}"
     console.print(
@@ -62,7 +65,8 @@ def print_run_summary(console: Console, run_dir: Path, metrics: dict, mode: str 
     measured = [key for key in ("val/loss", "val/acc", "test/loss", "test/acc") if key in metrics]
     numbers = "  ".join(f"{key} {metrics[key]:.4f}" for key in measured)
     console.print(f"[bold]measured[/bold] {numbers} (per target token)", highlight=False, soft_wrap=True)
-    if said := ablation_headline(read_summary(RunPaths(run_dir).ablation / "summary.json"), mode):
+    folder, section = configured_results(run_dir)
+    if said := ablation_headline(read_summary(folder / "summary.json"), section):
         console.print(f"[bold]ablated[/bold] {said}", highlight=False, soft_wrap=True)
     console.print(f"[green]wrote[/green] {escape(str(run_dir))}", soft_wrap=True)
     written = (p for p in run_dir.rglob("*") if p.suffix in {".json", ".csv", ".png", ".ckpt"})
@@ -72,17 +76,25 @@ def print_run_summary(console: Console, run_dir: Path, metrics: dict, mode: str 
 
 
 def ablation_headline(summary: dict, mode: str) -> str | None:
-    """The scans of the run's mode and their headline numbers, in one line; None when no scan ran."""
+    """The scans of the run's section (its mode, and metric unless loss) and their headline numbers, in one line;
+    None when no scan ran."""
     section = mode_summary(summary, mode)
     scans = [*section.get("scans", {}), *summary.get(SHARED, {}).get("scans", {})]
     if not scans:
         return None
     settings = section.get("settings", {})
-    said = [f"{', '.join(scans)} ({mode} ablation, {settings.get('n_eval')} {settings.get('split')} examples)"]
-    if (baseline := section.get("baseline_loss")) is not None:
-        said.append(f"baseline loss {baseline:.4f}")
+    ablation_mode, _, metric = mode.partition(".")
+    metric = metric or "loss"
+    where = f"{settings.get('n_eval')} {settings.get('split')} examples"
+    if "task" in settings:
+        where = f"{settings.get('n_eval')} prompts of task {settings['task']}"
+    said = [f"{', '.join(scans)} ({ablation_mode} ablation, {where})"]
+    primary = metric_named(metric).primary
+    if (baseline := section.get(f"baseline_{primary}")) is not None:
+        said.append(f"baseline {metric} {baseline:.4f}")
     if head := section.get("most_important_head"):
-        said.append(f"most important head {head['mask']} (loss {head['delta_loss']:+.4f} without it)")
+        change = head.get(f"delta_{primary}", 0.0)
+        said.append(f"most important head {head['mask']} ({metric} {change:+.4f} without it)")
     if fractions := section.get("prunable_fraction"):
         arbitrary = set(section.get("arbitrary_orders", []))
         said.append(
@@ -120,7 +132,7 @@ def train_job(cfg: DictConfig) -> None:
 def main() -> None:
     """`headcount-train [-v|-vv] [-m] <overrides>`: -v brings back Lightning's own output and warnings, -vv debug logs
     too (train/quiet.py). A missing launcher plugin is reported before Hydra reads any config."""
-    sys.argv = [sys.argv[0], *take_verbosity_flags(sys.argv[1:])]
+    sys.argv = [sys.argv[0], *take_verbosity_flags(take_list_flag(sys.argv[1:]))]
     exit_on_config_error(check_launcher_installed)(sys.argv[1:])
     run_hydra_command(train_job)
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from headcount.config.choice import Choice, check_choice
-from headcount.errors import ConfigError
+from headcount.errors import ConfigError, check_seed
 
 # Where the scan config nests L0GatesConfig, for error messages.
 KEY = "ablation.scans.l0_gates.l0"
@@ -32,14 +32,19 @@ class L0GatesConfig:
     seed: int = 0  # the hard-concrete noise
 
 
-class Mode(Choice):
-    zero = "zero"
-    mean = "mean"  # the head's mean z over the reference split
-    resample = "resample"  # the head's z on another example of the reference split
+class PatchDirection(Choice):
+    noise = "noise"  # run the clean prompt, patch in the corrupted prompt's z
+    denoise = "denoise"  # run the corrupted prompt, patch in the clean prompt's z
+
+
+class PatchPositions(Choice):
+    all = "all"  # a mask replaces a head's z at every position
+    each = "each"  # masks per head and named position of the task (ioi: IO, S1, S1+1, S2, end)
 
 
 class PruningOrder(Choice):
     gradient = "gradient"
+    gradient_per_example = "gradient_per_example"  # Michel et al.'s own definition: the expectation over examples
     gradient_iterative = "gradient_iterative"
     single_head = "single_head"
     random = "random"
@@ -49,6 +54,7 @@ class ExportOrder(Choice):
     """What ablation.prune.order may name: a pruning order, or the heads the learned L0 gates keep."""
 
     gradient = "gradient"
+    gradient_per_example = "gradient_per_example"
     gradient_iterative = "gradient_iterative"
     single_head = "single_head"
     random = "random"
@@ -59,14 +65,22 @@ class ExportOrder(Choice):
 class ScanConfig:
     kind: str = "single_head"  # a kind registered in headcount.ablation.scans (one module per kind)
     top_k: int | None = None  # pairs: only pairs among the k most important heads (None: all pairs)
+    verify_top_k: int = 10  # attribution: evaluate exactly the k heads (or head-positions) with the largest estimate
+    backup_top_k: int = 0  # direct_effect: mean-ablate the k heads of largest direct effect, then measure again
+    top_fraction: float = 0.05  # top_heads: this share of all heads, the highest ranked, off together...
+    rank_by: str = "single_head"  # ...ranked by this scan kind's per-head result (single_head, direct_effect, ...)
+    random_sets: int = 5  # ...beside this many random sets of as many heads
     masks_file: str | None = None  # custom: YAML/JSON list of masks
     l0: L0GatesConfig = field(default_factory=L0GatesConfig)  # l0_gates: the hard-concrete gate training
+
+
+DEFAULT_ORDERS = (PruningOrder.gradient, PruningOrder.gradient_iterative, PruningOrder.single_head, PruningOrder.random)
 
 
 @dataclass
 class PruningConfig:
     step: float = 0.1  # fraction of all heads removed per step
-    orders: list[PruningOrder] = field(default_factory=lambda: list(PruningOrder))
+    orders: list[PruningOrder] = field(default_factory=lambda: list(DEFAULT_ORDERS))
     random_seeds: int = 3
     tolerance: float = 0.01  # prunable = loss within (1 + tolerance) * baseline loss
 
@@ -84,10 +98,20 @@ class PruneExportConfig:
 
 @dataclass
 class AblationConfig:
-    mode: Mode = Mode.zero
+    # What an ablated head's z becomes: zero, mean, resample or patch (headcount.ablation.modes, where each is defined)
+    mode: str = "zero"
     mean_per_position: bool = False  # mean: average z per position instead of over positions too
-    split: str = "val"  # the split every mask is evaluated on
-    reference_split: str = "train"  # where mean and resample replacements come from
+    # What a mask is measured by: a metric name (loss, accuracy, logit_diff, answer_logprob, answer_prob, top1), or
+    # {_target_: module.function, name: ..., higher_is_better: ...} for your own (ablation/metrics.py). null: loss on
+    # the run's data; on a task, logit_diff when it has wrong answers, else answer_logprob. Any, not a Union: OmegaConf
+    # structured configs take no str-or-dict type.
+    metric: Any = None
+    patch_direction: PatchDirection = PatchDirection.noise  # mode=patch: noising or denoising
+    patch_positions: PatchPositions = PatchPositions.all  # mode=patch and attribution: all positions, or each named one
+    split: str = "val"  # the split every mask is evaluated on (a task: its prompts)
+    # Where mean and resample replacements come from: a split (null: train), or on a task its prompts or corrupted
+    # (null: prompts)
+    reference_split: str | None = None
     n_eval: int | None = None  # examples of `split` to evaluate on (None: all)
     n_reference: int = 512  # examples of `reference_split` for the means
     batch_size: int = 64  # examples per forward pass (times masks per pass)
@@ -139,6 +163,9 @@ def validate_l0_config(cfg: L0GatesConfig, n_heads: int | None = None, key: str 
 
 
 def validate_pruning_config(cfg: PruningConfig) -> None:
+    if not cfg.orders:
+        allowed = ", ".join(order.value for order in PruningOrder)
+        raise ConfigError("ablation.pruning.orders", [], f"names no order: give at least one of {allowed}")
     if not 0 < cfg.step <= 1:
         raise ConfigError("ablation.pruning.step", cfg.step, "must be in (0, 1]: the fraction of heads per step")
     for order in cfg.orders:
@@ -153,13 +180,13 @@ DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 def validate_ablation_config(cfg: AblationConfig) -> None:
-    check_choice("ablation.mode", cfg.mode, Mode)
+    check_choice("ablation.patch_direction", cfg.patch_direction, PatchDirection)
+    check_seed("ablation.seed", cfg.seed)
+    check_choice("ablation.patch_positions", cfg.patch_positions, PatchPositions)
     if cfg.n_eval is not None and cfg.n_eval < 1:
         raise ConfigError("ablation.n_eval", cfg.n_eval, "must be a positive integer or null (the whole split)")
-    if cfg.mode != "zero" and cfg.n_reference < 1:
-        raise ConfigError(
-            "ablation.n_reference", cfg.n_reference, f"mode={cfg.mode} needs reference examples: a positive integer"
-        )
+    if cfg.n_reference < 1:
+        raise ConfigError("ablation.n_reference", cfg.n_reference, "must be a positive integer")
     for key in ("batch_size", "masks_per_pass", "memory_budget_mb"):
         value = getattr(cfg, key)
         if value is not None and value < 1:
@@ -181,13 +208,6 @@ def validate_device(device: str) -> None:
 
 def validate_prune_export(cfg: AblationConfig) -> None:
     prune = cfg.prune
-    if cfg.mode == "resample" or (cfg.mode == "mean" and cfg.mean_per_position):
-        raise ConfigError(
-            "ablation.prune.export",
-            True,
-            "a smaller model can fold only zero or position-averaged mean ablation; "
-            f"mode={cfg.mode}{' with mean_per_position' if cfg.mean_per_position else ''} varies with the input",
-        )
     check_choice("ablation.prune.order", prune.order, ExportOrder)
     if prune.order == "l0_gates" and prune.fraction is not None:
         raise ConfigError("ablation.prune.fraction", prune.fraction, "applies to pruning orders, not to order=l0_gates")

@@ -1,7 +1,7 @@
 """Config values from a fixed set, checked when Hydra composes the config rather than deep inside a run.
 
 A field typed with a `Choice` makes OmegaConf refuse any other value at compose time, naming the allowed ones. Being a
-str, a choice compares, hashes, formats and serialises as its plain value (`Mode.zero == "zero"`), so code and result
+str, a choice compares, hashes, formats and serialises as its plain value (`Combine.sum == "sum"`), so code and result
 files see ordinary strings. Configs built in Python skip composition, so each section's validate function still checks
 its choices with `check_choice`.
 """

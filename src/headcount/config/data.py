@@ -6,7 +6,7 @@ The defaults are the default data, `data=induction`; each conf/data/<source>.yam
 from dataclasses import dataclass
 
 from headcount.config.choice import Choice, check_choice
-from headcount.errors import ConfigError
+from headcount.errors import ConfigError, check_seed
 
 
 class Source(Choice):
@@ -78,6 +78,7 @@ def validate_data_section(cfg: DataConfig) -> None:
     checked where it is resolved (data/cache.py). Raises ConfigError naming the first bad key."""
     check_choice("data.source", cfg.source, Source)
     check_choice("data.tokenizer", cfg.tokenizer, Tokenizer)
+    check_seed("data.seed", cfg.seed)
     for key, value, minimum in (
         ("seq_len", cfg.seq_len, 2),
         ("n_train", cfg.n_train, 1),
@@ -85,7 +86,6 @@ def validate_data_section(cfg: DataConfig) -> None:
         ("n_test", cfg.n_test, 1),
         ("batch_size", cfg.batch_size, 1),
         ("num_workers", cfg.num_workers, 0),
-        ("seed", cfg.seed, 0),  # numpy seeds must be non-negative
     ):
         if value < minimum:
             raise ConfigError(f"data.{key}", value, f"must be an integer >= {minimum}")

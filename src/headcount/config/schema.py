@@ -15,12 +15,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig
 from headcount.config.data import DataConfig, data_vocab_size
 from headcount.config.logger import LoggerConfig, validate_logger_config
 from headcount.config.model import ModelConfig, validate_model_config
+from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig, validate_trainer_config
-from headcount.errors import ConfigError
+from headcount.errors import ConfigError, check_seed
 
 CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
 
@@ -32,7 +33,13 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     ablation: AblationConfig = field(default_factory=AblationConfig)
+    # The behaviour the scans measure: a task's prompts and answers (task=ioi, task=file task.path=...); no task (the
+    # default): next-token loss on the run's own data.
+    task: TaskConfig = field(default_factory=TaskConfig)
     seed: int = 0
+    # Resume an interrupted run under settings other than those it started with (recorded in config_changes.json);
+    # off: such a resume is refused, naming what changed.
+    allow_changes: bool = False
     experiment: str | None = None  # set by experiment=<name> files; names the W&B group and the report
     # A multirun writes to outputs/multirun/<sweep_name>, default the experiment name, else "sweep": the same command
     # finds the same folder again and skips finished jobs; a fresh sweep needs a new name (or hydra.sweep.dir=...).
@@ -47,6 +54,8 @@ class AblateConfig:
     # (default: outputs/pretrained/<checkpoint name>/<data source>-<hash of the source and the data section>).
     run_dir: str = MISSING
     ablation: AblationConfig = field(default_factory=AblationConfig)
+    # A task to measure instead of the run's data (default: the run's own task section, if it has one)
+    task: TaskConfig = field(default_factory=TaskConfig)
     # Only with model.pretrained (a training run brings its own): the model, the data and the seed.
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -57,7 +66,8 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="ablate_schema", node=AblateConfig)
-    cs.store(group="ablation", name="scan_schema", node=ScanConfig)
+    # (No schema in the ablation group: every option there is offered as a scan, and ablation.scans is typed by
+    # AblationConfig already.)
 
 
 def typed(section: DictConfig | dict, schema: type):
@@ -102,6 +112,7 @@ def check_schema_keys(cfg: DictConfig, schema: type) -> None:
 def validate_train_config(cfg: DictConfig) -> None:
     """Each section's own checks and those across sections; raises ConfigError."""
     check_schema_keys(cfg, TrainConfig)
+    check_seed("seed", cfg.seed)
     model: ModelConfig = typed(cfg.model, ModelConfig)
     data: DataConfig = typed(cfg.data, DataConfig)
     validate_model_config(model)

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from headcount.config.data import DataConfig
 from headcount.errors import ConfigError
-from headcount.io import atomic_write_json
+from headcount.io import atomic_write_json, writable
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +31,34 @@ CHECKSUMS = "checksums.json"
 
 
 def cache_root(cfg: DataConfig) -> Path:
-    """The absolute cache folder; resolves the schema's ${oc.env:...} default when a DataConfig is built in Python."""
+    """The absolute cache folder; resolves the schema's ${oc.env:...} default when a DataConfig is built in Python.
+    ConfigError for a relative path, or one that is (or is inside) a file."""
     raw = str(OmegaConf.create({"cache_dir": cfg.cache_dir}).cache_dir) if "${" in cfg.cache_dir else cfg.cache_dir
     root = Path(raw).expanduser()
     if not root.is_absolute():
         # A relative path would follow the working directory, which differs between runs and Hydra jobs.
         raise ConfigError("data.cache_dir", cfg.cache_dir, "must be an absolute path (or start with ~)")
+    existing = next(folder for folder in (root, *root.parents) if folder.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == root else f"is inside a file ({existing})"
+        raise ConfigError(*cache_setting(root), f"{where}; the data cache needs a folder")
     return root
+
+
+def cache_setting(root: Path) -> tuple[str, str]:
+    """The setting that chose the cache folder, for messages: HEADCOUNT_CACHE (data.cache_dir's default reads it)
+    when it names this folder, else data.cache_dir."""
+    env = os.environ.get("HEADCOUNT_CACHE")
+    if env and Path(env).expanduser() == root:
+        return "HEADCOUNT_CACHE", env
+    return "data.cache_dir", str(root)
+
+
+def require_writable(root: Path, why: str) -> None:
+    if not writable(root):
+        raise ConfigError(
+            *cache_setting(root), f"cannot be written (read-only storage?), and {why}; choose another folder"
+        )
 
 
 def fingerprint(payload: object) -> str:
@@ -59,13 +80,16 @@ def load_or_build(root: Path, name: str, build: Callable[[Path], DatasetDict]) -
         if problem is None:
             try:
                 splits = load_from_disk(str(target))
-                if not (target / CHECKSUMS).exists():  # written before entries carried checksums, and readable
+                # Written before entries carried checksums, and readable: give it them (where it can be written)
+                if not (target / CHECKSUMS).exists() and writable(target):
                     atomic_write_json(target / CHECKSUMS, checksums(target))
                 return splits
             except Exception as error:  # Arrow and datasets raise many types for one unreadable file
                 problem = f"unreadable: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        require_writable(root, f"its entry {name} for this data is damaged ({problem})")
         log.warning("data cache entry %s is damaged (%s); rebuilding it", target, problem)
         set_aside(target)
+    require_writable(root, "it holds no entry for this data yet")
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}.tmp-", dir=root) as work:
         staged = Path(work) / "splits"

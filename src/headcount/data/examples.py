@@ -2,7 +2,11 @@
 
 import numpy as np
 import pyarrow as pa
+import torch
 from datasets import Dataset, Features, Sequence, Value
+from torch import Tensor
+
+from headcount.errors import ConfigError
 
 
 def examples_dataset(input_ids: np.ndarray, loss_mask: np.ndarray) -> Dataset:
@@ -24,3 +28,22 @@ def language_model_mask(n: int, seq_len: int) -> np.ndarray:
     mask = np.ones((n, seq_len), dtype=bool)
     mask[:, 0] = False
     return mask
+
+
+def split_examples(splits: dict, split: str, n: int | None, key: str) -> dict[str, Tensor]:
+    """input_ids (N, T) int64 and loss_mask (N, T) bool of the first n examples (all when n is None)."""
+    if split not in splits:
+        raise ConfigError(key, split, f"allowed: {', '.join(splits)}")
+    dataset = splits[split].with_format("torch")
+    n = len(dataset) if n is None else min(n, len(dataset))
+    if n == 0:
+        raise ConfigError(key, split, "has no examples")
+    rows = dataset[:n]
+    return {"input_ids": rows["input_ids"].long(), "loss_mask": rows["loss_mask"].bool()}
+
+
+def to_batches(examples: dict[str, Tensor], batch_size: int, device: torch.device) -> list[dict[str, Tensor]]:
+    n = len(examples["input_ids"])
+    return [
+        {key: value[i : i + batch_size].to(device) for key, value in examples.items()} for i in range(0, n, batch_size)
+    ]

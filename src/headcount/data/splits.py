@@ -6,11 +6,16 @@ from headcount.config.data import SYNTHETIC_SOURCES, DataConfig, validate_data_s
 from headcount.data.cache import cache_root
 from headcount.data.chunking import SPLITS, split_cap
 from headcount.data.examples import examples_dataset
+from headcount.data.sources import DATA_SOURCES, TextSource
 from headcount.data.synthetic import check_synthetic, synthetic_arrays
 from headcount.data.text import hub_splits, pystdlib_splits, text_splits
 from headcount.data.tokens import TextTokenizer
 
-TEXT_BUILDERS = {"text": text_splits, "pystdlib": pystdlib_splits, "hub": hub_splits}
+DATA_SOURCES.add("text", TextSource(text_splits, "your .txt files (data.path): byte-level or a checkpoint's tokenizer"))
+DATA_SOURCES.add("pystdlib", TextSource(pystdlib_splits, "the running Python's standard library source, no download"))
+DATA_SOURCES.add(
+    "hub", TextSource(hub_splits, "a Hugging Face dataset by name (data.hub_name); needs the network once")
+)
 
 
 def validate_data_config(cfg: DataConfig) -> None:
@@ -34,5 +39,5 @@ def build_splits(cfg: DataConfig, tokenizer: TextTokenizer | None = None) -> dic
     else:
         if cfg.tokenizer == "pretrained" and tokenizer is None:
             raise ValueError("data.tokenizer=pretrained: build_splits needs the tokenizer (headcount.pretrained)")
-        splits = TEXT_BUILDERS[cfg.source](cfg, tokenizer)
+        splits = DATA_SOURCES[cfg.source].build(cfg, tokenizer)
     return {split: splits[split].with_format("torch") for split in SPLITS}

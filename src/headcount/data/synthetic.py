@@ -15,13 +15,11 @@ Token layouts (T = seq_len, V = vocab_size, positions 0-based; padding is token 
                 Targets: the whole copy (SEP tells the model where the copy starts, so even its first token is known).
 """
 
-from collections.abc import Callable
-from typing import NamedTuple
-
 import numpy as np
 import torch
 
 from headcount.config.data import DataConfig
+from headcount.data.sources import DATA_SOURCES, SyntheticSource, synthetic_sources
 from headcount.errors import ConfigError
 
 BOS, SEP = 0, 1
@@ -135,25 +133,26 @@ def _make_copy(rng: np.random.Generator, n: int, cfg: DataConfig) -> Arrays:
     return ids, mask
 
 
-class SyntheticTask(NamedTuple):
-    check: Callable[[DataConfig], None]  # raises ConfigError when the task cannot be built from cfg
-    make: Callable[[np.random.Generator, int, DataConfig], Arrays]
-
-
-TASKS = {
-    "induction": SyntheticTask(_check_induction, _make_induction),
-    "assoc_recall": SyntheticTask(_check_assoc_recall, _make_assoc_recall),
-    "offset_diff": SyntheticTask(_check_offset_diff, _make_offset_diff),
-    "copy": SyntheticTask(_check_copy, _make_copy),
-}
+DATA_SOURCES.add(
+    "induction", SyntheticSource(_check_induction, _make_induction, "a random segment repeated: copying by induction")
+)
+DATA_SOURCES.add(
+    "assoc_recall",
+    SyntheticSource(_check_assoc_recall, _make_assoc_recall, "key-value pairs, then the keys again: recall"),
+)
+DATA_SOURCES.add(
+    "offset_diff",
+    SyntheticSource(_check_offset_diff, _make_offset_diff, "y_t = x[t-a] - x[t-b] mod V: one head, two relations"),
+)
+DATA_SOURCES.add("copy", SyntheticSource(_check_copy, _make_copy, "a segment, SEP, the segment again"))
 
 
 def check_synthetic(cfg: DataConfig) -> None:
-    TASKS[cfg.source].check(cfg)
+    DATA_SOURCES[cfg.source].check(cfg)
 
 
 def synthetic_arrays(cfg: DataConfig, split_index: int, n: int) -> Arrays:
     """n examples of cfg.source from the stream (seed, split, task): each split, seed and task gets its own data
     (without the task, induction and copy would share random draws)."""
-    rng = np.random.default_rng((cfg.seed, split_index, list(TASKS).index(cfg.source)))
-    return TASKS[cfg.source].make(rng, n, cfg)
+    rng = np.random.default_rng((cfg.seed, split_index, synthetic_sources().index(cfg.source)))
+    return DATA_SOURCES[cfg.source].make(rng, n, cfg)

@@ -6,6 +6,7 @@ import hashlib
 import sys
 import sysconfig
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from headcount.data.chunking import SPLITS, chunks_needed, require_every_split, 
 from headcount.data.examples import examples_dataset, language_model_mask
 from headcount.data.tokens import TextTokenizer, cache_fields, token_chunks
 from headcount.errors import ConfigError
+from headcount.hub import offline_without_network
 
 # pystdlib leaves out third-party code and the test suites (huge and repetitive: they would swamp the library itself).
 STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib"})
@@ -122,13 +124,45 @@ def hub_splits(cfg: DataConfig, tokenizer: TextTokenizer | None = None) -> Datas
     name = f"hub-{fingerprint(fields)}"
 
     def documents() -> Iterator[bytes]:
-        for row in load_dataset(cfg.hub_name, cfg.hub_config, split="train", streaming=True):
-            if cfg.text_field not in row:
-                raise ConfigError("data.text_field", cfg.text_field, f"columns of {cfg.hub_name}: {', '.join(row)}")
-            yield (row[cfg.text_field] or "").encode("utf-8")
+        from datasets import config
+
+        if not config.HF_HUB_OFFLINE:  # no network: fail at once, not after half a minute of retries
+            offline_without_network()
+        with hub_errors(cfg):
+            for row in load_dataset(cfg.hub_name, cfg.hub_config, split="train", streaming=True):
+                if cfg.text_field not in row:
+                    columns = ", ".join(row)
+                    raise ConfigError("data.text_field", cfg.text_field, f"columns of {cfg.hub_name}: {columns}")
+                yield (row[cfg.text_field] or "").encode("utf-8")
 
     def build(scratch: Path) -> DatasetDict:
         chunks = token_chunks(documents(), cfg.seq_len, tokenizer, max_chunks=chunks_needed(cfg))
         return _to_dataset_dict(split_by_fraction(chunks, cfg, "data.hub_name", cfg.hub_name), cfg)
 
     return load_or_build(cache_root(cfg), name, build)
+
+
+@contextmanager
+def hub_errors(cfg: DataConfig) -> Iterator[None]:
+    """What datasets raises when it cannot stream a Hub dataset, as one line naming data.hub_name. Only a dataset
+    missing from headcount's cache is streamed, so a machine without a network gets here."""
+    from datasets import config
+    from datasets.exceptions import DatasetNotFoundError
+
+    try:
+        yield
+    except DatasetNotFoundError as error:  # (a FileNotFoundError: before the OSErrors)
+        raise ConfigError("data.hub_name", cfg.hub_name, f"the Hub has no such dataset ({first_line(error)})") from None
+    except ConnectionError as error:
+        why = "no network, or HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set" if config.HF_HUB_OFFLINE else first_line(error)
+        raise ConfigError(
+            "data.hub_name",
+            cfg.hub_name,
+            f"not in the local cache ({cache_root(cfg)}) and this machine is offline ({why}); run once with a "
+            "network to cache it",
+        ) from None
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

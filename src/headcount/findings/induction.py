@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.results import result_path
+from headcount.ablation.results import read_checked, result_path
 from headcount.ablation.scans.head_scores import SCORES
 from headcount.data import induction_first_part_mask
 from headcount.findings import figures
@@ -30,8 +30,8 @@ def head_table(run_dir: Path) -> pd.DataFrame:
     """layer, head, prev_token_score, induction_score, delta_loss (single-head zero ablation, whatever mode else the
     run also ran: the claims are about zeroed heads), a row per head."""
     ablation = RunPaths(run_dir).ablation
-    scores = pd.read_csv(result_path(ablation, "head_scores", None, ".csv"))[["layer", "head", *SCORES]]
-    single = pd.read_csv(result_path(ablation, "single_head", "zero", ".csv"))[["layer", "head", "delta_loss"]]
+    scores = read_checked(result_path(ablation, "head_scores", None, ".csv"))[["layer", "head", *SCORES]]
+    single = read_checked(result_path(ablation, "single_head", "zero", ".csv"))[["layer", "head", "delta_loss"]]
     return scores.merge(single, on=["layer", "head"])
 
 

@@ -1,10 +1,13 @@
 """Head findings on a real pretrained model (experiment pretrained_heads: SmolLM2-135M, 30 layers x 9 query heads
 sharing 3 key/value heads a layer, evaluated as it is, on Python source in its own tokenizer):
 
-(1) most heads can be removed alone at little cost (Michel et al. 2019);
+(1) most heads can be removed alone at little cost (Michel et al. 2019): every head's cost screened by attribution
+    patching on the whole evaluation set, the costliest evaluated exactly (or an exact single_head scan, where run);
 (2) induction heads: their score on repeated random tokens finds them, and zeroing the top k by score destroys
     in-context copying while k random heads do not (Olsson et al. 2022);
-(3) gradient-importance order prunes 20-40% of heads within 1% (and within 5%), more than a random order (Michel);
+(3) gradient-importance order prunes 20-40% of heads within 1% (and within 5%), more than a random order (Michel),
+    read on the paper's definition (the expectation over examples: order gradient_per_example) with the per-batch
+    form beside it, and both forms' rank correlation with the heads' costs;
 (4) what a whole key/value group costs against its query heads removed alone (the kv_groups scan).
 
 Each claim's verdict is a function of plain tables (the *_claim functions), so it can be tested on made-up numbers.
@@ -15,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.ablation.pruning import prunable_fractions
+from headcount.ablation.results import read_checked
 from headcount.findings import figures
 from headcount.findings.claims import Claim, Finding, verdict
 from headcount.findings.copying import CopyingProbe, copying_probe, repeated_random_batches
@@ -37,7 +41,9 @@ PROBE_SEQUENCES = 256  # repeated sequences when the run evaluates on a whole sp
 
 
 def check(run_dir: Path, out: Path) -> Finding:
-    summary, (single, curves, kv) = scan_results(run_dir, ["single_head", "pruning", "kv_groups"])
+    summary, (curves, kv) = scan_results(run_dir, ["pruning", "kv_groups"])
+    single, costs_from = head_costs(run_dir)
+    importance = read_checked(scan_file(run_dir, "importance", ".csv"))
     baseline = summary["baseline_loss"]
     run = load_run(run_dir)
     n_heads = sum(run.model.heads_per_layer)
@@ -47,13 +53,14 @@ def check(run_dir: Path, out: Path) -> Finding:
         run.model.cfg.vocab_size, a.n_eval or PROBE_SEQUENCES, d.seq_len // 2, a.batch_size, a.seed
     )
     probe = copying_probe(run.model, batches, k, RANDOM_DRAWS, a.seed)
-    arbitrary = "gradient" in summary.get("arbitrary_orders", [])
+    arbitrary = bool({"gradient", "gradient_per_example"} & set(summary.get("arbitrary_orders", [])))
 
-    claims, numbers = [], {"baseline_loss": baseline, "n_heads": n_heads}
+    claims, numbers = [], {"baseline_loss": baseline, "n_heads": n_heads, "head_costs_from": costs_from}
+    numbers |= importance_agreement(importance, single)
     for claim, claim_numbers in (
-        single_head_claim(single, baseline),
+        single_head_claim(single, baseline, costs_from),
         *copying_claims(probe, n_heads),
-        pruning_claim(curves, baseline, arbitrary),
+        pruning_claim(curves, baseline, arbitrary, numbers),
         kv_groups_claim(kv, single, baseline),
     ):
         claims.append(claim)
@@ -75,12 +82,39 @@ def check(run_dir: Path, out: Path) -> Finding:
         f"Induction score on repeated random tokens (share of attention)\n{subject}",
         "share of attention on the token after the current token's first occurrence",
     )
-    scans = copied([scan_file(run_dir, "pruning", ".png"), scan_file(run_dir, "kv_groups", ".png")], out)
+    scan_figures = [scan_file(run_dir, name, ".png") for name in ("attribution", "pruning", "kv_groups")]
+    scans = copied([path for path in scan_figures if path.exists()], out)
     return Finding("pretrained_heads", PAPERS, claims, numbers, [figure, scores, *scans])
 
 
-def single_head_claim(single: pd.DataFrame, baseline: float) -> tuple[Claim, dict]:
-    """(1) from the single_head table (delta_loss per head)."""
+def head_costs(run_dir: Path) -> tuple[pd.DataFrame, str]:
+    """Each head's single-head loss increase (layer, head, delta_loss): from an exact single_head scan where the run
+    has one, else from the attribution screen, exact for the heads it verified and estimated for the rest; and
+    where the numbers come from, in words."""
+    single = scan_file(run_dir, "single_head", ".csv")
+    if single.exists():
+        return read_checked(single)[["layer", "head", "delta_loss"]], "an exact single_head scan"
+    screen = read_checked(scan_file(run_dir, "attribution", ".csv"))
+    verified = screen["verified"].astype(str) == "True"
+    costs = screen.assign(delta_loss=screen["exact"].where(verified, screen["attribution"]))
+    cheapest_verified = float(costs.loc[verified, "delta_loss"].abs().min()) if verified.any() else float("nan")
+    words = (
+        f"attribution patching for all {len(screen)} heads, the {int(verified.sum())} of largest estimated cost "
+        f"evaluated exactly (the least of them {cheapest_verified:.4f} nats)"
+    )
+    return costs[["layer", "head", "delta_loss"]], words
+
+
+def importance_agreement(importance: pd.DataFrame, single: pd.DataFrame) -> dict:
+    """Spearman's rho of each gradient-importance form with the heads' single-head costs."""
+    both = importance.merge(single, on=["layer", "head"])
+    rho = lambda column: float(both[column].rank().corr(both["delta_loss"].rank()))  # noqa: E731
+    forms = {"per_batch": "grad_importance_raw", "per_example": "grad_importance_per_example_raw"}
+    return {f"importance_{form}_spearman_with_costs": rho(column) for form, column in forms.items() if column in both}
+
+
+def single_head_claim(single: pd.DataFrame, baseline: float, costs_from: str = "") -> tuple[Claim, dict]:
+    """(1) from the heads' single-head costs (delta_loss per head)."""
     relative = single.delta_loss / baseline
     share = float((relative < LITTLE).mean())
     numbers = {
@@ -88,9 +122,10 @@ def single_head_claim(single: pd.DataFrame, baseline: float) -> tuple[Claim, dic
         "largest_single_head_increase_pct": float(100 * relative.max()),
         "share_of_heads_that_lower_the_loss": float((single.delta_loss < 0).mean()),
     }
+    source = f" (costs from {costs_from})" if costs_from else ""
     claim = Claim(
         "(1) Most heads can be removed alone at little cost: under 1% more loss on real code (Michel et al. 2019)",
-        f"{share:.0%} of {len(single)} heads under 1% (largest increase {100 * relative.max():.1f}%)",
+        f"{share:.0%} of {len(single)} heads under 1% (largest increase {100 * relative.max():.1f}%){source}",
         verdict(share > 0.5, partly=share > 0.25),
     )
     return claim, numbers
@@ -145,10 +180,15 @@ def copying_claims(probe: CopyingProbe, n_heads: int) -> list[tuple[Claim, dict]
     return [(found, numbers), (ablated, {})]
 
 
-def pruning_claim(curves: pd.DataFrame, baseline: float, arbitrary: bool) -> tuple[Claim, dict]:
-    """(3) from the pruning table (gradient and random orders)."""
+def pruning_claim(
+    curves: pd.DataFrame, baseline: float, arbitrary: bool, agreement: dict | None = None
+) -> tuple[Claim, dict]:
+    """(3) from the pruning table: the gradient order on the paper's definition (gradient_per_example) where it ran,
+    else the per-batch one (gradient), against random; the per-batch form and the forms' agreement with the heads'
+    costs (`agreement`: importance_agreement's numbers) beside it."""
     within = {tol: prunable_fractions(curves, baseline, tol) for tol in TOLERANCES}
-    gradient = {tol: within[tol]["gradient"] for tol in TOLERANCES}
+    order = "gradient_per_example" if "gradient_per_example" in set(curves["order"]) else "gradient"
+    gradient = {tol: within[tol][order] for tol in TOLERANCES}
     random = {tol: within[tol]["random"] for tol in TOLERANCES}
     tight, loose = TOLERANCES
     numbers = {
@@ -156,9 +196,19 @@ def pruning_claim(curves: pd.DataFrame, baseline: float, arbitrary: bool) -> tup
         **{f"prunable_random_within_{100 * t:g}pct": random[t] for t in TOLERANCES},
         "gradient_order_arbitrary": arbitrary,
     }
+    if order != "gradient" and "gradient" in set(curves["order"]):
+        numbers |= {f"prunable_gradient_per_batch_within_{100 * t:g}pct": within[t]["gradient"] for t in TOLERANCES}
     measured = "; ".join(
-        f"within {100 * t:g}%: gradient {gradient[t]:.0%}, random {random[t]:.0%}" for t in TOLERANCES
+        f"within {100 * t:g}%: {order.replace('_', ' ')} {gradient[t]:.0%}, random {random[t]:.0%}"
+        + (f", per batch {within[t]['gradient']:.0%}" if order != "gradient" and "gradient" in within[t] else "")
+        for t in TOLERANCES
     ) + ("; but every head got the same importance, so the gradient order is arbitrary" if arbitrary else "")
+    if agreement:
+        numbers |= agreement
+        forms = [(form, agreement.get(f"importance_per_{form}_spearman_with_costs")) for form in ("example", "batch")]
+        measured += "; Spearman of importance with the heads' costs: " + ", ".join(
+            f"per {form} {value:.2f}" for form, value in forms if value is not None
+        )
     beats = {t: gradient[t] > random[t] for t in TOLERANCES}
     holds = not arbitrary and gradient[tight] >= PRUNABLE_CLAIM and beats[tight]
     partly = not arbitrary and ((gradient[loose] >= PRUNABLE_CLAIM and beats[loose]) or any(beats.values()))

@@ -6,12 +6,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import OmegaConf
 from torch import Tensor
 
 from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.results import result_path, run_mode
+from headcount.ablation.results import configured_results, read_checked, result_path, run_mode
 from headcount.ablation.summary import read_mode_summary
-from headcount.run_dir import FinishedRun, RunPaths, describe_run, load_run_config
+from headcount.report.captions import describe_model, describe_run
+from headcount.run_dir import FinishedRun, load_run_config
 
 
 def run_evaluator(run: FinishedRun, loss_mask: Callable[[Tensor], Tensor] | None = None) -> MaskEvaluator:
@@ -24,17 +26,25 @@ def run_evaluator(run: FinishedRun, loss_mask: Callable[[Tensor], Tensor] | None
 
 
 def scan_results(run_dir: Path, scans: list[str]) -> tuple[dict, list[pd.DataFrame]]:
-    """A finished run's summary.json section and the CSVs of the named scans, in the run's ablation mode."""
-    mode = run_mode(run_dir)
-    ablation = RunPaths(run_dir).ablation
-    return read_mode_summary(ablation, mode), [pd.read_csv(scan_file(run_dir, scan, ".csv")) for scan in scans]
+    """A finished run's summary.json section and the CSVs of the named scans, in the run's ablation mode and metric
+    (on its task, when its config names one)."""
+    folder, section = configured_results(run_dir)
+    return read_mode_summary(folder, section), [read_checked(scan_file(run_dir, scan, ".csv")) for scan in scans]
 
 
 def scan_file(run_dir: Path, scan: str, ext: str, mode_independent: bool = False) -> Path:
-    """A scan's result file in the run's ablation mode (plain names for a mode-independent scan)."""
-    return result_path(RunPaths(run_dir).ablation, scan, None if mode_independent else run_mode(run_dir), ext)
+    """A scan's result file in the run's ablation mode and metric (plain names for a mode-independent scan)."""
+    folder, section = configured_results(run_dir)
+    return result_path(folder, scan, None if mode_independent else section, ext)
 
 
 def run_subject(run_dir: Path, mode: str | None = None) -> str:
-    """The second line of a finding figure's title: the model, the data and the ablation mode."""
-    return f"{describe_run(load_run_config(run_dir), run_dir)}, {mode or run_mode(run_dir)} ablation"
+    """The second line of a finding figure's title: the model, the data (or the task) and the ablation mode."""
+    config = load_run_config(run_dir)
+    section = mode or run_mode(run_dir)
+    ablation_mode, _, metric = section.partition(".")
+    measured = f"{ablation_mode} ablation" + (f" measured by {metric}" if metric else "")
+    task = OmegaConf.select(config, "task.source", default=None)
+    if task is not None:
+        return f"{describe_model(config, run_dir)}, task {configured_results(run_dir, config)[0].name}, {measured}"
+    return f"{describe_run(config, run_dir)}, {measured}"

@@ -124,12 +124,17 @@ class MultiHeadAttention(nn.Module):
         return dropped_BHTT @ v_BHTD, pattern_BHTT
 
     @staticmethod
-    def gate_z(z_BTHD: Tensor, gate: Tensor | None, replacement: Tensor | None = None) -> Tensor:
+    def gate_z(
+        z_BTHD: Tensor, gate: Tensor | None, replacement: Tensor | None = None, where: Tensor | None = None
+    ) -> Tensor:
         """z_h <- g z_h + (1 - g) r_h. gate: (H,) or (B, H) in [0, 1], None for no gating (z as it is).
-        replacement: broadcastable to z, i.e. (H, D), (T, H, D) or (B, T, H, D); None means zero."""
+        replacement: broadcastable to z, i.e. (H, D), (T, H, D) or (B, T, H, D); None means zero.
+        where: (B, T) in [0, 1], the positions the gate acts at (None: all); elsewhere z stays as it is."""
         if gate is None:
             return z_BTHD
         g_BTHD = gate[..., None, :, None]  # (H,) -> (1, H, 1), (B, H) -> (B, 1, H, 1); also fine with H = 0
+        if where is not None:  # g at the chosen positions, 1 (no change) elsewhere
+            g_BTHD = 1 - (1 - g_BTHD) * where[:, :, None, None].to(g_BTHD.dtype)
         return g_BTHD * z_BTHD if replacement is None else g_BTHD * z_BTHD + (1 - g_BTHD) * replacement
 
     def combine_heads(self, z_BTHD: Tensor) -> Tensor:

@@ -36,10 +36,14 @@ class Block(nn.Module):
         replacement: Tensor | None = None,
         cache: dict | None = None,
         need_pattern: bool = False,
+        gate_where: Tensor | None = None,
     ) -> Tensor:
-        """gate, replacement, cache and need_pattern as in MultiHeadAttention.heads and gate_z."""
+        """gate, replacement, cache, need_pattern and gate_where (gate_z's where) as in MultiHeadAttention."""
         z_BTHD = self.attn.heads(self.ln_attn(x_BTC), cache, need_pattern)
-        return self.finish(x_BTC, self.attn.gate_z(z_BTHD, gate, replacement))
+        gated_BTHD = self.attn.gate_z(z_BTHD, gate, replacement, gate_where)
+        if cache is not None and gate is not None:
+            cache["z_gated"] = gated_BTHD  # what the heads pass on: gradients at the gates read it (attribution.py)
+        return self.finish(x_BTC, gated_BTHD)
 
     def finish(self, x_BTC: Tensor, z_BTHD: Tensor) -> Tensor:
         """The block's output given its input x and its heads' (gated) z: add the combined heads and the MLP."""

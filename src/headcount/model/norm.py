@@ -23,6 +23,21 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
+def frozen_norm(norm: nn.Module, reference_NC: Tensor):
+    """The norm as a linear map, its scale taken from the stream `reference_NC` it normalised (each row's): what a
+    component c of that stream contributes to the normed output, c's share of it without the bias. LayerNorm:
+    (c - mean(c)) / sigma * weight; RMSNorm: c / rms * weight. Summed over the components of a stream, plus the bias, it
+    gives the norm of the stream exactly."""
+    ref = reference_NC.to(torch.promote_types(reference_NC.dtype, torch.float32))
+    if isinstance(norm, RMSNorm):
+        scale_N1 = torch.rsqrt(ref.pow(2).mean(-1, keepdim=True) + norm.eps).to(reference_NC.dtype)
+        return lambda c_NXC: c_NXC * scale_N1.view(-1, *[1] * (c_NXC.ndim - 2), 1) * norm.weight
+    scale_N1 = torch.rsqrt(ref.var(-1, unbiased=False, keepdim=True) + norm.eps).to(reference_NC.dtype)
+    return lambda c_NXC: (
+        (c_NXC - c_NXC.mean(-1, keepdim=True)) * scale_N1.view(-1, *[1] * (c_NXC.ndim - 2), 1) * (norm.weight)
+    )
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == Norm.rmsnorm:
         return RMSNorm(cfg.d_model, cfg.norm_eps)

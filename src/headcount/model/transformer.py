@@ -79,13 +79,16 @@ class Transformer(nn.Module):
         replacements: list[Tensor | None] | None = None,
         cache: dict | None = None,
         need_patterns: bool = False,
+        gate_where: Tensor | None = None,
     ) -> Tensor:
         """Logits (B, T, vocab).
 
         gates: (L, H) or (B, L, H) in [0, 1], one per head (H is the largest head count), or None for the plain model.
         replacements: one tensor per layer broadcastable to z (B, T, H, D), or None (zero ablation).
-        cache: if a dict, receives ("resid_pre", l), ("z", l) and, with need_patterns, ("pattern", l)."""
-        return self.unembed(self.forward_layers(self.embed(idx_BT), 0, gates, replacements, cache, need_patterns))
+        cache: if a dict, receives ("resid_pre", l), ("z", l) and, with need_patterns, ("pattern", l).
+        gate_where: (B, T), the positions gates act at (None: all); elsewhere every head keeps its z."""
+        resid_BTC = self.embed(idx_BT)
+        return self.unembed(self.forward_layers(resid_BTC, 0, gates, replacements, cache, need_patterns, gate_where))
 
     def embed(self, idx_BT: Tensor) -> Tensor:
         T = idx_BT.shape[1]
@@ -104,10 +107,11 @@ class Transformer(nn.Module):
         replacements: list[Tensor | None] | None = None,
         cache: dict | None = None,
         need_patterns: bool = False,
+        gate_where: Tensor | None = None,
     ) -> Tensor:
         """The stream after the last layer, starting at layer `start` from the stream before it, resid (B, T, C):
-        runs blocks start..L-1. gates, replacements, cache and need_patterns as in forward; they index layers
-        absolutely (gates[..., start, :] is layer start's)."""
+        runs blocks start..L-1. gates, replacements, cache, need_patterns and gate_where as in forward; they index
+        layers absolutely (gates[..., start, :] is layer start's)."""
         if need_patterns and cache is None:
             raise ValueError("need_patterns=True needs a cache dict to put the patterns in")
         if gates is not None:
@@ -118,7 +122,7 @@ class Transformer(nn.Module):
                 cache["resid_pre", layer] = resid_BTC
             gate = None if gates is None else gates[..., layer, : self.heads_per_layer[layer]]
             replacement = None if replacements is None else replacements[layer]
-            resid_BTC = self.blocks[layer](resid_BTC, gate, replacement, block_cache, need_patterns)
+            resid_BTC = self.blocks[layer](resid_BTC, gate, replacement, block_cache, need_patterns, gate_where)
             if cache is not None:
                 cache.update({(name, layer): value for name, value in block_cache.items()})
         return resid_BTC

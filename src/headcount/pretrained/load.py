@@ -6,7 +6,6 @@ before its weights are downloaded or read.
 
 import hashlib
 import io
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
@@ -19,6 +18,7 @@ from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 from headcount.pretrained.checks import KEY
 from headcount.pretrained.convert import convert, hf_model_config
+from headcount.pretrained.integrity import check_loaded, check_weight_files, first_line, read_errors
 from headcount.pretrained.source import Source, hub_errors, locate, require
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -37,36 +37,57 @@ def pretrained_config(source: str) -> ModelConfig:
     return hf_model_config(_hf_config(transformers, where), where.given)
 
 
-def load_pretrained(source: str, dtype: torch.dtype = torch.float32) -> Pretrained:
+def load_pretrained(source: str, dtype: torch.dtype = torch.float32, verbose: bool = False) -> Pretrained:
     """Load a GPT-2, Llama-family (Llama, SmolLM, Qwen2) or GPT-NeoX (Pythia) causal LM and convert it exactly.
 
     source: a folder written by transformers' save_pretrained (config.json, safetensors weights, tokenizer), a
     .gguf file (llama.cpp's format; quantised weights are dequantised), or a Hugging Face Hub name (downloaded, or
     read from the Hugging Face cache). dtype: the converted model's; the checkpoint is read in float32 and cast.
+    verbose: show transformers' progress bars and warnings while it reads the checkpoint (the commands show them
+    with -v); quiet otherwise, as the commands are.
     Bad input raises a one-line ConfigError naming model.pretrained: an unsupported architecture or feature, a
-    missing optional package (`pip install 'headcount[pretrained]'`), a Hub name without a network."""
+    missing optional package (`pip install 'headcount[pretrained]'`), a Hub name without a network, a weights file
+    that is missing or damaged, a tensor missing, left over or of another shape than the config says."""
     where = locate(source)
     transformers = require(where)
     if where.kind != "gguf":  # refuse what cannot be converted before downloading or reading any weights
         hf_model_config(_hf_config(transformers, where), where.given)
     # (A GGUF file's config costs as much to read as its weights: it is checked when convert reads it.)
+    check_weight_files(where)
     name, kwargs = where.from_pretrained_args()
-    with hub_errors(where), quiet_gguf_reader():
-        hf_model = transformers.AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
+    with hub_errors(where), quiet_loading(verbose):
+        with read_errors(where):
+            # Mismatched shapes are reported in the loading info rather than raised, so that check_loaded names them
+            # with the missing and the left-over tensors.
+            hf_model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                name, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+            )
+        check_loaded(where, info, hf_model)
         tokenizer = _tokenizer(transformers, where)
     model = convert(hf_model, where.given).to(dtype)
     return Pretrained(model, tokenizer, provenance(where, hf_model.config, dtype))
 
 
 @contextmanager
-def quiet_gguf_reader() -> Iterator[None]:
-    """transformers' GGUF reader draws a plain tqdm bar that its progress-bar switch does not reach: a quiet command
-    (which sets HF_HUB_DISABLE_PROGRESS_BARS, train/quiet.py) does not show it."""
-    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") != "1":
+def quiet_loading(verbose: bool) -> Iterator[None]:
+    """Without verbose: none of transformers' progress bars (reading weights), its warnings (errors still raise), nor
+    the plain tqdm bar its GGUF reader draws, which its progress-bar switch does not reach. Each setting is restored
+    after, so that quiet loading changes nothing else in the caller's process."""
+    if verbose:
         yield
         return
-    with redirect_stderr(io.StringIO()):
-        yield
+    from transformers.utils import logging as hf_logging
+
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        with redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+        hf_logging.set_verbosity(level)
 
 
 def load_tokenizer(source: str):
@@ -131,8 +152,3 @@ def sha256(path: Path) -> str:
         while chunk := f.read(2**24):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

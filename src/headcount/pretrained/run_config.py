@@ -8,6 +8,7 @@ model.dropout stays the user's (fine-tuning may want it). The checkpoint's confi
 process (a GGUF file's config costs as much to read as its weights).
 """
 
+import os
 from functools import lru_cache
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -123,5 +124,6 @@ def text_tokenizer(cfg: DictConfig) -> PretrainedTokenizer | None:
 @lru_cache(maxsize=1)
 def cached_pretrained(source: str) -> Pretrained:
     """load_pretrained, once per process for the last source (a command that prepares a run and then ablates it
-    reads the checkpoint once)."""
-    return load_pretrained(source)
+    reads the checkpoint once); quiet, as load_pretrained is, unless a command was started with -v (train/quiet.py
+    records the level in HEADCOUNT_VERBOSITY; a Python session that opens a pretrained run has none)."""
+    return load_pretrained(source, verbose=os.environ.get("HEADCOUNT_VERBOSITY", "0") not in ("", "0"))

@@ -2,16 +2,15 @@
 optional packages that read it. Every way this can fail is one line naming model.pretrained."""
 
 import os
-import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, distribution, version
 from pathlib import Path
 from types import ModuleType
-from urllib.parse import urlparse
 
 from headcount.errors import ConfigError
+from headcount.hub import offline_without_network
 from headcount.pretrained.checks import KEY
 
 EXTRA = "pip install 'headcount[pretrained]'"
@@ -102,28 +101,6 @@ def require(source: Source) -> ModuleType:
     if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == "1":  # quiet commands set it; transformers may predate it
         transformers.utils.logging.disable_progress_bar()
     return transformers
-
-
-def hub_reachable(timeout_s: float = 3.0) -> bool:
-    """Whether the Hub's host answers a TCP connection within timeout_s."""
-    from huggingface_hub import constants
-
-    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
-    try:
-        socket.create_connection((host, 443), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
-
-
-def offline_without_network() -> None:
-    """Without a network, read Hub models from the Hugging Face cache only: huggingface_hub would otherwise retry
-    each file for half a minute, printing a warning per try, before failing."""
-    from huggingface_hub import constants
-
-    if not constants.HF_HUB_OFFLINE and not hub_reachable():
-        constants.HF_HUB_OFFLINE = True
-        os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 @contextmanager

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import torch
 
+from headcount.errors import ConfigError
+from headcount.io import writable
+
 NAME = "headcount:tiny-random-llama"
 FOLDER = "tiny-random-llama-v1"  # bump when the recipe changes
 CONFIG = dict(
@@ -40,6 +43,13 @@ def tiny_random_llama(folder: Path | None = None) -> Path:
     folder = Path(folder) if folder is not None else cache_folder()
     if (folder / "config.json").is_file():
         return folder
+    if not writable(folder.parent):
+        raise ConfigError(
+            "HEADCOUNT_CACHE",
+            os.environ.get("HEADCOUNT_CACHE", "~/.cache/headcount"),
+            f"{folder.parent} cannot be written (read-only storage, or a file?), and {NAME} is written there on first "
+            "use; choose another folder",
+        )
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{folder.name}.tmp-", dir=folder.parent) as work:
         staged = Path(work) / "model"

@@ -16,10 +16,13 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.ticker import FuncFormatter
 from omegaconf import OmegaConf
 
-from headcount.ablation.results import configured_mode, result_path
+from headcount.ablation.metrics import table_metric
+from headcount.ablation.results import configured_results, read_checked, result_path
+from headcount.ablation.scans.mask_scan import table_metric as scan_figure_value
 from headcount.io import atomic_savefig
 from headcount.plotting import layer_head_grid, new_figure, set_title
-from headcount.run_dir import RunPaths, describe_data, describe_model
+from headcount.report.captions import describe_data, describe_model
+from headcount.run_dir import RunPaths
 
 PANELS_PER_ROW = 3
 DEFAULT_TOLERANCE = 0.01  # ablation.pruning.tolerance's default, for runs whose config does not say
@@ -35,7 +38,7 @@ def sweep_subject(runs: pd.DataFrame, sweep_dir: Path) -> str:
     models, datas, modes = set(), set(), set()
     for run in runs["run"]:
         config = run_config(sweep_dir, run)
-        modes.add(configured_mode(config))
+        modes.add(configured_results(sweep_dir / run, config)[1])
         if "model" in config and "data" in config:
             models.add(describe_model(config, sweep_dir / run))
             datas.add(describe_data(config))
@@ -57,8 +60,9 @@ def metric_label(metric: str) -> str:
 
 
 def ablation_csv(sweep_dir: Path, run: str, scan: str) -> Path:
-    """A run's result file for a scan, in the mode its config asks for."""
-    return result_path(RunPaths(sweep_dir / run).ablation, scan, configured_mode(run_config(sweep_dir, run)), ".csv")
+    """A run's result file for a scan, in the mode and metric (and on the task) its config asks for."""
+    folder, section = configured_results(sweep_dir / run)
+    return result_path(folder, scan, section, ".csv")
 
 
 def x_positions(values: list) -> tuple[np.ndarray, list[str]]:
@@ -100,11 +104,14 @@ def pruning_curves(
     tables, tolerances = [], set()
     for _, run in runs.iterrows():
         csv = ablation_csv(sweep_dir, run["run"], "pruning")
-        curves = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
+        curves = read_checked(csv) if csv.exists() else pd.DataFrame()
         if "fraction" in curves and (curves["fraction"] == 0).any():  # a scan that drew no curve: nothing to compare
-            baseline = float(curves.loc[curves["fraction"] == 0, "loss"].iloc[0])
+            metric = table_metric(curves)
+            values = curves[metric.primary]
+            baseline = float(values[curves["fraction"] == 0].iloc[0])
             config = config_label(configs, tuple(run[k] for k in configs))
-            tables.append(curves.assign(config=config, relative=100 * (curves["loss"] / baseline - 1)))
+            worse = 100 * metric.damage(values, baseline) / abs(baseline)
+            tables.append(curves.assign(config=config, relative=worse))
             config_file = run_config(sweep_dir, run["run"])
             tolerances.add(
                 float(OmegaConf.select(config_file, "ablation.pruning.tolerance", default=DEFAULT_TOLERANCE))
@@ -126,7 +133,7 @@ def pruning_curves(
         ax.set_yscale("symlog", linthresh=linthresh)
         ax.set_ylim(bottom=min(1.2 * float(curves.min()), -0.5 * linthresh))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}%"))
-        ax.set(xlabel="fraction of heads pruned", ylabel="loss / baseline - 1 (%, mean over seeds)")
+        ax.set(xlabel="fraction of heads pruned", ylabel="worse than the baseline (% of it, mean over seeds)")
         set_title(ax, f"pruning order: {order}", 4.5)
     ax.legend(fontsize=7)
     suptitle(fig, subject)
@@ -139,12 +146,13 @@ def single_head_grid(
 ) -> Path | None:
     """The single_head scan of every run: a row per configuration, a column per seed, one colour scale (loss increase
     when that head alone is off, blue below zero, red above)."""
-    grids = {}
+    grids, label = {}, ""
     for _, run in runs.iterrows():
         csv = ablation_csv(sweep_dir, run["run"], "single_head")
         if csv.exists():
-            table = pd.read_csv(csv).dropna(subset=["layer", "head"])
-            grids[run["run"]] = layer_head_grid(table, "delta_loss")
+            table = read_checked(csv).dropna(subset=["layer", "head"])
+            value, label = scan_figure_value(table)
+            grids[run["run"]] = layer_head_grid(table, value)
     if not grids:
         return None
     runs = runs[runs["run"].isin(grids)]
@@ -167,7 +175,7 @@ def single_head_grid(
             ax.set_yticks(range(grid.shape[0]))
             ax.set(xlabel="head", ylabel="layer")
             ax.set_title(f"{config_label(configs, group)}\nseed={run.get('seed', '-')}", fontsize=7)
-    fig.colorbar(image, ax=axes, label="loss increase with the head off alone (nats)", shrink=0.6)
+    fig.colorbar(image, ax=axes, label=f"{label} with the head off alone", shrink=0.6)
     suptitle(fig, subject)
     atomic_savefig(fig, path, dpi=110)
     return path

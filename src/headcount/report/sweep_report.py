@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from headcount.errors import ConfigError
-from headcount.io import atomic_write_text
+from headcount.io import atomic_write_text, writable
 from headcount.report import figures as report_figures
 from headcount.report.names import short_labels
 from headcount.report.tracking import run_headline
@@ -177,10 +177,16 @@ def report_columns(runs: pd.DataFrame, swept: list[str]) -> list[str]:
     return ["run", "status", *swept, *(c for c in results if c in runs)]
 
 
-def write_report(sweep_dir: Path) -> tuple[Path, pd.DataFrame, dict[str, Path]]:
-    """Write <sweep_dir>/report/; returns the folder, the runs table and the figures."""
+def write_report(sweep_dir: Path, out: Path | None = None) -> tuple[Path, pd.DataFrame, dict[str, Path]]:
+    """Write the report into out (default <sweep_dir>/report/); returns the folder, the runs table and the figures.
+    The runs are only read: a sweep on read-only storage is reported into a folder elsewhere."""
     runs, swept = collect_runs(sweep_dir)
-    out = sweep_dir / "report"
+    out = sweep_dir / "report" if out is None else out
+    if not writable(out):
+        key, value = ("sweep_dir", str(sweep_dir)) if out == sweep_dir / "report" else ("--out", str(out))
+        raise ConfigError(
+            key, value, f"{out} cannot be written (read-only storage?): write the report elsewhere with --out DIR"
+        )
     finished = runs[runs["status"] == "finished"]
     figures = draw_figures(finished, sweep_dir, out, swept) if len(finished) else {}
     atomic_write_text(out / "runs.csv", runs.to_csv(index=False))

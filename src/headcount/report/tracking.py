@@ -1,8 +1,9 @@
 """What a run's results send to W&B: the ablation tables, figures and pruning curves, and the headline numbers that
 compare runs in W&B's run table and in sweep reports.
 
-A run's headline comes from the ablation mode its own config asks for (zero unless the experiment says otherwise);
-the other modes' headlines go to W&B under ablation/<mode>/. An order whose ranking was arbitrary (every head scored
+A run's headline comes from the ablation mode and metric its own config asks for (zero and loss unless the experiment
+says otherwise; on its task, when it names one); the other sections' headlines go to W&B under ablation/<section>/,
+and a task's results under ablation/<task>/. An order whose ranking was arbitrary (every head scored
 the same) reports its prunable fraction as prunable_fraction_arbitrary/<order>, apart from the real findings.
 """
 
@@ -10,36 +11,36 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from headcount.ablation.results import result_path, run_mode
-from headcount.ablation.summary import mode_summary
+from headcount.ablation.metrics import table_metric
+from headcount.ablation.results import configured_results, read_checked, result_path, tasks_dir
+from headcount.ablation.summary import mode_summary, read_summary
 from headcount.run_dir import RunPaths
 
 
 def summary_headline(summary: dict, mode: str = "zero") -> dict[str, Any]:
-    """The numbers from ablation/summary.json (its section for `mode`) that compare runs: baseline loss and accuracy,
-    the prunable fraction per pruning order (arbitrary orders apart), the most important head (the one whose removal
-    alone raised the loss most)."""
+    """The numbers from a summary.json section (`mode`: its mode and metric, e.g. zero or patch.logit_diff) that
+    compare runs: the baseline metric (loss and accuracy for loss), the prunable fraction per pruning order
+    (arbitrary orders apart), the most important head (the one whose removal alone worsened the metric most)."""
     section = mode_summary(summary, mode)
-    headline = {key: section[key] for key in ("baseline_loss", "baseline_acc") if key in section}
+    headline = {key: value for key, value in section.items() if key.startswith("baseline_")}
     arbitrary = set(section.get("arbitrary_orders", []))
     for order, fraction in section.get("prunable_fraction", {}).items():
         headline[f"prunable_fraction{'_arbitrary' if order in arbitrary else ''}/{order}"] = fraction
     if top := section.get("most_important_head"):
         headline["most_important_head"] = top["mask"]
-        headline["most_important_head_delta_loss"] = top["delta_loss"]
+        headline |= {f"most_important_head_{key}": value for key, value in top.items() if key.startswith("delta_")}
     return headline
 
 
-def read_summary_json(run_dir: str | Path) -> dict:
-    path = RunPaths(Path(run_dir)).ablation / "summary.json"
+def read_summary_json(folder: str | Path) -> dict:
+    path = Path(folder) / "summary.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
 
 def run_headline(run_dir: str | Path) -> dict[str, Any]:
-    """summary_headline of a run directory, in the mode its config asks for."""
-    return summary_headline(read_summary_json(run_dir), run_mode(run_dir))
+    """summary_headline of a run directory, in the section (and on the task) its config asks for."""
+    folder, section = configured_results(run_dir)
+    return summary_headline(read_summary_json(folder), section)
 
 
 def log_ablation_results(run_dir: str | Path, wandb_run: Any) -> None:
@@ -51,29 +52,37 @@ def log_ablation_results(run_dir: str | Path, wandb_run: Any) -> None:
     ablation = RunPaths(Path(run_dir)).ablation
     if not ablation.is_dir():
         return
-    mode = run_mode(run_dir)
+    configured_folder, configured = configured_results(run_dir)
+    folders = [("ablation", ablation)]
+    if tasks_dir(ablation).is_dir():
+        folders += [(f"ablation/{f.name}", f) for f in sorted(tasks_dir(ablation).iterdir()) if f.is_dir()]
     logged: dict[str, Any] = {}
-    for csv in sorted(ablation.glob("*.csv")):
-        if not csv.name.endswith(".partial.csv"):
-            logged[f"ablation/table/{csv.stem}"] = wandb.Table(dataframe=pd.read_csv(csv))
-    for png in sorted(ablation.glob("*.png")):
-        logged[f"ablation/figure/{png.stem}"] = wandb.Image(str(png))
-    if (pruning := result_path(ablation, "pruning", mode, ".csv")).exists():
-        mean_loss = pd.read_csv(pruning).groupby(["order", "fraction"], sort=False)["loss"].mean()
-        orders = list(mean_loss.index.unique("order"))
+    headline: dict[str, Any] = {}
+    for prefix, folder in folders:
+        for csv in sorted(folder.glob("*.csv")):
+            if not csv.name.endswith(".partial.csv"):
+                logged[f"{prefix}/table/{csv.stem}"] = wandb.Table(dataframe=read_checked(csv))
+        for png in sorted(folder.glob("*.png")):
+            logged[f"{prefix}/figure/{png.stem}"] = wandb.Image(str(png))
+        summary = read_summary(folder / "summary.json")
+        for section in sorted(summary["modes"]):
+            is_headline = folder == configured_folder and section == configured
+            where = prefix if is_headline else f"{prefix}/{section}"
+            headline |= {f"{where}/{key}": value for key, value in summary_headline(summary, section).items()}
+    if (pruning := result_path(configured_folder, "pruning", configured, ".csv")).exists():
+        curves = read_checked(pruning)
+        metric = table_metric(curves)
+        mean = curves.groupby(["order", "fraction"], sort=False)[metric.primary].mean()
+        orders = list(mean.index.unique("order"))
         logged["ablation/pruning_curves"] = wandb.plot.line_series(
-            xs=[mean_loss[order].index.tolist() for order in orders],
-            ys=[mean_loss[order].tolist() for order in orders],
+            xs=[mean[order].index.tolist() for order in orders],
+            ys=[mean[order].tolist() for order in orders],
             keys=orders,
-            title=f"loss (nats) against the fraction of heads pruned, {mode} ablation (mean over seeds)",
+            title=f"{metric.name} ({metric.unit}) against the fraction of heads pruned, {configured} (mean over seeds)",
             xname="fraction of heads pruned",
         )
     if logged:
         wandb_run.log(logged)
-    summary = read_summary_json(run_dir)
-    headline = {f"ablation/{key}": value for key, value in summary_headline(summary, mode).items()}
-    for other in sorted(set(summary.get("modes", {})) - {mode}):
-        headline |= {f"ablation/{other}/{key}": value for key, value in summary_headline(summary, other).items()}
     if headline:
         wandb_run.summary.update(headline)
 

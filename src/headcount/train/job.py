@@ -9,8 +9,8 @@ bit for bit where the uninterrupted run ends, on the same machine at the same CP
 written or deleted.
 """
 
+import json
 import logging
-import time
 from pathlib import Path
 
 import lightning as L
@@ -56,11 +56,15 @@ def start_from_pretrained(module: HeadcountModule, cfg: DictConfig, run_dir: Pat
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
-    """Train (resuming from last.ckpt if the run was interrupted), evaluate, write metrics.json; returns the metrics."""
+    """Train (resuming from last.ckpt if the run was interrupted), evaluate, write metrics.json; returns the metrics.
+    A run whose training and evaluation finished (metrics.json is written last), stopped later in its scans, is not
+    trained or evaluated again: its metrics.json is the answer, and its curves get no second set of final rows."""
     from headcount.data import HeadcountDataModule
 
     quiet_third_party()
     paths = RunPaths(run_dir)
+    if paths.metrics.exists() and paths.last_ckpt.exists():
+        return json.loads(paths.metrics.read_text())
     resumed_at = resume_step(paths)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = HeadcountDataModule(typed(cfg.data, DataConfig), text_tokenizer(cfg))
@@ -80,10 +84,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         log.info(describe_model(module, cfg.data.seq_len))
         if resumed_at is not None:
             log.info("resuming from %s (step %d of %d)", paths.last_ckpt, resumed_at, cfg.trainer.max_steps)
-    start = time.perf_counter()
     if cfg.trainer.max_steps > 0:
         trainer.fit(module, datamodule=data, ckpt_path=paths.last_ckpt if resumed_at is not None else None)
-    seconds = time.perf_counter() - start
+    seconds = module.train_seconds()
     val = trainer.validate(module, datamodule=data, verbose=False)[0]
     test = trainer.test(module, datamodule=data, verbose=False)[0]
     tokens = cfg.trainer.max_steps * cfg.data.batch_size * cfg.data.seq_len
@@ -93,8 +96,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "params_non_embedding": module.model.num_params(non_embedding=True),
         "flops_per_token": module.model.flops_per_token(cfg.data.seq_len),
         "steps": int(trainer.global_step),
-        "train_seconds": seconds,
-        "tokens_per_second": tokens / seconds if resumed_at is None and tokens else None,
+        "resumed_from_step": resumed_at,  # None: trained in one process
+        "train_seconds": seconds,  # every process that trained the run, the time to each one's last checkpoint
+        "tokens_per_second": tokens / seconds if tokens and seconds else None,
         # CPU results are bit for bit only at the same thread count: float sums split differently across threads.
         "cpu_threads": torch.get_num_threads(),
     }

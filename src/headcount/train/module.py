@@ -1,6 +1,8 @@
 """The LightningModule: next-token training of a Transformer on the positions loss_mask marks."""
 
 import math
+import time
+from typing import Any
 
 import lightning as L
 import torch
@@ -30,6 +32,21 @@ class HeadcountModule(L.LightningModule):
         if compile:
             self.model.compile()
         self._split_sums: torch.Tensor | None = None
+        # Training seconds of the processes before this one (from the checkpoint resumed), and when this one began.
+        self.seconds_before, self._started = 0.0, None
+
+    def train_seconds(self) -> float:
+        """Seconds spent training to this point, over every process that trained this run."""
+        return self.seconds_before + (time.perf_counter() - self._started if self._started is not None else 0.0)
+
+    def on_train_start(self) -> None:
+        self._started = time.perf_counter()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["train_seconds"] = self.train_seconds()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.seconds_before = float(checkpoint.get("train_seconds", 0.0))
 
     def forward(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids_BT)

@@ -45,6 +45,8 @@ def take_verbosity_flags(args: list[str]) -> list[str]:
         # no progress bars for converting and loading a checkpoint, and only its errors.
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        # datasets' bars while a text source builds its cache once ("Generating", "Saving the dataset")
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     return [arg for arg in args if arg not in FLAGS]
 
 

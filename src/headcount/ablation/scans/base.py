@@ -1,11 +1,12 @@
 """What every scan kind shares: the registry of kinds, and the cached-result step.
 
-A scan kind is a subclass of `Scan` decorated with `@register`: it names its fingerprint inputs, computes its table,
-draws its figures and says what follows from its table. `Scan.run` does the rest, the same way for every kind:
+A scan kind is a subclass of `Scan` registered in `KINDS` (`@register`): it names its fingerprint inputs, computes its
+table, draws its figures and says what follows from its table. `Scan.run` does the rest, the same way for every kind:
 read the table back when summary.json holds the same fingerprint and the CSV is there (announcing it), otherwise
-compute it, append the record columns (mode, splits, sizes), write `<name>.csv` (`<name>.<mode>.csv` for mean and
-resample), drop the partial file a resumable scan kept, draw the figures and record the scan in the mode's section of
-summary.json. A `mode_independent` kind (its result is the same in every mode) keeps plain names and one record.
+compute it, append the record columns (mode, metric, splits, sizes), write `<name>.csv` (`<name>.<section>.csv` for
+other modes and metrics: single_head.mean.csv, single_head.patch.logit_diff.csv), drop the partial file a resumable
+scan kept, draw the figures and record the scan in its section of summary.json. A `mode_independent` kind (its result
+is the same in every mode and metric) keeps plain names and one record.
 """
 
 from __future__ import annotations
@@ -22,32 +23,35 @@ from headcount.ablation.masks import HeadMask
 from headcount.ablation.results import fingerprint, result_path, with_record, write_csv
 from headcount.ablation.resumable import evaluate_resumably
 from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.errors import ConfigError
+from headcount.registry import Registry
 
-KINDS: dict[str, type[Scan]] = {}  # kind -> its Scan class, filled as the modules of this package are imported
+KINDS: Registry[type[Scan]] = Registry("scan kind", "ablation.scans.<name>.kind", "what a scan switches off or reads")
 
 
 def register(cls: type[Scan]) -> type[Scan]:
-    KINDS[cls.kind] = cls
+    KINDS.add(cls.kind, cls)
     return cls
 
 
 class Scan:
     kind: ClassVar[str]
+    doc: ClassVar[str]  # what the kind does, in a line (headcount-ablate --list)
     mode_independent: ClassVar[bool] = False
 
     def __init__(self, name: str, cfg: ScanConfig, session: ScanContext):
         self.name, self.cfg, self.session = name, cfg, session
-        self.mode = None if self.mode_independent else session.settings.mode
+        self.section = None if self.mode_independent else session.section
         self.csv = self.path(".csv")
         self.partial = self.path(".partial.csv")  # where a resumable scan keeps its running sums
 
     def path(self, ext: str, detail: str = "") -> Path:
-        """<run>/ablation/<name><detail><mode tag><ext>: this scan's files, named for its mode."""
-        return result_path(self.session.out, f"{self.name}{detail}", self.mode, ext)
+        """<run>/ablation/<name><detail><section tag><ext>: this scan's files, named for its mode and metric."""
+        return result_path(self.session.out, f"{self.name}{detail}", self.section, ext)
 
     def title(self, what: str) -> str:
         """A figure title: the scan, what it shows (with its unit), the mode, then the model and the data."""
-        mode = "" if self.mode_independent else f", {self.mode} ablation"
+        mode = "" if self.mode_independent else f", {self.session.settings.mode} ablation"
         return f"{self.name}: {what}{mode}\n{self.session.subject}"
 
     # --- what a kind defines ----------------------------------------------------------------------------------
@@ -73,7 +77,10 @@ class Scan:
         """What follows from the table, computed or read back: summary.json entries, values other scans need."""
 
     def record(self) -> dict:
-        """The constant columns the table ends with: how it was computed."""
+        """The constant columns the table ends with: how it was computed (a result no mode or metric changes says
+        only what it read)."""
+        if self.mode_independent:
+            return {key: value for key, value in self.session.record.items() if key in ("task", "split", "n_eval")}
         return self.session.record
 
     # --- the cached-result step ------------------------------------------------------------------------------
@@ -91,6 +98,12 @@ class Scan:
         if table is None:
             key, start = self.key(), time.perf_counter()
             table = with_record(self.compute(key), self.record())
+            if table.empty:  # never replace a result by an empty one
+                raise ConfigError(
+                    f"ablation.scans.{self.name}",
+                    self.kind,
+                    "computed no rows: nothing was written, and any earlier result of it is kept",
+                )
             write_csv(self.csv, table)
             self.partial.unlink(missing_ok=True)
             files = [self.csv, *self.figures(table)]
@@ -100,7 +113,8 @@ class Scan:
         return table
 
     def evaluate(self, masks: list[HeadMask], key: str) -> MaskTotals:
-        """The masks' loss sums on the session's evaluator, resumable from this scan's partial file."""
+        """The masks' metric sums on the session's evaluator, resumable from this scan's partial file."""
         s = self.session.settings
-        label = f"{self.name} ({s.mode})"
-        return evaluate_resumably(self.session.evaluator, masks, self.partial, key, label, s.progress)
+        label = f"{self.name} ({self.session.section})"
+        positions = self.session.positions
+        return evaluate_resumably(self.session.evaluator, masks, self.partial, key, label, s.progress, positions)

@@ -8,6 +8,7 @@ from headcount.ablation.scans.mask_scan import MaskScan
 @register
 class BaselineScan(MaskScan):
     kind = "baseline"
+    doc = "the unmasked model"
 
     def masks(self) -> list[HeadMask]:
         return baseline_masks()

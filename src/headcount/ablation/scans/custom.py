@@ -8,7 +8,7 @@ import pandas as pd
 
 from headcount.ablation.masks import HeadMask, load_custom_masks
 from headcount.ablation.scans.base import register
-from headcount.ablation.scans.mask_scan import FIGURE_LABEL, FIGURE_VALUE, MaskScan, figure_title
+from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
@@ -18,6 +18,7 @@ from headcount.plotting import new_figure, set_title
 @register
 class CustomScan(MaskScan):
     kind = "custom"
+    doc = "your masks, from a YAML or JSON file"
 
     @classmethod
     def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
@@ -38,12 +39,12 @@ class CustomScan(MaskScan):
         """One horizontal bar per mask, coloured by sign."""
         fig = new_figure(8, min(1.5 + 0.3 * len(table), 20))
         ax = fig.add_subplot()
-        values = table[FIGURE_VALUE].to_numpy(float)
+        values = table[table_metric(table)[0]].to_numpy(float)
         ax.barh(range(len(table)), values, color=np.where(values >= 0, "tab:red", "tab:blue"))
         ax.set_yticks(range(len(table)), table["mask"].tolist())
         ax.invert_yaxis()
         ax.axvline(0, color="black", linewidth=0.8)
-        ax.set(xlabel=FIGURE_LABEL)
+        ax.set(xlabel=table_metric(table)[1])
         set_title(ax, figure_title(table, subject))
         atomic_savefig(fig, path, dpi=120)
         return Path(path)

@@ -23,13 +23,11 @@ SCORES = ("prev_token_score", "induction_score")
 @register
 class HeadScoresScan(Scan):
     kind = "head_scores"
+    doc = "each head's previous-token and induction score, from its attention pattern"
     mode_independent = True
 
     def compute(self, key: str) -> pd.DataFrame:
         return head_pattern_scores(self.session.model, self.session.batches)
-
-    def record(self) -> dict:
-        return {key: self.session.record[key] for key in ("split", "n_eval")}
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         return [
@@ -57,18 +55,21 @@ def head_pattern_scores(model: Transformer, batches: list[dict]) -> pd.DataFrame
         cache: dict = {}
         model(ids_BT, cache=cache, need_patterns=True)
         B, T = ids_BT.shape
+        # Positions inside an example: a task's prompts are padded, and padding says nothing about a head.
+        valid_BT = batch.get("valid", torch.ones(B, T, dtype=torch.bool)).to(device)
         # induction_BTS[b, t, s]: the token before s equals the token at t, s <= t.
         same_BTS = ids_BT[:, :, None] == ids_BT[:, None, :]
         induction_BTS = torch.zeros_like(same_BTS)
         induction_BTS[:, :, 1:] = same_BTS[:, :, :-1]
         induction_BTS &= torch.ones(T, T, dtype=torch.bool, device=device).tril()
-        has_earlier_BT = induction_BTS.any(dim=-1)
+        has_earlier_BT = induction_BTS.any(dim=-1) & valid_BT
         induction_count += int(has_earlier_BT.sum())
-        prev_count += B * (T - 1)
+        prev_count += int(valid_BT[:, 1:].sum())
         for layer in range(L):
             pattern_BHTT = cache["pattern", layer].double()
             h = pattern_BHTT.shape[1]
-            prev_sum[layer, :h] += pattern_BHTT.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=(0, 2)).cpu()
+            previous_BHT = pattern_BHTT.diagonal(offset=-1, dim1=-2, dim2=-1) * valid_BT[:, None, 1:]
+            prev_sum[layer, :h] += previous_BHT.sum(dim=(0, 2)).cpu()
             on_target_BHT = (pattern_BHTT * induction_BTS[:, None].double()).sum(-1)
             induction_sum[layer, :h] += (on_target_BHT * has_earlier_BT[:, None]).sum(dim=(0, 2)).cpu()
     rows = [

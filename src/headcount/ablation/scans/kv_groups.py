@@ -11,7 +11,7 @@ import pandas as pd
 
 from headcount.ablation.masks import HeadMask, kv_group_masks
 from headcount.ablation.scans.base import register
-from headcount.ablation.scans.mask_scan import FIGURE_LABEL, FIGURE_VALUE, MaskScan, figure_title
+from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.plotting import heatmap
 
 KV_NAME_PREFIX = "KV"
@@ -20,6 +20,7 @@ KV_NAME_PREFIX = "KV"
 @register
 class KvGroupsScan(MaskScan):
     kind = "kv_groups"
+    doc = "each key/value head off with every query head that reads it"
 
     def masks(self) -> list[HeadMask]:
         return kv_group_masks([block.attn.kv_groups for block in self.session.model.blocks])
@@ -33,9 +34,11 @@ class KvGroupsScan(MaskScan):
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
         kv = kv_heads(table["mask"])
         grid = np.full((int(table["layer"].max()) + 1, max(kv) + 1), np.nan)
-        grid[table["layer"].to_numpy(), kv] = table[FIGURE_VALUE].to_numpy(float)
+        grid[table["layer"].to_numpy(), kv] = table[table_metric(table)[0]].to_numpy(float)
         rows, cols = [str(layer) for layer in range(grid.shape[0])], [str(g) for g in range(grid.shape[1])]
-        return heatmap(grid, path, figure_title(table, subject), rows, cols, "key/value head", "layer", FIGURE_LABEL)
+        return heatmap(
+            grid, path, figure_title(table, subject), rows, cols, "key/value head", "layer", table_metric(table)[1]
+        )
 
 
 def kv_heads(mask_names: pd.Series) -> list[int]:

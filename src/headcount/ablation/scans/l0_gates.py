@@ -9,50 +9,75 @@ import pandas as pd
 from torch import Tensor
 
 from headcount.ablation.l0_gates import l0_gates_table, train_l0_gates
+from headcount.ablation.metrics import require_differentiable
+from headcount.ablation.modes import resample_sources
 from headcount.ablation.scans.base import Scan, register
 from headcount.config.ablation import AblationConfig, ScanConfig, l0_targets, validate_l0_config
+from headcount.data.examples import to_batches
 from headcount.plotting import head_heatmap
-from headcount.run_dir import to_batches
 
 
 @register
 class L0GatesScan(Scan):
     kind = "l0_gates"
+    doc = "Voita et al.'s learned hard-concrete gates, their masks evaluated exactly"
 
     @classmethod
     def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
         validate_l0_config(cfg.l0, None, f"ablation.scans.{name}.l0")
+        require_differentiable(settings.metric, f"the {name} scan (L0 gates trained on the metric)")
 
     def prepare(self) -> None:
         validate_l0_config(self.cfg.l0, sum(self.session.heads_per_layer), f"ablation.scans.{self.name}.l0")
 
     def fingerprint_parts(self) -> tuple:
         s = self.session.settings
-        return (self.kind, asdict(self.cfg.l0), s.reference_split, s.n_reference)
+        resampled = ("resample paired within the reference split",) if s.mode == "resample" else ()
+        return (self.kind, asdict(self.cfg.l0), self.reference_split(), s.n_reference, *resampled)
 
     def compute(self, key: str) -> pd.DataFrame:
         session, s, l0 = self.session, self.session.settings, self.cfg.l0
-        reference = session.run.examples(s.reference_split, s.n_reference, "ablation.reference_split")
-        batches = to_batches(reference, s.batch_size, session.device)
-        replacements = session.replacements.for_batch(session.model, batches[0]) if s.mode == "mean" else None
-        results = [train_l0_gates(session.model, batches, l0, t, replacements, s.progress) for t in l0_targets(l0)]
+        batches = self.training_batches()
+        train = lambda target: train_l0_gates(  # noqa: E731
+            session.model, batches, l0, target, session.replacements, s.progress, session.metric
+        )
+        results = [train(target) for target in l0_targets(l0)]
         table = l0_gates_table(results, lambda gates_MLH: session.evaluator.evaluate(gates_MLH.to(session.device)))
         runs = table.drop_duplicates("target_heads" if l0.target_heads is not None else "n_kept")
+        primary = session.metric.primary
         session.files.update_summary(
             {
                 "l0_gates": [
-                    {"target_heads": r.target_heads, "n_kept": int(r.n_kept), "loss": float(r.loss)}
-                    for r in runs.itertuples()
+                    {"target_heads": r["target_heads"], "n_kept": int(r["n_kept"]), primary: float(r[primary])}
+                    for _, r in runs.iterrows()
                 ]
             }
         )
         return table
 
+    def training_batches(self) -> list[dict]:
+        """What the gates train on: the reference split of the run's data (not the split they are evaluated on), or
+        a task's own prompts (a task has no other). Under resample, each reference example takes another's z."""
+        session, s = self.session, self.session.settings
+        if session.task is not None:
+            return session.batches
+        reference = session.run.examples(self.reference_split(), s.n_reference, "ablation.reference_split")
+        if session.mode.name == "resample":
+            n = len(reference["input_ids"])
+            reference["source_ids"] = reference["input_ids"][resample_sources(n, n, s.seed, same_split=True)]
+        return to_batches(reference, s.batch_size, session.device)
+
+    def reference_split(self) -> str:
+        return self.session.settings.reference_split or "train"
+
     def record(self) -> dict:
         """The gates train on the reference split whatever the mode: its name and size belong to every table."""
-        s = self.session.settings
-        n_reference = min(s.n_reference, len(self.session.run.splits[s.reference_split]))
-        return {**self.session.record, "reference_split": s.reference_split, "n_reference": n_reference}
+        session, s = self.session, self.session.settings
+        if session.task is not None:
+            return session.record
+        split = self.reference_split()
+        n_reference = min(s.n_reference, len(session.run.splits[split]))
+        return {**session.record, "reference_split": split, "n_reference": n_reference}
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         kept = table.groupby(["layer", "head"], as_index=False)["kept"].mean().rename(columns={"kept": "kept_share"})

@@ -6,20 +6,21 @@ import pandas as pd
 
 from headcount.ablation.masks import HeadMask, layer_masks
 from headcount.ablation.scans.base import register
-from headcount.ablation.scans.mask_scan import FIGURE_LABEL, FIGURE_VALUE, MaskScan, figure_title
+from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.plotting import heatmap
 
 
 @register
 class LayerScan(MaskScan):
     kind = "layer"
+    doc = "all heads of one layer off"
 
     def masks(self) -> list[HeadMask]:
         return layer_masks(self.session.heads_per_layer)
 
     @classmethod
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
-        grid = table[FIGURE_VALUE].to_numpy(float)[:, None]
+        grid = table[table_metric(table)[0]].to_numpy(float)[:, None]
         labels = [str(layer) for layer in table["layer"]]
         title = figure_title(table, subject)
-        return heatmap(grid, path, title, labels, ["all heads"], "", "layer", FIGURE_LABEL)
+        return heatmap(grid, path, title, labels, ["all heads"], "", "layer", table_metric(table)[1])

@@ -6,17 +6,17 @@ import pandas as pd
 
 from headcount.ablation.masks import HeadMask, leave_one_in_masks
 from headcount.ablation.scans.base import register
-from headcount.ablation.scans.mask_scan import FIGURE_LABEL, FIGURE_VALUE, MaskScan, figure_title
-from headcount.plotting import head_heatmap
+from headcount.ablation.scans.mask_scan import MaskScan, head_figure
 
 
 @register
 class LeaveOneInScan(MaskScan):
     kind = "leave_one_in"
+    doc = "in one layer only one head stays on (Michel et al.'s all but one)"
 
     def masks(self) -> list[HeadMask]:
         return leave_one_in_masks(self.session.heads_per_layer)
 
     @classmethod
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
-        return head_heatmap(table, path, FIGURE_VALUE, figure_title(table, subject), FIGURE_LABEL)
+        return head_figure(table, path, subject)

@@ -1,18 +1,27 @@
-"""What the mask scans share: each evaluates a list of named masks exactly, resumably, into one row per mask with
-deltas against the unmasked model, and draws `delta_loss` (in nats) as its figure."""
+"""What the mask scans share: each evaluates a list of named masks exactly, resumably, into one row per mask with the
+metric's values and their deltas against the unmasked model, and draws the metric's delta as its figure.
+
+Columns: scan, mask, layer, head, [position], mode, each metric column (loss and acc for loss), delta_<column> for
+each, [gap_fraction], n_heads_off, then how the table was computed (ablation/results.py). gap_fraction, on a task
+with corrupted prompts: the mask's delta as a share of the gap between the prompts and their counterparts, delta /
+(counterpart - baseline) of the metric: the fraction of the clean-to-corrupted gap a mask removes (noising) or
+restores (denoising, where the baseline is the corrupted run).
+"""
 
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from headcount.ablation.evaluator import MaskTotals
 from headcount.ablation.masks import HeadMask
+from headcount.ablation.metrics import Metric
+from headcount.ablation.metrics import table_metric as metric_of
 from headcount.ablation.scans.base import Scan
+from headcount.plotting import head_heatmap, heatmap
 
 SCAN_COLUMNS = ["scan", "mask", "layer", "head", "mode", "loss", "acc", "delta_loss", "delta_acc", "n_heads_off"]
-FIGURE_VALUE = "delta_loss"
-FIGURE_LABEL = "loss increase (nats)"  # what FIGURE_VALUE is, with its unit
 
 
 class MaskScan(Scan):
@@ -30,37 +39,78 @@ class MaskScan(Scan):
         return self.masks()
 
     def fingerprint_parts(self) -> tuple:
-        return (self.kind, [(m.name, m.heads_off) for m in self.head_masks])
+        masks = [(m.name, m.heads_off, m.position) if m.position else (m.name, m.heads_off) for m in self.head_masks]
+        return (self.kind, masks)
 
     def compute(self, key: str) -> pd.DataFrame:
+        session = self.session
         totals = self.evaluate(self.head_masks, key)
-        return scan_table(self.name, self.session.settings.mode, self.head_masks, totals, self.session.baseline)
+        mode = session.settings.mode
+        return scan_table(
+            self.name, mode, self.head_masks, totals, session.baseline, session.metric, session.counterpart
+        )
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         return [self.figure(table, self.path(".png"), self.session.subject)]
 
 
+def table_metric(table: pd.DataFrame) -> tuple[str, str]:
+    """A scan table's figure value, the delta of its metric, and that value's label with its unit."""
+    metric = metric_of(table)
+    if metric.name == "loss":
+        return "delta_loss", "loss increase (nats)"
+    return f"delta_{metric.primary}", f"change in {metric.name} ({metric.unit})"
+
+
 def figure_title(table: pd.DataFrame, subject: str) -> str:
     """The scan, the metric with its unit, the mode, and on a second line the model and the data."""
-    title = f"{table['scan'].iloc[0]}: {FIGURE_LABEL}, {table['mode'].iloc[0]} ablation"
+    title = f"{table['scan'].iloc[0]}: {table_metric(table)[1]}, {table['mode'].iloc[0]} ablation"
     return f"{title}\n{subject}" if subject else title
 
 
-def scan_table(scan: str, mode: str, masks: list[HeadMask], totals: MaskTotals, baseline: dict) -> pd.DataFrame:
+def head_figure(table: pd.DataFrame, path: Path, subject: str = "") -> Path:
+    """A (layer, head) heatmap of the metric's delta; per named position (a `position` column), one block of heads
+    per position side by side."""
+    value, label = table_metric(table)
+    title = figure_title(table, subject)
+    if "position" not in table or not (table["position"].astype(str) != "").any():
+        return head_heatmap(table, path, value, title, label)
+    positions = list(dict.fromkeys(table["position"].astype(str)))
+    L, H = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    grid = np.full((L, len(positions) * H), np.nan)
+    for i, position in enumerate(positions):
+        rows = table[table["position"].astype(str) == position]
+        grid[rows["layer"].to_numpy(int), i * H + rows["head"].to_numpy(int)] = rows[value].to_numpy(float)
+    columns = [f"{position}:{head}" for position in positions for head in range(H)]
+    return heatmap(grid, path, title, [str(layer) for layer in range(L)], columns, "position:head", "layer", label)
+
+
+def scan_table(
+    scan: str,
+    mode: str,
+    masks: list[HeadMask],
+    totals: MaskTotals,
+    baseline: dict,
+    metric: Metric,
+    counterpart: dict | None = None,
+) -> pd.DataFrame:
     """The long-format results: one row per mask, with deltas against the unmasked model."""
-    loss, acc = totals.loss().numpy(), totals.acc().numpy()
-    return pd.DataFrame(
+    values = {column: totals.value(column).numpy() for column in metric.columns}
+    table = pd.DataFrame(
         {
             "scan": scan,
             "mask": [m.name for m in masks],
             "layer": [m.layer for m in masks],
             "head": [m.head for m in masks],
+            **({"position": [m.position for m in masks]} if any(m.position for m in masks) else {}),
             "mode": mode,
-            "loss": loss,
-            "acc": acc,
-            "delta_loss": loss - baseline["loss"],
-            "delta_acc": acc - baseline["acc"],
-            "n_heads_off": [len(m.heads_off) for m in masks],
-        },
-        columns=SCAN_COLUMNS,
+            **values,
+            **{f"delta_{column}": value - baseline[column] for column, value in values.items()},
+        }
     )
+    if counterpart is not None:
+        primary = metric.primary
+        gap = counterpart[primary] - baseline[primary]
+        table["gap_fraction"] = (values[primary] - baseline[primary]) / gap if gap != 0 else float("nan")
+    table["n_heads_off"] = [len(m.heads_off) for m in masks]
+    return table

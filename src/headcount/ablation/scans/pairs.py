@@ -9,7 +9,7 @@ import pandas as pd
 
 from headcount.ablation.masks import HeadMask, all_heads, most_important_heads, pair_masks
 from headcount.ablation.scans.base import register
-from headcount.ablation.scans.mask_scan import FIGURE_LABEL, FIGURE_VALUE, MaskScan, figure_title
+from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
@@ -21,6 +21,7 @@ HEAD_NAME = re.compile(r"L(\d+)H(\d+)")
 @register
 class PairsScan(MaskScan):
     kind = "pairs"
+    doc = "two heads off together: all pairs, or pairs among the top k"
 
     @classmethod
     def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
@@ -42,7 +43,7 @@ class PairsScan(MaskScan):
         heads = sorted({head for pair in pairs for head in pair}, key=lambda h: (int(h[0]), int(h[1])))
         index = {head: i for i, head in enumerate(heads)}
         grid = np.full((len(heads), len(heads)), np.nan)
-        for (a, b), v in zip(pairs, table[FIGURE_VALUE].to_numpy(float)):
+        for (a, b), v in zip(pairs, table[table_metric(table)[0]].to_numpy(float)):
             grid[index[a], index[b]] = grid[index[b], index[a]] = v
         labels = [f"L{layer}H{head}" for layer, head in heads]
-        return heatmap(grid, path, figure_title(table, subject), labels, labels, "head", "head", FIGURE_LABEL)
+        return heatmap(grid, path, figure_title(table, subject), labels, labels, "head", "head", table_metric(table)[1])

@@ -11,6 +11,7 @@ from matplotlib.ticker import FuncFormatter
 from torch import Tensor
 
 from headcount.ablation.masks import gates_to_masks
+from headcount.ablation.metrics import Loss, Metric, require_differentiable
 from headcount.ablation.pruning import prunable_fractions, pruning_curves
 from headcount.ablation.scans.base import Scan, register
 from headcount.ablation.scans.single_head import single_head_delta
@@ -23,10 +24,15 @@ from headcount.plotting import new_figure, set_title
 @register
 class PruningScan(Scan):
     kind = "pruning"
+    doc = "heads removed step by step in gradient, single-head and random orders"
 
     @classmethod
     def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
         validate_pruning_config(settings.pruning)
+        if {"gradient", "gradient_per_example", "gradient_iterative"} & {
+            str(order) for order in settings.pruning.orders
+        }:
+            require_differentiable(settings.metric, "the gradient pruning orders (ablation.pruning.orders)")
 
     def fingerprint_parts(self) -> tuple:
         s = self.session.settings
@@ -36,20 +42,24 @@ class PruningScan(Scan):
         session, s = self.session, self.session.settings
 
         def evaluate(gates_MLH: Tensor) -> dict[str, Tensor]:
-            totals = self.evaluate(gates_to_masks(gates_MLH, session.heads_per_layer), key)
-            return {"loss": totals.loss(), "acc": totals.acc()}
+            return self.evaluate(gates_to_masks(gates_MLH, session.heads_per_layer), key).values()
 
         delta_LH = single_head_delta(session) if "single_head" in s.pruning.orders else None
         hpl, baseline = session.heads_per_layer, session.baseline
-        return pruning_curves(evaluate, session.importance, delta_LH, hpl, s.pruning, s.seed, baseline)
+        return pruning_curves(evaluate, session.importance, delta_LH, hpl, s.pruning, s.seed, baseline, session.metric)
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
-        title = self.title("loss increase over the baseline (%) against heads pruned")
+        metric = self.session.metric
+        worse = "loss increase over" if metric.name == "loss" else f"{metric.name} worse than"
+        title = self.title(f"{worse} the baseline (%) against heads pruned")
         tolerance = self.session.settings.pruning.tolerance
-        return [pruning_figure(table, self.path(".png"), self.session.baseline["loss"], tolerance, title)]
+        baseline = self.session.baseline[metric.primary]
+        return [pruning_figure(table, self.path(".png"), baseline, tolerance, title, metric)]
 
     def use(self, table: pd.DataFrame) -> None:
-        prunable = prunable_fractions(table, self.session.baseline["loss"], self.session.settings.pruning.tolerance)
+        metric = self.session.metric
+        baseline, tolerance = self.session.baseline[metric.primary], self.session.settings.pruning.tolerance
+        prunable = prunable_fractions(table, baseline, tolerance, metric)
         arbitrary = arbitrary_orders(table)
         self.session.shared[self.kind] = prunable
         self.session.files.update_summary({"prunable_fraction": prunable, "arbitrary_orders": arbitrary})
@@ -77,29 +87,40 @@ def arbitrary_orders(curves: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(flagged))
 
 
-def pruning_figure(curves: pd.DataFrame, path: str | Path, baseline_loss: float, tolerance: float, title: str) -> Path:
-    """The loss relative to the baseline (loss / baseline - 1, in %) against the fraction of heads pruned, a line per
-    order; random as the mean over seeds with a min-max band; the baseline (0%) and the tolerance as horizontal lines.
-    The axis is symmetric-log, linear up to the tolerance, so the tolerance band is as tall as a decade of loss."""
+def pruning_figure(
+    curves: pd.DataFrame,
+    path: str | Path,
+    baseline_loss: float,
+    tolerance: float,
+    title: str,
+    metric: Metric | None = None,
+) -> Path:
+    """How much worse than the baseline the metric is, relative to it (for loss, loss / baseline - 1; in %), against
+    the fraction of heads pruned, a line per order; random as the mean over seeds with a min-max band; the baseline
+    (0%) and the tolerance as horizontal lines. The axis is symmetric-log, linear up to the tolerance, so the
+    tolerance band is as tall as a decade of loss."""
+    metric = metric or Loss()
     fig = new_figure(7, 4.5)
     ax = fig.add_subplot()
     arbitrary = set(arbitrary_orders(curves))
-    relative = 100 * (curves["loss"] / baseline_loss - 1)
+    worse = lambda values: 100 * metric.damage(values, baseline_loss) / abs(baseline_loss)  # noqa: E731
+    relative = worse(curves[metric.primary])
     linthresh = max(100 * tolerance, 0.1)
     for order, curve in curves.groupby("order", sort=False):
-        by_fraction = (100 * (curve["loss"] / baseline_loss - 1)).groupby(curve["fraction"])
+        by_fraction = worse(curve[metric.primary]).groupby(curve["fraction"])
         mean = by_fraction.mean()
         label = f"{order} (arbitrary: every head scored the same)" if order in arbitrary else order
         (line,) = ax.plot(mean.index, mean.to_numpy(), marker="o", markersize=3, label=label)
         if curve["seed"].nunique() > 1:
             ax.fill_between(mean.index, by_fraction.min(), by_fraction.max(), color=line.get_color(), alpha=0.2)
-    ax.axhline(0, color="black", linestyle="--", linewidth=1, label=f"baseline ({baseline_loss:.4g} nats)")
+    ax.axhline(0, color="black", linestyle="--", linewidth=1, label=f"baseline ({baseline_loss:.4g} {metric.unit})")
     ax.axhline(100 * tolerance, color="tab:red", linestyle=":", linewidth=1.2, label=f"tolerance {100 * tolerance:g}%")
     ax.set_yscale("symlog", linthresh=linthresh)
     # Below the baseline only as far as a curve goes: no empty decades of "better than the full model".
     ax.set_ylim(bottom=min(1.2 * float(relative.min()), -0.5 * linthresh))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}%"))
-    ax.set(xlabel="fraction of heads pruned", ylabel="loss / baseline - 1 (%)")
+    ylabel = "loss / baseline - 1 (%)" if metric.name == "loss" else f"{metric.name}: worse than baseline (% of it)"
+    ax.set(xlabel="fraction of heads pruned", ylabel=ylabel)
     ax.set_xlim(-0.02, 1.02)
     set_title(ax, title)
     ax.legend(fontsize=8)

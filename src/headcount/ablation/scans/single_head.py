@@ -1,5 +1,7 @@
-"""`single_head`: each head off alone. Its loss deltas rank the heads for `pairs` with top_k and for the single_head
-pruning order, and its largest one goes to summary.json as the most important head."""
+"""`single_head`: each head off alone (with ablation.patch_positions=each, each head at each named position of the
+task alone). How much each head's removal worsens the metric (its damage: the loss increase, the logit difference's
+decrease, ...; per head the largest over positions) ranks the heads for `pairs` with top_k and for the single_head
+pruning order, and the largest goes to summary.json as the most important head."""
 
 from pathlib import Path
 
@@ -8,34 +10,40 @@ from torch import Tensor
 
 from headcount.ablation.masks import HeadMask, single_head_masks
 from headcount.ablation.scans.base import register
-from headcount.ablation.scans.mask_scan import FIGURE_LABEL, FIGURE_VALUE, MaskScan, figure_title
-from headcount.plotting import head_heatmap
+from headcount.ablation.scans.mask_scan import MaskScan, head_figure
 
 
 @register
 class SingleHeadScan(MaskScan):
     kind = "single_head"
+    doc = "each head off alone (or each head at each named position of a task)"
 
     def masks(self) -> list[HeadMask]:
-        return single_head_masks(self.session.heads_per_layer)
+        positions = self.session.positions if self.session.settings.patch_positions == "each" else None
+        return single_head_masks(self.session.heads_per_layer, positions)
 
     @classmethod
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
-        return head_heatmap(table, path, FIGURE_VALUE, figure_title(table, subject), FIGURE_LABEL)
+        return head_figure(table, path, subject)
 
     def use(self, table: pd.DataFrame) -> None:
-        self.session.shared[self.kind] = self.session.layer_head_tensor(table, "delta_loss")
-        top = table.loc[table["delta_loss"].idxmax()]
+        metric = self.session.metric
+        delta = f"delta_{metric.primary}"
+        damage = table.assign(damage=metric.damage(table[delta], 0.0))
+        per_head = damage.loc[damage.groupby(["layer", "head"])["damage"].idxmax()]
+        self.session.shared[self.kind] = self.session.layer_head_tensor(per_head, "damage")
+        top = damage.loc[damage["damage"].idxmax()]
         most_important = {
             "mask": top["mask"],
             "layer": int(top["layer"]),
             "head": int(top["head"]),
-            "delta_loss": float(top["delta_loss"]),
+            delta: float(top[delta]),
         }
         self.session.files.update_summary({"most_important_head": most_important})
 
 
 def single_head_delta(session, compute: bool = True) -> Tensor | None:
-    """(L, H) loss increase of each head off alone, from this session's single_head scan or an up-to-date
+    """(L, H) how much each head off alone worsens the metric (for loss: its increase), from this session's
+    single_head scan or an up-to-date
     single_head.csv; failing both, runs the scan, or with compute=False returns None."""
     return session.provided(SingleHeadScan.kind, compute)

@@ -1,0 +1,46 @@
+"""The checks on an ablation section that need no model or data beyond its own settings and the task section: the
+components it names (mode, metric, scans) and how they combine. Every command and the Python API run them before
+any work, so a mistake is one line."""
+
+from headcount.ablation.metrics import Metric, resolve_metric
+from headcount.ablation.modes import MODES, AblationMode
+from headcount.ablation.scans import validate_scans
+from headcount.config.ablation import AblationConfig, validate_ablation_config
+from headcount.config.task import TaskConfig, validate_task_config
+from headcount.errors import ConfigError
+from headcount.tasks import SOURCES
+
+
+def validate_settings(s: AblationConfig, task: TaskConfig | None) -> tuple[AblationMode, Metric | None]:
+    """The mode and, when one is named, the metric; ConfigError for the first thing wrong. task: the task section,
+    None for the run's own data."""
+    validate_ablation_config(s)
+    mode = MODES.get(str(s.mode))()
+    if task is not None:
+        validate_task_config(task, list(SOURCES))
+    metric = resolve_metric(s.metric, task=task is not None) if s.metric is not None else None
+    if task is None and mode.name == "patch":
+        raise ConfigError(
+            "ablation.mode",
+            "patch",
+            "patches a task's corrupted prompts: name a task (task=ioi, "
+            "task=kv_retrieval, or task=file with a corrupted field)",
+        )
+    if task is None and s.patch_positions == "each":
+        raise ConfigError(
+            "ablation.patch_positions",
+            "each",
+            "positions are named by a task (task=ioi: IO, S1, S1+1, S2, end); the run's data names none",
+        )
+    if task is None and metric is not None and metric.needs_wrong:
+        raise ConfigError("ablation.metric", metric.name, "needs a wrong answer per prompt: only a task has them")
+    if s.prune.export and not mode.foldable(s):
+        per_position = " with mean_per_position" if s.mode == "mean" else ""
+        raise ConfigError(
+            "ablation.prune.export",
+            True,
+            "a smaller model can fold only zero or position-averaged "
+            f"mean ablation; mode={s.mode}{per_position} varies with the input",
+        )
+    validate_scans(s)
+    return mode, metric

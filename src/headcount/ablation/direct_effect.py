@@ -1,0 +1,53 @@
+"""Each head's direct effect on the metric: its output through W_O at a score point, through the final norm with the
+norm's scale taken from the run itself, onto the unembedding direction the metric reads (the correct answer's row
+minus the wrong answer's for a logit difference; the correct answer's row otherwise: its direct logit). With the
+norm's scale frozen the final stream is a sum of components (the embedding, each head, each MLP, the biases), so the
+direct effects of every component add up to the logit read, exactly; a head's direct effect ignores what it does
+through later layers (Wang et al. 2022's "direct logit attribution")."""
+
+import torch
+from torch import Tensor
+
+from headcount.ablation.metrics import Metric, Targets
+from headcount.ablation.modes import Replacements
+from headcount.model.norm import frozen_norm
+from headcount.model.transformer import Transformer
+
+
+def unembedding_direction(model: Transformer, targets: Targets, metric: Metric) -> Tensor:
+    """(N, C): the row (or difference of rows) of the unembedding the metric reads at each score point."""
+    W_VC = model.lm_head.weight
+    if metric.needs_wrong:
+        return W_VC[targets.answer_N] - W_VC[targets.wrong_N]
+    return W_VC[targets.answer_N]
+
+
+@torch.no_grad()
+def direct_effects(
+    model: Transformer,
+    batches: list[dict[str, Tensor]],
+    metric: Metric,
+    gates_LH: Tensor | None = None,
+    replacements: Replacements | None = None,
+) -> Tensor:
+    """(L, H) float64: each head's direct effect, the mean over the score points; with gates_LH (and the heads' mode
+    replacements), on that masked model, the norm's scale its own."""
+    L, H = model.n_layers, model.max_heads
+    total_LH, n_points = torch.zeros(L, H, dtype=torch.float64), 0
+    for batch in batches:
+        targets = Targets.of(batch)
+        values, where = None, None
+        if gates_LH is not None and replacements is not None:
+            replaced = replacements.for_batch(model, batch)
+            values, where = replaced.values, replaced.where_BT
+        cache: dict = {}
+        resid_BTC = model.embed(batch["input_ids"])
+        final_BTC = model.forward_layers(resid_BTC, 0, gates_LH, values, cache=cache, gate_where=where)
+        normed = frozen_norm(model.ln_f, final_BTC[targets.where_BT])
+        direction_N1C = unembedding_direction(model, targets, metric)[:, None]
+        for layer, block in enumerate(model.blocks):
+            z_NHD = cache["z" if gates_LH is None else "z_gated", layer][targets.where_BT]
+            out_NHC = torch.einsum("nhd,hdc->nhc", z_NHD, block.attn.W_O)
+            total_LH[layer, : z_NHD.shape[1]] += (normed(out_NHC) * direction_N1C).sum(-1).double().sum(0).cpu()
+        n_points += len(targets)
+    return total_LH / max(n_points, 1)

@@ -1,0 +1,153 @@
+"""`attribution`: every head's effect on the metric estimated at once by attribution patching (ablation/attribution.py:
+one forward and one backward pass per batch, in the session's mode and metric; per head and named position with
+ablation.patch_positions=each), then the `verify_top_k` largest estimates evaluated exactly by the evaluator.
+
+Columns: layer, head, [position], attribution (the estimated change of the metric, in its unit), rank (by
+|attribution|, 1 first), exact (the exact change of the verified heads), verified. When an exact single_head scan of
+the same mode and metric is up to date in the run (run it first), the table handed back, the figure and the summary
+read every head's exact change from it, and summary.json's `attribution` entry reports Spearman's rank correlation of
+the estimates with the exact changes and the recall of the exact top-k (by |change|) within the estimate's top-k and
+top-2k.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from headcount.ablation.attribution import attribute
+from headcount.ablation.masks import single_head_masks
+from headcount.ablation.metrics import require_differentiable
+from headcount.ablation.scans.base import Scan, register
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.errors import ConfigError
+from headcount.io import atomic_savefig
+from headcount.plotting import new_figure, set_title
+
+
+@register
+class AttributionScan(Scan):
+    kind = "attribution"
+    doc = "every head's effect estimated at once (attribution patching), the top k verified exactly"
+
+    @classmethod
+    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+        require_differentiable(settings.metric, f"the {name} scan (attribution patching)")
+        if cfg.verify_top_k < 0:
+            raise ConfigError(f"ablation.scans.{name}.verify_top_k", cfg.verify_top_k, "must be 0 or more")
+
+    def fingerprint_parts(self) -> tuple:
+        return (self.kind, self.cfg.verify_top_k, str(self.session.settings.patch_positions))
+
+    def per_position(self) -> bool:
+        return self.session.settings.patch_positions == "each"
+
+    def compute(self, key: str) -> pd.DataFrame:
+        session = self.session
+        masks = single_head_masks(session.heads_per_layer, session.positions if self.per_position() else None)
+        attribution = attribute(
+            session.model, session.batches, session.replacements, session.metric, per_position=self.per_position()
+        )
+        if self.per_position():
+            estimate = [
+                float(attribution.estimate_KLH[session.positions.index(m.position), m.layer, m.head]) for m in masks
+            ]
+        else:
+            estimate = [float(attribution.estimate_LH[m.layer, m.head]) for m in masks]
+        table = pd.DataFrame(
+            {"mask": [m.name for m in masks], "layer": [m.layer for m in masks], "head": [m.head for m in masks]}
+        )
+        if self.per_position():
+            table["position"] = [m.position for m in masks]
+        table["attribution"] = estimate
+        table["rank"] = table["attribution"].abs().rank(ascending=False, method="first").astype(int)
+        verified = [m for m, rank in zip(masks, table["rank"]) if rank <= self.cfg.verify_top_k]
+        exact = {}
+        if verified:
+            totals = self.evaluate(verified, key)
+            primary = session.metric.primary
+            deltas = (totals.value(primary) - session.baseline[primary]).tolist()
+            exact = dict(zip([m.name for m in verified], deltas))
+        table["exact"] = table["mask"].map(exact).astype(float)
+        table["verified"] = table["rank"] <= self.cfg.verify_top_k
+        return table
+
+    def exact_scan(self) -> pd.Series | None:
+        """mask -> exact delta of the metric from an up-to-date single_head scan of this mode and metric (with the
+        same positions), or None."""
+        from headcount.ablation.scans.single_head import SingleHeadScan  # a sibling kind, read back only
+
+        session = self.session
+        table = SingleHeadScan("single_head", None, session).read_back(announce=False)
+        if table is None:
+            return None
+        return table.set_index("mask")[f"delta_{session.metric.primary}"]
+
+    def use(self, table: pd.DataFrame) -> None:
+        table["exact"] = pd.to_numeric(table["exact"], errors="coerce")  # read back, an empty cell is ""
+        table["verified"] = table["verified"].astype(str) == "True"
+        scan_exact = self.exact_scan()
+        if scan_exact is not None:  # every head's exact change, from the single_head scan of this mode and metric
+            table["exact"] = table["exact"].fillna(table["mask"].map(scan_exact))
+        if "position" not in table:  # per head: how much switching it off is estimated to worsen the metric
+            damage = table.assign(damage=self.session.metric.damage(table["attribution"], 0.0))
+            self.session.shared[self.kind] = self.session.layer_head_tensor(damage, "damage")
+        summary = attribution_summary(table, self.cfg.verify_top_k)
+        self.session.files.update_summary({"attribution": {self.name: summary}})
+
+    def figures(self, table: pd.DataFrame) -> list[Path | None]:
+        scan_exact = self.exact_scan()
+        if scan_exact is not None:
+            table = table.assign(exact=table["exact"].fillna(table["mask"].map(scan_exact)))
+        metric = self.session.metric
+        title = self.title(f"attribution estimate against exact change in {metric.name} ({metric.unit})")
+        return [attribution_figure(table, self.path(".png"), title, metric.unit)]
+
+
+def attribution_summary(table: pd.DataFrame, k: int) -> dict:
+    """How the estimates compare with the exact changes: of the verified heads always, of every head when all have
+    an exact change (Spearman's rho, recall of the exact top-k within the estimate's top-k and top-2k)."""
+    verified = table[table["verified"]]
+    summary = {
+        "verify_top_k": k,
+        "n_heads": len(table),
+        "max_abs_error_verified": float((verified["attribution"] - verified["exact"]).abs().max())
+        if len(verified)
+        else None,
+    }
+    k = min(k, len(table))
+    if table["exact"].notna().all() and len(table) > 1 and k > 0:
+        exact_rank = table["exact"].abs().rank(ascending=False, method="first")
+        top_exact = set(table.index[exact_rank <= k])
+        summary.update(
+            spearman=float(table["attribution"].rank().corr(table["exact"].rank())),
+            spearman_abs=float(table["attribution"].abs().rank().corr(table["exact"].abs().rank())),
+            recall_top_k=len(top_exact & set(table.index[table["rank"] <= k])) / k,
+            recall_top_k_in_2k=len(top_exact & set(table.index[table["rank"] <= 2 * k])) / k,
+        )
+    return summary
+
+
+def attribution_figure(table: pd.DataFrame, path: Path, title: str, unit: str) -> Path:
+    """Estimate (x) against exact change (y), one point per head (or head and position) with an exact value, the
+    verified ones marked; the diagonal is where the estimate is exact."""
+    fig = new_figure(6, 5)
+    ax = fig.add_subplot()
+    known = table[table["exact"].notna()]
+    others = known[~known["verified"]]
+    ax.scatter(
+        others["attribution"], others["exact"], s=10, color="tab:gray", alpha=0.6, label="exact from single_head"
+    )
+    top = known[known["verified"]]
+    ax.scatter(top["attribution"], top["exact"], s=22, color="tab:red", label=f"verified (top {len(top)})")
+    for row in top.itertuples():
+        ax.annotate(row.mask, (row.attribution, row.exact), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    values = np.concatenate([known["attribution"].to_numpy(float), known["exact"].to_numpy(float)])
+    if len(values):
+        low, high = float(values.min()), float(values.max())
+        ax.plot([low, high], [low, high], color="black", linewidth=0.8, linestyle="--", label="estimate = exact")
+    ax.set(xlabel=f"attribution estimate ({unit})", ylabel=f"exact change ({unit})")
+    set_title(ax, title)
+    ax.legend(fontsize=8)
+    atomic_savefig(fig, path, dpi=120)
+    return Path(path)

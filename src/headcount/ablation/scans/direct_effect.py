@@ -1,0 +1,85 @@
+"""`direct_effect`: each head's direct effect on the metric through the residual stream (ablation/direct_effect.py),
+in the metric's unit (logits for a logit difference), the mean over the score points of the clean run.
+
+With `backup_top_k` = k > 0 it also measures self-repair (Wang et al. 2022's backup name movers): the k heads of
+largest direct effect are mean-ablated together (means over the evaluation set's own inputs, whatever the session's
+mode), and it records the metric's change from that joint ablation beside the sum of the k heads' changes when each
+is mean-ablated alone, and every head's direct effect again on the ablated model (`direct_effect_after`); heads whose
+direct effect grew take over part of what was removed."""
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from headcount.ablation.direct_effect import direct_effects
+from headcount.ablation.evaluator import MaskEvaluator
+from headcount.ablation.masks import HeadMask, all_heads, head_name, masks_to_gates
+from headcount.ablation.modes import Mean, Replacements, mean_z
+from headcount.ablation.scans.base import Scan, register
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.errors import ConfigError
+from headcount.plotting import head_heatmap
+
+
+@register
+class DirectEffectScan(Scan):
+    kind = "direct_effect"
+    doc = "each head's direct effect on the metric through the residual stream; with backup_top_k, self-repair"
+
+    @classmethod
+    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+        if cfg.backup_top_k < 0:
+            raise ConfigError(f"ablation.scans.{name}.backup_top_k", cfg.backup_top_k, "must be 0 or more")
+
+    def fingerprint_parts(self) -> tuple:
+        return (self.kind, self.cfg.backup_top_k)
+
+    def compute(self, key: str) -> pd.DataFrame:
+        session, hpl = self.session, self.session.heads_per_layer
+        effect_LH = direct_effects(session.model, session.batches, session.metric)
+        layers, heads = (list(x) for x in zip(*all_heads(hpl)))
+        table = pd.DataFrame({"layer": layers, "head": heads, "direct_effect": effect_LH[layers, heads].numpy()})
+        k = min(self.cfg.backup_top_k, len(table))
+        if k:
+            table["direct_effect_after"] = self.backup(effect_LH, k)[layers, heads].numpy()
+        return table
+
+    def backup(self, effect_LH: torch.Tensor, k: int) -> torch.Tensor:
+        """Mean-ablate the top k heads together; record the joint and single changes; direct effects after."""
+        session, hpl = self.session, self.session.heads_per_layer
+        model, metric = session.model, session.metric
+        top = [(i // effect_LH.shape[1], i % effect_LH.shape[1]) for i in effect_LH.flatten().argsort(descending=True)]
+        top = [h for h in top if h[1] < hpl[h[0]]][:k]
+        means = Replacements(Mean(), mean_z(model, session.batches, per_position=False))
+        masks = [HeadMask("together", tuple(top))] + [HeadMask(head_name(*h), (h,)) for h in top]
+        gates = masks_to_gates(masks, hpl).to(session.device)
+        evaluator = MaskEvaluator(model, session.batches, means, metric=metric)
+        base = evaluator.baseline()[metric.primary]
+        changes = (evaluator.evaluate(gates)[metric.primary] - base).tolist()
+        after_LH = direct_effects(model, session.batches, metric, gates[0], means)
+        grew = [(head_name(*h), float(after_LH[h] - effect_LH[h])) for h in all_heads(hpl) if h not in top]
+        grew = sorted((g for g in grew if g[1] > 0), key=lambda g: -g[1])
+        record = {
+            "heads": [head_name(*h) for h in top],
+            "together": changes[0],
+            "single": dict(zip([head_name(*h) for h in top], changes[1:])),
+            "sum_of_single": sum(changes[1:]),
+            "grew": dict(grew[:10]),
+        }
+        session.files.update_summary({"backup": {self.name: record}})
+        return after_LH
+
+    def use(self, table: pd.DataFrame) -> None:
+        self.session.shared[self.kind] = self.session.layer_head_tensor(table, "direct_effect")
+
+    def figures(self, table: pd.DataFrame) -> list[Path | None]:
+        metric = self.session.metric
+        direction = "correct minus wrong answer" if metric.needs_wrong else "the correct answer's logit"
+        title = self.title(f"direct effect onto {direction} ({metric.unit})")
+        figures = [head_heatmap(table, self.path(".png"), "direct_effect", title, f"direct effect ({metric.unit})")]
+        if "direct_effect_after" in table:
+            grown = table.assign(growth=table["direct_effect_after"] - table["direct_effect"])
+            title = self.title(f"direct effect's change after the top {self.cfg.backup_top_k} are mean-ablated")
+            figures.append(head_heatmap(grown, self.path(".png", "_growth"), "growth", title, metric.unit))
+        return figures

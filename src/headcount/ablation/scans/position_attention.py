@@ -1,0 +1,73 @@
+"""`position_attention`: how much attention each head pays, from each scored position of a task's prompts, to each
+of the task's named positions (ioi: from the end to IO, S1, S1+1, S2), the mean over the prompts that have the
+position. Read off the clean model's attention patterns, so the same in every mode and metric. Name movers (Wang et
+al. 2022) attend from the end to the indirect object more than to the subject."""
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from headcount.ablation.masks import all_heads
+from headcount.ablation.metrics import Targets
+from headcount.ablation.scans.base import Scan, register
+from headcount.errors import ConfigError
+from headcount.plotting import head_heatmap
+
+
+@register
+class PositionAttentionScan(Scan):
+    kind = "position_attention"
+    doc = "attention from each scored position to each of a task's named positions, per head"
+    mode_independent = True
+
+    def prepare(self) -> None:
+        if self.session.task is None:
+            raise ConfigError(f"ablation.scans.{self.name}", self.kind, "reads a task's named positions: name a task")
+
+    def fingerprint_parts(self) -> tuple:
+        return (self.kind, self.session.positions)
+
+    def compute(self, key: str) -> pd.DataFrame:
+        session = self.session
+        names = [name for name in session.positions if name != "end"]
+        L, H = session.model.n_layers, session.model.max_heads
+        sums = torch.zeros(len(names), L, H, dtype=torch.float64)
+        counts = torch.zeros(len(names), dtype=torch.float64)
+        for batch in session.batches:
+            cache: dict = {}
+            with torch.no_grad():
+                session.model(batch["input_ids"], cache=cache, need_patterns=True)
+            b, t = Targets.of(batch).where_BT.nonzero(as_tuple=True)
+            for k, name in enumerate(names):
+                to = batch["named_pos"][b, session.positions.index(name)]
+                has = to >= 0
+                counts[k] += float(has.sum())
+                for layer in range(L):
+                    pattern_BHTT = cache["pattern", layer]
+                    h = pattern_BHTT.shape[1]
+                    at_NH = pattern_BHTT[b[has], :, t[has], to[has]]
+                    sums[k, layer, :h] += at_NH.double().sum(0).cpu()
+        hpl = session.heads_per_layer
+        layers, heads = (list(x) for x in zip(*all_heads(hpl)))
+        means = sums / counts.clamp_min(1)[:, None, None]
+        return pd.DataFrame(
+            {
+                "layer": layers,
+                "head": heads,
+                **{f"attn_to_{n}": means[k, layers, heads].numpy() for k, n in enumerate(names)},
+            }
+        )
+
+    def figures(self, table: pd.DataFrame) -> list[Path | None]:
+        return [
+            head_heatmap(
+                table,
+                self.path(".png", f"_{column}"),
+                column,
+                self.title(f"attention from the scored position {column.replace('_', ' ')} (share)"),
+                "share of attention (fraction)",
+            )
+            for column in table.columns
+            if column.startswith("attn_to_")
+        ]

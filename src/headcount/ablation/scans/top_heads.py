@@ -1,0 +1,61 @@
+"""`top_heads`: do a few heads carry the behaviour? The `top_fraction` of all heads ranked highest by another scan's
+per-head result (`rank_by`: single_head's damage, direct_effect, retrieval_scores, attribution's estimated damage,
+importance) switched off together, beside `random_sets` sets of as many heads drawn at random (seeded by
+ablation.seed). One row per set, with the metric, its delta and, on a task with corrupted prompts, gap_fraction: in
+patch mode, the share of the clean-to-corrupted gap the set removes."""
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from headcount.ablation.masks import HeadMask, all_heads, joined_name
+from headcount.ablation.scans.base import register
+from headcount.ablation.scans.custom import CustomScan
+from headcount.ablation.scans.mask_scan import MaskScan
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.errors import ConfigError
+
+RANKERS = ("single_head", "direct_effect", "retrieval_scores", "attribution", "importance")
+
+
+@register
+class TopHeadsScan(MaskScan):
+    kind = "top_heads"
+    doc = "the top fraction of heads by another scan, off together, beside random sets of as many"
+
+    @classmethod
+    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+        key = f"ablation.scans.{name}"
+        if cfg.rank_by not in RANKERS:
+            raise ConfigError(f"{key}.rank_by", cfg.rank_by, f"allowed: {', '.join(RANKERS)}")
+        if not 0 < cfg.top_fraction <= 1:
+            raise ConfigError(f"{key}.top_fraction", cfg.top_fraction, "must be in (0, 1]: a share of all heads")
+        if cfg.random_sets < 0:
+            raise ConfigError(f"{key}.random_sets", cfg.random_sets, "must be 0 or more")
+
+    def fingerprint_parts(self) -> tuple:
+        return (*super().fingerprint_parts(), self.cfg.rank_by)
+
+    def masks(self) -> list[HeadMask]:
+        session, hpl = self.session, self.session.heads_per_layer
+        heads = all_heads(hpl)
+        k = max(1, round(self.cfg.top_fraction * len(heads)))
+        score_LH = session.provided(self.cfg.rank_by)
+        order = torch.tensor([float(score_LH[h]) for h in heads], dtype=torch.float64).argsort(descending=True)
+        top = tuple(sorted(heads[i] for i in order[:k].tolist()))
+        masks = [HeadMask(f"top {k} by {self.cfg.rank_by}: {joined_name(top)}", top)]
+        for s in range(self.cfg.random_sets):
+            pick = torch.randperm(len(heads), generator=torch.Generator().manual_seed(session.settings.seed + s))
+            chosen = tuple(sorted(heads[i] for i in pick[:k].tolist()))
+            masks.append(HeadMask(f"random {k} (seed {session.settings.seed + s}): {joined_name(chosen)}", chosen))
+        return masks
+
+    @classmethod
+    def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
+        return CustomScan.figure(table, path, subject)
+
+
+def top_and_random(table: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame]:
+    """A top_heads table's row of the top heads, and its rows of random sets."""
+    return table[table["mask"].str.startswith("top ")].iloc[0], table[table["mask"].str.startswith("random ")]

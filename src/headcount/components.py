@@ -1,0 +1,41 @@
+"""Every kind of component, listed from one place: scan kinds, ablation modes, metrics, task sources, data sources
+and findings. Each registers itself where it is defined (headcount/registry.py); importing the packages that define
+them fills the registries. `headcount-train --list` and `headcount-ablate --list` print this."""
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from headcount.registry import REGISTRIES, Registry
+
+
+def registries() -> list[Registry]:
+    """Every registry, filled."""
+    import headcount.ablation.metrics  # noqa: F401
+    import headcount.ablation.modes  # noqa: F401
+    import headcount.ablation.scans  # noqa: F401
+    import headcount.data.splits  # noqa: F401
+    import headcount.findings  # noqa: F401
+    import headcount.tasks  # noqa: F401
+
+    return list(REGISTRIES)
+
+
+def print_components(console: Console | None = None) -> None:
+    console = console or Console()
+    for registry in registries():
+        table = Table(title=f"{registry.kind}s ({registry.key}): {registry.doc}", title_justify="left", box=None)
+        table.add_column("name", style="bold", no_wrap=True)
+        table.add_column("what")
+        for name, what in registry.describe():
+            table.add_row(escape(name), escape(what))
+        console.print(table)
+        console.print()
+
+
+def take_list_flag(args: list[str]) -> list[str]:
+    """`--list` prints every component and exits; other arguments pass through."""
+    if "--list" in args:
+        print_components()
+        raise SystemExit(0)
+    return args

@@ -1,0 +1,73 @@
+"""Named components, registered one way: scan kinds, metrics, ablation modes, task sources, data sources and findings.
+
+Each kind of component has one `Registry`; a component registers itself where it is defined, with
+`@REGISTRY.register` (or `REGISTRY.add(name, obj)`), so adding one never means editing a list elsewhere. Looking up a
+name that is not there is a one-line ConfigError naming the config key, the allowed names and the closest match.
+`headcount.components` lists every registry from one place (`headcount-ablate --list`).
+"""
+
+import difflib
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+from headcount.errors import ConfigError
+
+T = TypeVar("T")
+
+REGISTRIES: list["Registry"] = []  # every registry, in the order the modules that define them were imported
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str, key: str, doc: str):
+        """kind: what one component is ("metric"); key: the config key that names one ("ablation.metric");
+        doc: what the kind is for, one line."""
+        self.kind, self.key, self.doc = kind, key, doc
+        self._items: dict[str, T] = {}
+        REGISTRIES.append(self)
+
+    def register(self, obj: T) -> T:
+        """Decorator: registers obj under its `name` attribute (a class attribute, or a function's name)."""
+        self.add(getattr(obj, "name", None) or obj.__name__, obj)
+        return obj
+
+    def add(self, name: str, obj: T) -> None:
+        if name in self._items and self._items[name] is not obj:
+            raise ValueError(f"two {self.kind}s named {name!r}")
+        self._items[name] = obj
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __getitem__(self, name: str) -> T:
+        return self._items[name]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def names(self) -> list[str]:
+        """In the order registered (a package's modules import alphabetically)."""
+        return list(self._items)
+
+    def get(self, name: str, key: str | None = None) -> T:
+        """The component registered as `name`; ConfigError naming `key` (default: the registry's) otherwise."""
+        if name in self._items:
+            return self._items[name]
+        raise ConfigError(key or self.key, name, self.allowed(str(name)))
+
+    def allowed(self, wrong: str = "") -> str:
+        text = f"allowed: {', '.join(self.names())}"
+        close = difflib.get_close_matches(wrong, self.names(), n=1)
+        return f"{text}; did you mean {close[0]}?" if close else text
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(name, what it is in a line) for each component, in the order registered."""
+        return [(name, describe(self._items[name])) for name in self.names()]
+
+
+def describe(obj: object) -> str:
+    """A component's line: its `doc`, else its own docstring's first paragraph."""
+    doc = getattr(obj, "doc", None) or (vars(obj).get("__doc__") if isinstance(obj, type) else None)
+    return " ".join((doc or "").strip().split("\n\n")[0].split())

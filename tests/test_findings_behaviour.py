@@ -1,0 +1,134 @@
+"""The behaviour findings (ioi_heads, retrieval_heads): each claim's verdict on made-up tables with known answers,
+each experiment at smoke size with every claim evaluated and written with its numbers, the direct effect against
+the logits it decomposes, and the needle task's and retrieval score's definitions."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from headcount.ablation.direct_effect import direct_effects
+from headcount.ablation.metrics import METRICS
+from headcount.cli.train import run
+from headcount.config.task import TaskConfig
+from headcount.data.examples import to_batches
+from headcount.findings import check_finding
+from headcount.findings.ioi_heads import attribution_claim, backup_claim, few_heads_claim, name_movers_claim, task_claim
+from headcount.findings.retrieval_heads import induction_claim, needed_claim, sparse_claim
+from headcount.findings.retrieval_heads import task_claim as needle_task_claim
+from headcount.model import AttentionConfig, ModelConfig, Transformer
+from headcount.model.norm import frozen_norm
+from headcount.run_dir import RunPaths
+from headcount.tasks import ByteTokens, IdsOnly, TaskPrompt, build_task
+from headcount.tasks.encode import encode_task
+
+VERDICTS = ["reproduced", "partly", "not reproduced"]
+
+
+def top_table(top: float, randoms: list[float], column: str = "gap_fraction") -> pd.DataFrame:
+    rows = [{"mask": "top 2 by single_head: L0H0+L1H1", "n_heads_off": 2, column: top}]
+    rows += [{"mask": f"random 2 (seed {s}): L0H1+L1H0", "n_heads_off": 2, column: v} for s, v in enumerate(randoms)]
+    return pd.DataFrame(rows)
+
+
+def test_ioi_claims_each_verdict():
+    assert [task_claim(ld, acc)[0].verdict for ld, acc in ((4.5, 1.0), (4.5, 0.5), (1.0, 0.5))] == VERDICTS
+    tables = (top_table(0.6, [0.02, 0.05]), top_table(0.6, [0.02, 0.3]), top_table(0.2, [0.3, 0.4]))
+    assert [few_heads_claim(t)[0].verdict for t in tables] == VERDICTS
+    direct = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "direct_effect": [2.0, 1.5, 0.1, -0.3]})
+    attention = lambda io, s: pd.DataFrame(  # noqa: E731
+        {"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "attn_to_IO": io, "attn_to_S1": s, "attn_to_S2": s}
+    )
+    movers = [
+        attention([0.6, 0.5, 0, 0], [0.1, 0.1, 0, 0]),
+        attention([0.6, 0.1, 0, 0], [0.1, 0.2, 0, 0]),
+        attention([0.1, 0.1, 0, 0], [0.3, 0.3, 0, 0]),
+    ]
+    assert [name_movers_claim(direct, a, 2)[0].verdict for a in movers] == VERDICTS
+    backup = lambda together, grew: {"heads": ["L0H0"], "together": together, "sum_of_single": -3.0, "grew": grew}  # noqa: E731
+    cases = [backup(-2.0, {"L1H0": 0.5}), backup(-2.0, {}), backup(-4.0, {"L1H0": 0.01})]
+    assert [backup_claim(b, 4.0)[0].verdict for b in cases] == VERDICTS
+    recalls = [
+        {"recall_top_k": 0.8, "recall_top_k_in_2k": 1.0, "spearman": 0.9},
+        {"recall_top_k": 0.5, "recall_top_k_in_2k": 0.8, "spearman": 0.6},
+        {"recall_top_k": 0.2, "recall_top_k_in_2k": 0.4, "spearman": 0.1},
+    ]
+    assert [attribution_claim(r)[0].verdict for r in recalls] == VERDICTS
+
+
+def test_retrieval_claims_each_verdict():
+    assert [needle_task_claim(a)[0].verdict for a in (0.95, 0.5, 0.1)] == VERDICTS
+    scores = lambda values: pd.DataFrame(  # noqa: E731
+        {
+            "layer": [i // 10 for i in range(len(values))],
+            "head": [i % 10 for i in range(len(values))],
+            "retrieval_score": values,
+        }
+    )
+    sparse = [scores([0.5] + [0.0] * 49), scores([0.5] * 4 + [0.0] * 46), scores([0.5] * 10 + [0.0] * 40)]
+    assert [sparse_claim(s)[0].verdict for s in sparse] == VERDICTS
+    tables = (top_table(0.2, [0.8, 0.78], "acc"), top_table(0.2, [0.5, 0.79], "acc"), top_table(0.7, [0.5], "acc"))
+    assert [needed_claim(t, 0.8)[0].verdict for t in tables] == VERDICTS
+    induction = lambda values: scores(values).rename(columns={"retrieval_score": "induction_score"})  # noqa: E731
+    retrieval = scores([0.5, 0.4, 0.3, 0.0])  # three retrieval heads: two, one, none of them induction heads
+    cases = [induction([0.6, 0.5, 0.0, 0.0]), induction([0.6, 0.0, 0.0, 0.9]), induction([0.0, 0.0, 0.0, 0.5])]
+    assert [induction_claim(retrieval, i)[0].verdict for i in cases] == VERDICTS
+
+
+@pytest.mark.parametrize("experiment, claims", [("ioi_heads", 5), ("retrieval_heads", 4)])
+def test_experiment_at_smoke_size_evaluates_every_claim(compose_train, tmp_path, experiment, claims):
+    cfg = compose_train([f"experiment={experiment}", "size=smoke", "ablation.progress=false"])
+    run(cfg, tmp_path)
+    RunPaths(tmp_path).config.parent.mkdir()
+    OmegaConf.save(cfg, RunPaths(tmp_path).config)  # what headcount-train's Hydra leaves, which findings read
+    findings = json.loads(check_finding(experiment, tmp_path).with_suffix(".json").read_text())
+    assert len(findings["claims"]) == claims and all(c["verdict"] in VERDICTS for c in findings["claims"])
+    assert all(c["measured"] for c in findings["claims"]) and findings["numbers"]
+    assert all((tmp_path / "findings" / figure).exists() for figure in findings["figures"])
+
+
+def test_direct_effects_add_up_to_the_logit_difference_on_a_one_layer_model():
+    """With the final norm's scale frozen, the logit difference is the sum of each component's direct effect: the
+    embedding, each head, the output bias and the norm's bias; each head's is its output through W_O, computed here."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=1, d_model=16, n_ctx=12, vocab_size=20, attn=AttentionConfig(n_heads=4), mlp=False)
+    model = Transformer(cfg).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    prompts = [TaskPrompt([1, 2, 3, 4, 5][: 3 + i % 3], [i % 20], [(i + 7) % 20]) for i in range(6)]
+    task = encode_task(prompts, "t", IdsOnly(20, "x"), TaskConfig(source="file", path="t.jsonl"), 12, "task.path")
+    batches = to_batches(task.examples(), 4, torch.device("cpu"))
+    effect_LH = direct_effects(model, batches, METRICS["logit_diff"]())
+    logit_diff, by_hand, rest = 0.0, torch.zeros(4, dtype=torch.float64), 0.0
+    for i in range(len(task)):
+        n = int(task.lengths[i])
+        ids = task.input_ids[i : i + 1, :n]
+        cache = {}
+        logits = model(ids, cache=cache)[0, n - 1]
+        a, w = int(task.answer_ids[i, n - 1]), int(task.wrong_ids[i, n - 1])
+        logit_diff += float(logits[a] - logits[w])
+        u = model.lm_head.weight[a] - model.lm_head.weight[w]
+        final = model.forward_layers(model.embed(ids), 0)[0, n - 1]
+        normed = frozen_norm(model.ln_f, final[None])
+        heads = torch.einsum("hd,hdc->hc", cache["z", 0][0, n - 1], model.blocks[0].attn.W_O)
+        by_hand += (normed(heads[None])[0] @ u).double()
+        others = model.embed(ids)[0, n - 1] + model.blocks[0].attn.b_O
+        rest += float(normed(others[None])[0] @ u + model.ln_f.bias @ u)
+    torch.testing.assert_close(effect_LH[0], by_hand / len(task), rtol=0, atol=1e-12)
+    assert abs(float(effect_LH.sum()) + rest / len(task) - logit_diff / len(task)) < 1e-10
+
+
+def test_needle_named_positions_hold_the_tokens_each_scored_token_copies():
+    task = build_task(TaskConfig(source="needle", n_prompts=6, n_filler=3, names=list("abcdefgh")), ByteTokens(), 1024)
+    for i in range(len(task)):
+        points = task.score_mask[i].nonzero().flatten().tolist()
+        assert len(points) == 4
+        for k, point in enumerate(points):
+            assert int(task.input_ids[i, task.positions[f"needle{k}"][i]]) == int(task.answer_ids[i, point])
+            if point + 1 < int(task.lengths[i]):  # teacher-forced: the next token is the answer
+                assert int(task.input_ids[i, point + 1]) == int(task.answer_ids[i, point])
+    again = build_task(TaskConfig(source="needle", n_prompts=6, n_filler=3, names=list("abcdefgh")), ByteTokens(), 1024)
+    assert again.fingerprint() == task.fingerprint()

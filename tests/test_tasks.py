@@ -1,0 +1,292 @@
+"""Tasks: the built-in generators (one-token answers, equal-length corrupted prompts, seeded), the user's own prompt
+files through `datasets`, the commands with a task, and every mistake a task can hold: one line, exit 2, nothing
+written."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from sweep_helpers import SMOKE, command_in_process, one_line, smoke_run, train_in_process
+
+from headcount.cli import ablate as ablating
+from headcount.config.task import TaskConfig
+from headcount.errors import ConfigError
+from headcount.run_dir import RunPaths
+from headcount.tasks import ByteTokens, HFTokens, IdsOnly, build_task
+from headcount.tasks.ioi import NAMES
+
+QUIET = ["ablation.progress=false", "trainer.progress_bar=false"]
+LETTERS = list("ABCDEFGHIJ")
+
+
+def gpt2_like_tokens() -> HFTokens:
+    """A word-level transformers tokenizer in which " Mary" and the like are one token (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [" " + name for name in NAMES] + list("0123456789") + [" " + d for d in "0123456789"]
+    vocab = {word: i for i, word in enumerate(["[UNK]", *dict.fromkeys(words)])}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_next")
+    return HFTokens(PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]"))
+
+
+# --- generators ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tokens", ["bytes", "word-level"])
+def test_ioi_names_and_answers_are_one_token_and_corrupted_prompts_keep_the_length(tokens):
+    tokenizer = ByteTokens() if tokens == "bytes" else gpt2_like_tokens()
+    cfg = TaskConfig(source="ioi", n_prompts=24, names=LETTERS if tokens == "bytes" else None)
+    task = build_task(cfg, tokenizer, 256)
+    assert len(task) == 24 and task.has_wrong and task.has_corrupted
+    assert bool((task.corrupted_lengths == task.lengths).all())
+    for i, text in enumerate(task.texts):
+        n = int(task.lengths[i])
+        answer, wrong = int(task.answer_ids[i, n - 1]), int(task.wrong_ids[i, n - 1])
+        io, s1, s2 = (int(task.positions[name][i]) for name in ("IO", "S1", "S2"))
+        # the named positions hold the names, one token each: the answer is IO's token, the wrong answer S's
+        assert int(task.input_ids[i, io]) == answer and int(task.input_ids[i, s1]) == wrong
+        assert int(task.input_ids[i, s2]) == wrong and int(task.corrupted_ids[i, s2]) not in (answer, wrong)
+        differ = (task.input_ids[i, :n] != task.corrupted_ids[i, :n]).nonzero().flatten().tolist()
+        assert differ == [s2]  # only S2 changed
+        assert int(task.positions["S1+1"][i]) == s1 + 1 and int(task.positions["end"][i]) == n - 1
+        decoded = tokenizer.decode([answer])
+        assert decoded.strip() in (NAMES if tokens != "bytes" else LETTERS) and decoded.strip() in text
+    again = build_task(cfg, tokenizer, 256)
+    assert again.fingerprint() == task.fingerprint()  # seeded: the same prompts
+    other = build_task(TaskConfig(**{**cfg.__dict__, "seed": 1}), tokenizer, 256)
+    assert other.fingerprint() != task.fingerprint()
+
+
+def test_ioi_refuses_names_that_are_not_one_token():
+    with pytest.raises(ConfigError, match=r"task.names=.*needs 3 or more that are one token for bytes"):
+        build_task(TaskConfig(source="ioi", n_prompts=4), ByteTokens(), 256)
+
+
+@pytest.mark.parametrize("tokens", ["bytes", "byte-level BPE"])
+def test_kv_retrieval_asks_for_a_key_whose_value_the_corrupted_prompt_changes(tokens):
+    from headcount.pretrained.tiny_random import byte_tokenizer
+
+    tokenizer = ByteTokens() if tokens == "bytes" else HFTokens(byte_tokenizer())
+    task = build_task(TaskConfig(source="kv_retrieval", n_prompts=10, n_pairs=5), tokenizer, 512)
+    assert bool((task.corrupted_lengths == task.lengths).all())
+    for i in range(len(task)):
+        n = int(task.lengths[i])
+        answer, wrong = int(task.answer_ids[i, n - 1]), int(task.wrong_ids[i, n - 1])
+        value = int(task.positions["value"][i])
+        assert int(task.input_ids[i, value]) == answer and int(task.corrupted_ids[i, value]) == wrong
+        assert answer != wrong and wrong not in task.input_ids[i, :n].tolist()  # the new value appears nowhere else
+    assert build_task(TaskConfig(source="kv_retrieval", n_prompts=10, n_pairs=5), tokenizer, 512).fingerprint() == (
+        task.fingerprint()
+    )
+
+
+# --- files ----------------------------------------------------------------------------------------------------------
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    elif path.suffix == ".csv":
+        pd.DataFrame(rows).to_csv(path, index=False)
+    else:
+        pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+TEXT_ROWS = [
+    {"prompt": "ab ab a", "answer": "b", "wrong": "c", "corrupted": "ac ab a"},
+    {"prompt": "xyz xyz xy", "answer": "z", "wrong": "q", "corrupted": "xyq xyz xy"},
+]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_a_prompts_file_of_each_format_reads_the_same(tmp_path, suffix):
+    path = write_rows(tmp_path / f"prompts{suffix}", TEXT_ROWS)
+    task = build_task(TaskConfig(source="file", path=str(path)), ByteTokens(), 64)
+    assert task.name == "prompts" and task.texts == ["ab ab a", "xyz xyz xy"]
+    assert task.answer_ids[task.score_mask].tolist() == [ord("b"), ord("z")]
+    assert task.wrong_ids[task.score_mask].tolist() == [ord("c"), ord("q")]
+    assert task.lengths.tolist() == [7, 10] and task.score_mask.sum(1).tolist() == [1, 1]
+
+
+def test_id_prompts_positions_lists_and_whole_answers(tmp_path):
+    rows = [{"prompt": [1, 2, 3, 4], "answer": [5, 6], "position": [1, -1]}]
+    task = build_task(TaskConfig(source="file", path=str(write_rows(tmp_path / "ids.jsonl", rows))), IdsOnly(9, "x"), 8)
+    assert task.score_mask[0].nonzero().flatten().tolist() == [1, 3]
+    assert task.answer_ids[0, [1, 3]].tolist() == [5, 6]
+    whole = TaskConfig(source="file", path=str(write_rows(tmp_path / "w.jsonl", [{"prompt": "ab", "answer": "cde"}])))
+    whole.answer_tokens = "all"
+    task = build_task(whole, ByteTokens(), 64)  # teacher-forced: "ab" + "cd", scored at 1, 2, 3
+    assert task.input_ids[0].tolist() == [ord(c) for c in "abcd"]
+    assert task.score_mask[0].nonzero().flatten().tolist() == [1, 2, 3]
+    assert task.answer_ids[0, 1:4].tolist() == [ord(c) for c in "cde"]
+
+
+def test_special_tokens_only_when_the_task_asks(tmp_path):
+    from headcount.pretrained.tiny_random import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens({"bos_token": "<s>"})
+    tokenizer._tokenizer.post_processor = __import__("tokenizers").processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", len(tokenizer) - 1)]
+    )
+    path = write_rows(tmp_path / "p.jsonl", [{"prompt": "ab", "answer": "c"}])
+    plain = build_task(TaskConfig(source="file", path=str(path)), HFTokens(tokenizer), 64)
+    special = build_task(TaskConfig(source="file", path=str(path), add_special_tokens=True), HFTokens(tokenizer), 64)
+    assert plain.lengths.tolist() == [2] and special.lengths.tolist() == [3]
+    assert special.input_ids[0, 0] == len(tokenizer) - 1
+
+
+BAD_FILES = [
+    ([{"prompt": "ab"}], {}, "task.answer_field='answer': ", "has no such field (its fields: prompt)"),
+    (
+        [{"prompt": [1, 2], "answer": 300}],
+        {},
+        "task.path=",
+        "prompt 0: the answer 300 is not in the model's vocabulary",
+    ),
+    ([], {}, "task.path=", "holds no prompts"),
+    ([{"prompt": "abc", "answer": "d", "corrupted": "abcd"}], {}, "task.path=", "prompt 0: the clean prompt has 3 "),
+    ([{"prompt": "abc", "answer": "d", "position": 5}], {}, "task.path=", "position 5 is outside its 3 tokens"),
+    ([{"prompt": "a", "answer": "b"}, {"prompt": "a", "answer": "b", "wrong": "c"}], {}, "task.path=", "prompt 0: "),
+]
+
+
+@pytest.mark.parametrize("rows, extra, key, message", BAD_FILES)
+def test_a_bad_prompts_file_is_one_config_error_naming_the_prompt(tmp_path, rows, extra, key, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ConfigError) as error:
+        build_task(TaskConfig(source="file", path=str(path), **extra), ByteTokens(), 64)
+    assert str(error.value).startswith(key) and message in str(error.value), str(error.value)
+
+
+def test_text_prompts_for_a_model_without_a_tokenizer_say_so(tmp_path):
+    path = write_rows(tmp_path / "t.jsonl", TEXT_ROWS)
+    with pytest.raises(ConfigError, match="is text, but the model reads .*give prompts and answers as token ids"):
+        build_task(TaskConfig(source="file", path=str(path)), IdsOnly(64, "the model reads its synthetic alphabet"), 64)
+
+
+# --- the commands -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A smoke run of headcount-train (synthetic induction data, token ids), and an id prompts file beside it."""
+    root = tmp_path_factory.mktemp("task-run")
+    smoke_run(pytest.MonkeyPatch, root)
+    rows = [
+        {"prompt": [0, 5, 9, 4, 5], "answer": 9, "wrong": 4, "corrupted": [0, 5, 7, 4, 5]},
+        {"prompt": [0, 3, 8, 2, 6, 3], "answer": 8, "wrong": 2, "corrupted": [0, 3, 1, 2, 6, 3]},
+        {"prompt": [0, 11, 12, 13, 11], "answer": 12, "wrong": 13, "corrupted": [0, 11, 14, 13, 11]},
+    ]
+    write_rows(root / "prompts.jsonl", rows)
+    return root / "run"
+
+
+def ablate_in_process(monkeypatch, cwd: Path, args: list[str]) -> int:
+    return command_in_process(ablating.main, monkeypatch, cwd, args)
+
+
+def test_a_prompts_file_scanned_in_patch_mode_from_the_command_line(finished_run, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    args = [f"run_dir={run}", "task=file", f"task.path={finished_run.parent / 'prompts.jsonl'}", *QUIET[:1]]
+    args += ["ablation=[single_head,attribution]", "ablation.mode=patch", "ablation.metric=logit_diff"]
+    assert ablate_in_process(monkeypatch, tmp_path, args) == 0
+    folder = RunPaths(run).ablation / "tasks" / "prompts"
+    table = pd.read_csv(folder / "single_head.patch.logit_diff.csv")
+    assert len(table) == 8 and {"logit_diff", "delta_logit_diff", "gap_fraction"} <= set(table.columns)
+    assert set(table["metric"]) == {"logit_diff"} and set(table["task"]) == {"prompts"}
+    attribution = pd.read_csv(folder / "attribution.patch.logit_diff.csv")
+    assert attribution["verified"].sum() == 8 and attribution["exact"].notna().all()
+    assert (folder / "single_head.patch.logit_diff.png").stat().st_size > 1000
+    assert not (RunPaths(run).ablation / "single_head.csv").exists()  # the run's own data results are apart
+    capsys.readouterr()
+    assert ablate_in_process(monkeypatch, tmp_path, args) == 0
+    assert capsys.readouterr().err.count("up to date:") == 2
+
+
+TASK_MISTAKES = [
+    (["task=file", "task.path=missing.jsonl"], "task.path='missing.jsonl': no such file"),
+    (["task=file", "task.path={prompts}", "ablation.metric=bogus"], "ablation.metric='bogus': allowed: loss,"),
+    (
+        ["task=file", "task.path={prompts}", "ablation.metric={{_target_:nowhere.metric}}"],
+        "ablation.metric._target_='nowhere.metric': does not import as a function",
+    ),
+    (
+        ["task=file", "task.path={nowrong}", "ablation.metric=logit_diff"],
+        "ablation.metric='logit_diff': needs a wrong answer per prompt, and the task has none",
+    ),
+    (["task=file", "task.path={nowrong}", "ablation.mode=patch"], "ablation.mode='patch': needs corrupted prompts"),
+    (["ablation.mode=patch"], "ablation.mode='patch': patches a task's corrupted prompts: name a task"),
+    (["task=file", "task.path={text}"], "task='When Mary and John': is text, but the model reads the synthetic"),
+    (
+        ["task=file", "task.path={prompts}", "ablation=importance", "ablation.metric=top1"],
+        "ablation.metric='top1': the importance scan (gradient importance) follows the metric's gradient",
+    ),
+    (["task=ioi"], "task.source='ioi': writes text prompts, but the model reads the synthetic alphabet"),
+    (["task=file", "task.path={noanswer}"], "task.answer_field='answer': noanswer.jsonl has no such field"),
+    (["task=file", "task.path={lengths}"], "task.path='lengths.jsonl': prompt 0: the clean prompt has 3 tokens"),
+    (["task=file", "task.path={outside}"], "task.path='outside.jsonl': prompt 0: the answer 9999 is not in the model"),
+    (["task=file", "task.path={empty}"], "task.path='empty.jsonl': holds no prompts"),
+]
+
+
+@pytest.mark.parametrize("args, message", TASK_MISTAKES)
+def test_a_task_mistake_is_one_line_and_writes_nothing(finished_run, tmp_path, monkeypatch, capsys, args, message):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    write_rows(tmp_path / "nowrong.jsonl", [{"prompt": [0, 1, 2], "answer": 3}])
+    write_rows(tmp_path / "text.jsonl", [{"prompt": "When Mary and John", "answer": " Mary"}])
+    write_rows(tmp_path / "noanswer.jsonl", [{"prompt": [0, 1, 2]}])
+    write_rows(tmp_path / "lengths.jsonl", [{"prompt": [0, 1, 2], "answer": 3, "corrupted": [0, 1, 2, 4]}])
+    write_rows(tmp_path / "outside.jsonl", [{"prompt": [0, 1, 2], "answer": 9999}])
+    (tmp_path / "empty.jsonl").write_text("")
+    files = {"prompts": finished_run.parent / "prompts.jsonl", "nowrong": "nowrong.jsonl", "text": "text.jsonl"}
+    files |= {name: f"{name}.jsonl" for name in ("noanswer", "lengths", "outside", "empty")}
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    code = ablate_in_process(monkeypatch, tmp_path, [f"run_dir={run}", *(a.format(**files) for a in args)])
+    line = one_line(capsys.readouterr().err)
+    assert code == 2 and line.startswith(f"error: {message}"), line
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing written, no log folder left
+
+
+def test_training_checks_the_task_before_the_first_step(monkeypatch, tmp_path, capsys):
+    args = [*SMOKE, *QUIET, "task=file", "task.path=nothing.jsonl", "hydra.run.dir=run"]
+    assert train_in_process(monkeypatch, tmp_path, args) == 2
+    assert one_line(capsys.readouterr().err).startswith("error: task.path='nothing.jsonl': no such file")
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_scan_kind_takes_a_task_and_its_metric(finished_run, tmp_path, monkeypatch, capsys):
+    """Every kind on a task, measured by the logit difference in zero mode with the structural export, then the mask
+    scans again in patch mode: each table names its metric, and its figure is drawn."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    masks = tmp_path / "masks.yaml"
+    masks.write_text("- [[0, 1], [1, 2]]\n")
+    task = ["task=file", f"task.path={finished_run.parent / 'prompts.jsonl'}", "ablation.progress=false"]
+    kinds = "baseline,single_head,layer,leave_one_in,pairs,custom,importance,pruning,l0_gates,head_scores,attribution"
+    args = [f"run_dir={run}", *task, f"ablation=[{kinds}]", "ablation.metric=logit_diff"]
+    args += [f"ablation.scans.custom.masks_file={masks}", "ablation.scans.l0_gates.l0.steps=5"]
+    args += ["ablation.prune.export=true", "ablation.prune.fraction=0.25"]
+    assert ablate_in_process(monkeypatch, tmp_path, args) == 0, capsys.readouterr().err
+    folder = RunPaths(run).ablation / "tasks" / "prompts"
+    for kind in kinds.split(","):
+        table = pd.read_csv(folder / (f"{kind}.csv" if kind == "head_scores" else f"{kind}.zero.logit_diff.csv"))
+        assert kind == "head_scores" or set(table["metric"]) == {"logit_diff"}, kind
+    assert "logit_diff" in pd.read_csv(folder / "pruning.zero.logit_diff.csv")
+    assert "logit_diff" in pd.read_csv(folder / "l0_gates.zero.logit_diff.csv")
+    assert (folder / "pruned.zero.logit_diff.ckpt").exists()
+    summary = json.loads((folder / "summary.json").read_text())["modes"]["zero.logit_diff"]
+    assert summary["pruned"]["metric"] == "logit_diff" and "logit_diff_pruned" in summary["pruned"]
+    assert set(summary["prunable_fraction"]) == {"gradient", "gradient_iterative", "single_head", "random"}
+    patch = [f"run_dir={run}", *task, "ablation=[single_head,layer,pairs]", "ablation.mode=patch"]
+    assert ablate_in_process(monkeypatch, tmp_path, [*patch, "ablation.patch_positions=each"]) == 0
+    by_position = pd.read_csv(folder / "single_head.patch.logit_diff.csv")
+    assert set(by_position["position"]) == {"end"} and len(by_position) == 8  # id prompts name only their end
