@@ -72,6 +72,8 @@ def test_unknown_finding_is_one_line():
         validate_finding("nope")
 
 
+@pytest.mark.slow  # 155 s on 2 cores; the finding's verdicts are checked on made-up tables above, and every experiment
+# runs end to end at smoke size in the default suite (test_experiments.py)
 def test_reduced_induction_heads_finding(monkeypatch, tmp_path):
     """`headcount-train experiment=induction_heads` cut to 2500 steps (about a minute on one core): the model copies
     in context; zeroing layer 0's previous-token head (by pattern) costs more than 1 nat on the repeated part, and so

@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from sweep_helpers import run_python
 
+from headcount.ablation.results import with_record, write_csv
 from headcount.cli.train import run
 from headcount.config.model import ModelConfig
 from headcount.findings import check_finding
@@ -18,6 +19,7 @@ from headcount.findings.claims import VERDICTS
 from headcount.findings.copying import CopyingProbe, copying_probe, first_half, repeated_random_batches
 from headcount.findings.pretrained_heads import (
     copying_claims,
+    head_costs,
     kv_costs,
     kv_groups_claim,
     pruning_claim,
@@ -178,3 +180,22 @@ def test_experiment_as_documented(tmp_path):
     assert finding["numbers"]["n_heads"] == 270 and finding["numbers"]["n_kv_groups"] == 90
     assert all(c["verdict"] in VERDICTS for c in finding["claims"])
     assert (tmp_path / "findings" / "findings.md").read_text().startswith("# pretrained_heads: ")
+
+
+def test_head_costs_from_an_attribution_screen_as_written_and_read_back(tmp_path):
+    """Exact where a head was verified, the estimate elsewhere; an unverified head's empty `exact` cell is no value."""
+    screen = pd.DataFrame(
+        {
+            "mask": ["L0H0", "L0H1", "L1H0"],
+            "layer": [0, 0, 1],
+            "head": [0, 1, 0],
+            "attribution": [0.5, 0.01, -0.2],
+            "exact": [0.4, None, 0.3],
+            "verified": [True, False, True],
+        }
+    )
+    (tmp_path / "ablation").mkdir()
+    write_csv(tmp_path / "ablation" / "attribution.csv", with_record(screen, {"mode": "zero", "metric": None}))
+    costs, words = head_costs(tmp_path)
+    assert costs["delta_loss"].tolist() == [0.4, 0.01, 0.3]
+    assert "the 2 of largest estimated cost evaluated exactly (the least of them 0.3000 nats)" in words

@@ -10,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from omegaconf import OmegaConf
 from sweep_helpers import SMOKE, command_in_process, one_line, train_in_process
 
 from headcount import api

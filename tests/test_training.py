@@ -203,6 +203,19 @@ def test_a_run_prints_no_third_party_noise_unless_asked_with_v(tmp_path):
     assert "GPU available" in stderr_of("-v")  # Lightning's own output is back
 
 
+def test_building_a_text_cache_shows_no_datasets_bars(tmp_path):
+    """datasets is imported with the commands, before the verbosity is read: its bars are switched off there too."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    data = ["data=text", f"data.path={text}", f"data.cache_dir={tmp_path / 'cache'}"]
+    args = [*SMOKE, *data, "ablation=[]", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "cache").is_dir()  # the cache was built in this run
+    for bar in ("Generating", "Saving the dataset", "examples/s"):
+        assert bar not in proc.stderr, proc.stderr
+
+
 def test_verbosity_flags_leave_the_command_line_before_hydra_reads_it(monkeypatch):
     monkeypatch.delenv(VERBOSITY_ENV, raising=False)
     assert take_verbosity_flags(["model=tiny", "-m", "seed=0,1"]) == ["model=tiny", "-m", "seed=0,1"]

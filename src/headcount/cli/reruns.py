@@ -21,6 +21,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from headcount import run_lock
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_json
 from headcount.run_dir import RunPaths, is_done, read_checkpoint
@@ -55,6 +56,7 @@ def check_rerun(config: DictConfig) -> None:
     paths = RunPaths(run_dir)
     if not paths.config.exists():
         return
+    run_lock.check_free(run_dir, "hydra.run.dir", str(run_dir))  # a run in use is refused as such, whatever it holds
     task = OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
     changes = changed_settings(OmegaConf.load(paths.config), task)
     key = "hydra.run.dir"

@@ -96,7 +96,8 @@ def head_costs(run_dir: Path) -> tuple[pd.DataFrame, str]:
         return read_checked(single)[["layer", "head", "delta_loss"]], "an exact single_head scan"
     screen = read_checked(scan_file(run_dir, "attribution", ".csv"))
     verified = screen["verified"].astype(str) == "True"
-    costs = screen.assign(delta_loss=screen["exact"].where(verified, screen["attribution"]))
+    exact = pd.to_numeric(screen["exact"], errors="coerce")  # an unverified head's cell reads back as ""
+    costs = screen.assign(delta_loss=exact.where(verified, screen["attribution"]))
     cheapest_verified = float(costs.loc[verified, "delta_loss"].abs().min()) if verified.any() else float("nan")
     words = (
         f"attribution patching for all {len(screen)} heads, the {int(verified.sum())} of largest estimated cost "

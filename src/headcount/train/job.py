@@ -39,6 +39,15 @@ def resume_step(paths: RunPaths) -> int | None:
     return int(read_checkpoint(paths.last_ckpt, DAMAGED_LAST)["global_step"])
 
 
+def finished_training(paths: RunPaths, max_steps: int) -> dict | None:
+    """metrics.json of a run whose training and evaluation finished at max_steps, else None (a run extended to more
+    steps trains on from last.ckpt)."""
+    if not (paths.metrics.exists() and paths.last_ckpt.exists()):
+        return None
+    metrics = json.loads(paths.metrics.read_text())
+    return metrics if metrics.get("steps") == max_steps else None
+
+
 def describe_model(module: HeadcountModule, seq_len: int) -> str:
     model = module.model
     return (
@@ -57,14 +66,18 @@ def start_from_pretrained(module: HeadcountModule, cfg: DictConfig, run_dir: Pat
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Train (resuming from last.ckpt if the run was interrupted), evaluate, write metrics.json; returns the metrics.
-    A run whose training and evaluation finished (metrics.json is written last), stopped later in its scans, is not
-    trained or evaluated again: its metrics.json is the answer, and its curves get no second set of final rows."""
+    A run whose training and evaluation finished at these max_steps (metrics.json is written last), stopped later in
+    its scans, is not trained or evaluated again: its metrics.json is the answer, and its curves get no second set of
+    final rows."""
     from headcount.data import HeadcountDataModule
 
     quiet_third_party()
     paths = RunPaths(run_dir)
-    if paths.metrics.exists() and paths.last_ckpt.exists():
-        return json.loads(paths.metrics.read_text())
+    finished = finished_training(paths, cfg.trainer.max_steps)
+    if finished is not None:
+        if cfg.logger.kind == "wandb":
+            make_logger(cfg, run_dir).experiment  # the run's W&B run continues, for the results the scans log
+        return finished
     resumed_at = resume_step(paths)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = HeadcountDataModule(typed(cfg.data, DataConfig), text_tokenizer(cfg))

@@ -8,6 +8,7 @@ processes and SLURM jobs started from the command inherit it.
 
 import logging
 import os
+import sys
 import warnings
 
 VERBOSITY_ENV = "HEADCOUNT_VERBOSITY"
@@ -47,6 +48,8 @@ def take_verbosity_flags(args: list[str]) -> list[str]:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         # datasets' bars while a text source builds its cache once ("Generating", "Saving the dataset")
         os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        if "datasets" in sys.modules:  # imported already (the commands import the data stage): it read the variable
+            sys.modules["datasets"].disable_progress_bars()
     return [arg for arg in args if arg not in FLAGS]
 
 
