@@ -76,7 +76,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     finished = finished_training(paths, cfg.trainer.max_steps)
     if finished is not None:
         if cfg.logger.kind == "wandb":
-            make_logger(cfg, run_dir).experiment  # the run's W&B run continues, for the results the scans log
+            _ = make_logger(cfg, run_dir).experiment  # the run's W&B run continues, for the results the scans log
         return finished
     resumed_at = resume_step(paths)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
