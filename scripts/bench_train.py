@@ -37,7 +37,7 @@ class PlainAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
 
     @staticmethod
-    def gate_z(z, gate, replacement=None):
+    def gate_z(z, gate, replacement=None, where=None):
         return z
 
     def combine_heads(self, z):
