@@ -148,3 +148,33 @@ def test_requeued_sweep_jobs_resume_and_match_uninterrupted_runs(slurm_env, tmp_
         if differ:
             differences[f"job {array_id} (seed={seed})"] = differ
     assert not differences, f"requeued jobs ended with other numbers than uninterrupted ones: {differences}"
+
+
+@pytest.mark.slow
+def test_a_scan_runs_as_one_two_task_slurm_job(slurm_env, tmp_path):
+    """headcount-ablate through hydra/launcher=slurm with tasks_per_node=2 and trainer.devices=2: SLURM starts the two
+    processes (Lightning reads their ranks from SLURM), and the tables equal those of one process here."""
+    train = [sys.executable, "-m", "headcount.cli.train", "model=tiny", "data=induction", "trainer=smoke"]
+    train += ["data.n_train=64", "data.n_val=64", "ablation=[]", f"hydra.run.dir={tmp_path / 'run'}"]
+    subprocess.run(train, cwd=tmp_path, env=slurm_env, check=True, capture_output=True)
+    shutil.copytree(tmp_path / "run", tmp_path / "one")
+    ablate = [sys.executable, "-m", "headcount.cli.ablate", "ablation=[single_head,pairs]", "ablation.progress=false"]
+    two_tasks = ["hydra/launcher=slurm", *LOCAL_CLUSTER, "hydra.launcher.tasks_per_node=2"]
+    two_tasks += ["trainer.devices=2", "trainer.accelerator=cpu", "trainer.strategy=ddp"]
+    job = subprocess.run(
+        [*ablate, "-m", f"run_dir={tmp_path / 'run'}", *two_tasks],
+        cwd=tmp_path,
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    logs = "".join(p.read_text() for p in (tmp_path / "run" / "ablation" / "logs").rglob("*.log"))
+    assert job.returncode == 0, job.stderr[-3000:] + logs[-3000:]
+    subprocess.run([*ablate, f"run_dir={tmp_path / 'one'}"], cwd=tmp_path, env=slurm_env, check=True)
+    summary = json.loads((RunPaths(tmp_path / "run").ablation / "summary.json").read_text())
+    assert {entry["processes"] for entry in summary["modes"]["zero"]["scans"].values()} == {2}
+    for table in ("single_head.csv", "pairs.csv"):
+        assert (RunPaths(tmp_path / "run").ablation / table).read_text() == (
+            RunPaths(tmp_path / "one").ablation / table
+        ).read_text()

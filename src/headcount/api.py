@@ -45,6 +45,7 @@ from headcount.ablation.summary import read_summary
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.config.task import TaskConfig
+from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 from headcount.run_dir import FinishedRun, RunPaths
@@ -176,6 +177,7 @@ class Run:
         settings.scans = {name: OmegaConf.to_object(OmegaConf.merge(own, scan_settings))}
         config = self.config.copy()
         config.ablation = OmegaConf.structured(settings)
+        config.trainer = OmegaConf.structured(TrainerConfig())  # this process alone, however the run trained
         task_cfg = self.task_settings(task)
         config.task = OmegaConf.structured(task_cfg if task_cfg is not None else TaskConfig())
         already_held = run_lock.holds(self.path)

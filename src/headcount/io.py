@@ -1,6 +1,7 @@
 """Atomic file writes: a temporary file renamed into place, so a crash never leaves a half-written file that looks
 complete. A write the machine refuses (disk full, read-only storage, no permission) leaves no temporary file either,
-and raises WriteError naming the file, which the commands print as one line."""
+and raises WriteError naming the file, which the commands print as one line. In a multi-process job (a distributed
+scan) only the first process writes: headcount.processes."""
 
 import contextlib
 import errno
@@ -10,6 +11,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+from headcount.processes import first_process
 
 # Faults of the machine or its storage, not of headcount or of the user's input: the file could not be written.
 MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
@@ -66,8 +69,13 @@ def discard(tmp: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def atomic_write(path: str | Path, write: Callable[[IO], None], binary: bool = False) -> None:
-    """Call write(file) on a temporary file in path's folder, then rename it to path."""
+def atomic_write(
+    path: str | Path, write: Callable[[IO], None], binary: bool = False, every_process: bool = False
+) -> None:
+    """Call write(file) on a temporary file in path's folder, then rename it to path. In a multi-process job only the
+    first process writes (headcount.processes), unless every_process: a file each process keeps for itself."""
+    if not (every_process or first_process()):
+        return
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,8 +93,8 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], binary: bool = F
         raise_as_write_error(path, error)
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text))
+def atomic_write_text(path: str | Path, text: str, every_process: bool = False) -> None:
+    atomic_write(path, lambda f: f.write(text), every_process=every_process)
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
@@ -94,7 +102,9 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 
 def atomic_savefig(fig: Any, path: str | Path, **kwargs: Any) -> None:
-    """matplotlib's savefig through a temporary file in the same folder."""
+    """matplotlib's savefig through a temporary file in the same folder (by the first process of a job only)."""
+    if not first_process():
+        return
     path = Path(path)
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
     try:

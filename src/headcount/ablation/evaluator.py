@@ -21,9 +21,10 @@ The unembedding runs only at the score points, and only as far as the metric rea
 logit difference, not the vocabulary). A mask may name a position (a task's named position, `position` of the
 masks): its heads are then replaced at that position only. Batches are the outer loop, so the clean pass is computed
 once per batch for all masks, and `MaskTotals` (per-mask sums over the batches done) is all an interrupted scan needs
-to resume.
+to resume. One batch for a set of masks (`accumulate_batch`) is also the step a distributed scan's processes take,
+each for its share of the masks (ablation/distributed.py).
 
-The module runs a little over 250 lines on purpose: the three reuses and the memory sizing that decides how many masks
+The module runs about 300 lines on purpose: the three reuses and the memory sizing that decides how many masks
 share a pass are one algorithm, and its exactness argument is easiest to check when it reads in one place.
 """
 
@@ -78,6 +79,21 @@ class CleanPass:
     targets: Targets
     named_pos: Tensor | None  # (B, K) the task's named positions, for masks that name one
     sums: Tensor  # (1, K) float64
+
+
+@dataclass
+class MaskSet:
+    """Masks ready for the evaluator: gates on its device, the first layer each touches, the position each names."""
+
+    gates_MLH: Tensor
+    start_M: Tensor  # (M,) on CPU
+    position_M: Tensor  # (M,) on CPU, -1: every position
+
+    def __len__(self) -> int:
+        return len(self.gates_MLH)
+
+    def subset(self, index: Tensor) -> "MaskSet":
+        return MaskSet(self.gates_MLH[index.to(self.gates_MLH.device)], self.start_M[index], self.position_M[index])
 
 
 class MaskEvaluator:
@@ -143,7 +159,6 @@ class MaskEvaluator:
         """Each metric column (M,) float64 for gates (M, L, H): the callable pruning_curves takes."""
         return self.accumulate(gates_MLH, on_pass=on_pass).values()
 
-    @torch.no_grad()
     def accumulate(
         self,
         gates_MLH: Tensor,
@@ -154,21 +169,36 @@ class MaskEvaluator:
         """Add to `totals` (fresh by default) every eval batch each mask has not seen, in batch order.
         position_M: (M,) the column of each batch's named_pos a mask replaces its heads at (-1: every position).
         on_pass(totals, n_masks) runs after every pass: progress bars and partial saves hook in there."""
-        gates_MLH = gates_MLH.to(self.device, self.dtype)
+        masks = self.mask_set(gates_MLH, position_M)
         totals = totals if totals is not None else MaskTotals.empty(len(gates_MLH), self.columns)
-        position_M = torch.full((len(gates_MLH),), -1) if position_M is None else position_M.cpu()
-        start_M = self.start_layers(gates_MLH)
-        for b, batch in enumerate(self.batches):
-            todo = (totals.batches_done == b).nonzero().squeeze(1)
-            if not len(todo):
-                continue
-            clean = self.clean_pass(batch)
-            for start, index in self.passes(todo, start_M):
-                sums = self.masked_pass(clean, gates_MLH[index.to(self.device)], start, position_M[index])
-                totals.add(index, sums, len(clean.targets))
-                if on_pass is not None:
-                    on_pass(totals, len(index))
+        for b in range(len(self.batches)):
+            self.accumulate_batch(b, masks, totals, on_pass)
         return totals
+
+    def mask_set(self, gates_MLH: Tensor, position_M: Tensor | None = None) -> MaskSet:
+        gates_MLH = gates_MLH.to(self.device, self.dtype)
+        position_M = torch.full((len(gates_MLH),), -1) if position_M is None else position_M.cpu()
+        return MaskSet(gates_MLH, self.start_layers(gates_MLH), position_M)
+
+    @torch.no_grad()
+    def accumulate_batch(
+        self,
+        b: int,
+        masks: MaskSet,
+        totals: MaskTotals,
+        on_pass: Callable[[MaskTotals, int], None] | None = None,
+    ) -> None:
+        """Eval batch b for every mask that has seen batches 0..b-1 and not b: one clean pass, then the masked
+        passes (a distributed scan's processes each run this for their share of the masks, ablation/distributed.py)."""
+        todo = (totals.batches_done == b).nonzero().squeeze(1)
+        if not len(todo):
+            return
+        clean = self.clean_pass(self.batches[b])
+        for start, index in self.passes(todo, masks.start_M):
+            sums = self.masked_pass(clean, masks.gates_MLH[index.to(self.device)], start, masks.position_M[index])
+            totals.add(index, sums, len(clean.targets))
+            if on_pass is not None:
+                on_pass(totals, len(index))
 
     def touched(self, gates_MLH: Tensor) -> Tensor:
         """(M, L) bool: which layers a mask changes (a gate other than 1 on a head the layer has)."""

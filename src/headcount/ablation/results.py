@@ -18,7 +18,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
 from rich.markup import escape
 
 from headcount.ablation import summary as summary_file
@@ -26,6 +25,7 @@ from headcount.config import plain
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text, writable
 from headcount.model.transformer import Transformer
+from headcount.processes import console, first_process
 from headcount.run_dir import RunPaths
 
 # Constant columns every result table ends with (where a scan has them), so that a CSV says how it was computed.
@@ -159,7 +159,7 @@ class ResultFiles:
         self.out, self.mode, self.key = out, mode, key
         self.summary_path = out / "summary.json"
         self.written: list[Path] = []
-        self.console = Console(stderr=True)
+        self.console = console()  # silent in a distributed scan's other processes
 
     def open(self, header: dict) -> None:
         """Record the session's fingerprint, inputs and baseline; earlier results of this mode under another
@@ -202,11 +202,24 @@ class ResultFiles:
         return read_csv(csv_path)
 
     def record(
-        self, name: str, kind: str, key: str, files: list[Path | None], seconds: float, rows: int, shared: bool = False
+        self,
+        name: str,
+        kind: str,
+        key: str,
+        files: list[Path | None],
+        seconds: float,
+        rows: int,
+        shared: bool = False,
+        **how: float,
     ) -> None:
+        """Record a scan's result in summary.json; `how`: how it was computed beyond its seconds (a distributed
+        scan's processes and reduction time)."""
         files = [f for f in files if f is not None]
         self.written.extend(files)
+        if not first_process():  # it wrote none of them
+            return
         entry = {"kind": kind, "fingerprint": key, "files": [f.name for f in files], "rows": rows, "seconds": seconds}
+        entry |= how
         entry["sha256"] = file_digest(files[0])  # the table as written: a reader checks it is still this one
         summary_file.record_scan(self.summary_path, None if shared else self.mode, name, entry)
         self.note_written(self.summary_path)

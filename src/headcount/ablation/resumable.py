@@ -1,4 +1,5 @@
-"""Resumable mask evaluation: an interrupted scan picks up from its partial file `<scan>.partial.csv`.
+"""Resumable mask evaluation: an interrupted scan picks up from its partial file `<scan>.partial.csv` (and, after a
+distributed run, from its processes' `<scan>.partial.rank<r>.csv`, merged, whatever the number of processes now).
 
 The partial file starts with a `# fingerprint=...` line (what the numbers depend on: checkpoint, data, settings, masks,
 batching, metric); a partial file with another fingerprint is ignored and overwritten. Its rows hold each mask's
@@ -13,13 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from headcount.ablation.evaluator import MaskEvaluator, MaskTotals
 from headcount.ablation.masks import HeadMask, masks_to_gates
 from headcount.ablation.results import fingerprint
 from headcount.io import atomic_write_text
+from headcount.processes import console, first_process
 
 SAVE_INTERVAL_S = 5.0  # the partial file is rewritten after a pass at most this often (and always at the end)
 
@@ -33,36 +34,64 @@ def evaluate_resumably(
     show_progress: bool,
     positions: list[str] = (),
 ) -> MaskTotals:
-    """Evaluate the masks, starting from a partial file saved under the same key if there is one, and keeping it up
-    to date as passes finish. positions: the named positions masks may name (the columns of named_pos). The caller
-    writes the final results and deletes the partial file."""
+    """Evaluate the masks, starting from the partial files saved under the same key if there are any, and keeping
+    the partial file up to date as passes finish. positions: the named positions masks may name (the columns of
+    named_pos). The caller writes the final results and deletes the partial files."""
+    key = partial_key(evaluator, masks, key)
+    mask_set = evaluator.mask_set(
+        masks_to_gates(masks, evaluator.model.heads_per_layer), mask_positions(masks, positions)
+    )
+    totals = load_partials(partial, key, masks, evaluator.columns) or MaskTotals.empty(len(masks), evaluator.columns)
+    with PartialSaver(
+        partial, key, masks, f"{label}: {len(masks)} masks", len(evaluator.batches), show_progress
+    ) as saver:
+        saver.begin(totals)
+        for b in range(len(evaluator.batches)):
+            evaluator.accumulate_batch(b, mask_set, totals, saver)
+    return totals
+
+
+def partial_key(evaluator: MaskEvaluator, masks: list[HeadMask], key: str) -> str:
+    """What a partial file's sums depend on: the scan's key, the masks, the batching and the metric's columns."""
     columns = evaluator.columns
     masks_key = [(m.name, m.heads_off, m.position) if m.position else (m.name, m.heads_off) for m in masks]
-    key = fingerprint(
-        key, masks_key, evaluator.batch_size, len(evaluator.batches), *([columns] if columns != ("loss", "acc") else [])
-    )
-    gates_MLH = masks_to_gates(masks, evaluator.model.heads_per_layer)
-    position_M = torch.tensor([list(positions).index(m.position) if m.position else -1 for m in masks])
-    totals = load_partial(partial, key, masks, columns) or MaskTotals.empty(len(masks), columns)
-    n_batches = len(evaluator.batches)
-    last_save = time.monotonic()
+    extra = [columns] if columns != ("loss", "acc") else []
+    return fingerprint(key, masks_key, evaluator.batch_size, len(evaluator.batches), *extra)
 
-    with progress_bar(show_progress) as progress:
-        task = progress.add_task(
-            f"{label}: {len(masks)} masks x {n_batches} batches",
-            total=len(masks) * n_batches,
-            completed=int(totals.batches_done.sum()),
-        )
 
-        def on_pass(totals: MaskTotals, n_masks: int) -> None:
-            nonlocal last_save
-            progress.advance(task, n_masks)
-            if time.monotonic() - last_save >= SAVE_INTERVAL_S:
-                save_partial(partial, key, masks, totals)
-                last_save = time.monotonic()
+def mask_positions(masks: list[HeadMask], positions: list[str]) -> torch.Tensor:
+    """(M,) the column of named_pos each mask names, -1 for none."""
+    return torch.tensor([list(positions).index(m.position) if m.position else -1 for m in masks])
 
-        evaluator.accumulate(gates_MLH, totals, on_pass, position_M)
-    return totals
+
+class PartialSaver:
+    """The on_pass hook of a resumable evaluation: advances the progress bar and rewrites the partial file at most
+    every SAVE_INTERVAL_S (and once more when the evaluation ends)."""
+
+    def __init__(self, path: Path, key: str, masks: list[HeadMask], label: str, n_batches: int, show: bool):
+        self.path, self.key, self.masks, self.n_batches = path, key, masks, n_batches
+        self.label, self.progress = f"{label} x {n_batches} batches", progress_bar(show)
+        self.last_save = time.monotonic()
+
+    def __enter__(self) -> "PartialSaver":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def begin(self, totals: MaskTotals) -> None:
+        total = len(self.masks) * self.n_batches
+        self.task = self.progress.add_task(self.label, total=total, completed=int(totals.batches_done.sum()))
+
+    def __call__(self, totals: MaskTotals, n_masks: int) -> None:
+        self.progress.advance(self.task, n_masks)
+        if time.monotonic() - self.last_save >= SAVE_INTERVAL_S:
+            self.save(totals)
+
+    def save(self, totals: MaskTotals) -> None:
+        save_partial(self.path, self.key, self.masks, totals)
+        self.last_save = time.monotonic()
 
 
 def progress_bar(show: bool) -> Progress:
@@ -72,7 +101,7 @@ def progress_bar(show: bool) -> Progress:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=console(),
         disable=not show,
     )
 
@@ -89,7 +118,38 @@ def save_partial(path: Path, key: str, masks: list[HeadMask], totals: MaskTotals
     for i, mask in enumerate(masks):
         sums = [repr(float(v)) for v in totals.sums[i]]
         writer.writerow([mask.name, int(totals.batches_done[i]), *sums, int(totals.n_targets[i])])
-    atomic_write_text(path, out.getvalue())
+    atomic_write_text(path, out.getvalue(), every_process=True)  # each process of a distributed scan keeps its own
+
+
+def partial_files(partial: Path) -> list[Path]:
+    """A scan's partial file and those the processes of a distributed run of it keep (<scan>.partial.rank<r>.csv)."""
+    return [partial, *sorted(partial.parent.glob(f"{partial.stem}.rank*.csv"))]
+
+
+def rank_partial(partial: Path, rank: int) -> Path:
+    return partial.with_name(f"{partial.stem}.rank{rank}.csv")
+
+
+def discard_partials(partial: Path) -> None:
+    """Delete the partial files once the result is written (by the process that wrote it)."""
+    if first_process():
+        for path in partial_files(partial):
+            path.unlink(missing_ok=True)
+
+
+def load_partials(partial: Path, key: str, masks: list[HeadMask], columns: tuple[str, ...]) -> MaskTotals | None:
+    """The sums saved for these masks under the same fingerprint, merged over the scan's partial files: each mask's
+    row that has seen the most batches (one process or many, in this run or the interrupted one, saved them)."""
+    loaded = [t for path in partial_files(partial) if (t := load_partial(path, key, masks, columns)) is not None]
+    if not loaded:
+        return None
+    merged = loaded[0]
+    for totals in loaded[1:]:
+        further = totals.batches_done > merged.batches_done
+        merged.batches_done[further] = totals.batches_done[further]
+        merged.sums[further] = totals.sums[further]
+        merged.n_targets[further] = totals.n_targets[further]
+    return merged
 
 
 def load_partial(path: Path, key: str, masks: list[HeadMask], columns: tuple[str, ...]) -> MaskTotals | None:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from headcount.ablation.checks import validate_settings
 from headcount.ablation.data_check import checked_data
+from headcount.ablation.distributed import scan_world
 from headcount.ablation.evaluation import counterpart_baseline, evaluation, evaluation_set, run_task, task_config
 from headcount.ablation.evaluator import MaskEvaluator
 from headcount.ablation.export import check_export, export_pruned_model
@@ -30,7 +31,10 @@ from headcount.ablation.metrics import METRICS, resolve_metric
 from headcount.ablation.results import ResultFiles, fingerprint, model_fingerprint, section_name, tasks_dir
 from headcount.ablation.scans import KINDS, Scan
 from headcount.ablation.summary import record_default_metric
+from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.train import TrainerConfig
+from headcount.processes import set_first_process
 from headcount.report.captions import describe_run
 from headcount.run_dir import RunPaths, load_run, read_pretrained
 
@@ -58,14 +62,18 @@ def typed_ablation(section: DictConfig) -> AblationConfig:
 
 class AblationSession:
     """What every scan of one run shares: the settings, the mode and the metric, the model and its evaluator on the
-    eval batches, the replacements, the baseline, the result files, and what scans have handed to others (`shared`)."""
+    eval batches, the replacements, the baseline, the result files, what scans have handed to others (`shared`), and
+    the processes the scans' mask evaluations are shared out over (`world`: None for this process alone)."""
 
     def __init__(self, cfg: DictConfig, run_dir: Path):
         self.settings = s = typed_ablation(cfg.ablation)
         task_cfg = task_config(cfg)
         self.mode, _ = validate_settings(s, task_cfg)
+        # The processes the trainer section asks for (one: none), before anything is read or written
+        self.world = scan_world(typed(cfg.trainer, TrainerConfig), s.device) if "trainer" in cfg else None
+        set_first_process(self.world is None or self.world.rank == 0)
         self.run = load_run(run_dir, cfg)
-        self.device = resolve_device(s.device)
+        self.device = resolve_device(s.device) if self.world is None else self.world.device
         model_key = model_fingerprint(self.run.model)
         self.model = self.run.model.to(self.device, torch.float32).eval()
         self.heads_per_layer = self.model.heads_per_layer

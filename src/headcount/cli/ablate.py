@@ -23,9 +23,8 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
 
-from headcount import run_lock
+from headcount import processes, run_lock
 from headcount.ablation.session import run_ablations
 from headcount.cli.errors import BAD_INPUT, discarded_if_rejected, exit_on_config_error, run_hydra_command, typed_value
 from headcount.cli.pretrained_run import default_run_dir, prepare_pretrained_run, pretrained_requested
@@ -35,6 +34,7 @@ from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 from headcount.io import writable
 from headcount.run_dir import RunPaths, finished_checkpoint, load_run_config, read_pretrained
+from headcount.train.launch import ddp_confined_to_this_job
 from headcount.train.quiet import take_verbosity_flags
 
 
@@ -50,6 +50,7 @@ def ablate(cfg: DictConfig, typed_keys: Sequence[str] = (), task_given: bool = F
         OmegaConf.update(ablation, key.removeprefix("ablation."), OmegaConf.select(cfg, key), merge=True)
     ablation.scans = cfg.ablation.scans
     run_cfg.ablation = ablation
+    run_cfg.trainer = cfg.trainer  # the processes this command shares its scans out over, not the run's training's
     if task_given or "task" not in run_cfg:
         run_cfg.task = cfg.task
     return run_ablations(run_cfg, Path(cfg.run_dir))
@@ -67,7 +68,7 @@ def task_selected(overrides: Sequence[str]) -> bool:
 
 
 def print_written(paths: list[Path]) -> None:
-    console = Console(stderr=True)
+    console = processes.console()
     if not paths:
         console.print("[green]nothing to write:[/green] every result asked for is up to date")
         return
@@ -75,6 +76,8 @@ def print_written(paths: list[Path]) -> None:
     for path in dict.fromkeys(paths):
         console.print(f"  {path}", highlight=False, soft_wrap=True, markup=False)  # sweep paths hold [ ]
 
+
+MULTIRUN_FLAGS = {"-m", "--multirun"}
 
 register_configs()
 OmegaConf.register_new_resolver("headcount.pretrained_run_dir", default_run_dir, replace=True)
@@ -136,13 +139,15 @@ def finished_run(run_dir: Path) -> Path:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="ablate")
 @exit_on_config_error
 def ablate_job(cfg: DictConfig) -> None:
+    if processes.launched_as_secondary():  # one of a distributed scan's processes, but the first (main, SLURM's tasks)
+        processes.set_first_process(False)
     run_dir = Path(cfg.run_dir)
     new_pretrained_run = cfg.model.pretrained is not None and not RunPaths(run_dir).config.exists()
     try:
-        with discarded_if_rejected(Path(HydraConfig.get().runtime.output_dir), run_dir):
+        with discarded_if_rejected(Path(HydraConfig.get().runtime.output_dir), run_dir), ddp_confined_to_this_job():
             if cfg.model.pretrained is not None:
                 prepare_pretrained_run(cfg, run_dir)
-            else:
+            elif processes.first_process():  # a distributed scan's other processes work under the first one's lock
                 run_lock.acquire_if_writable(finished_run(run_dir), "headcount-ablate", "run_dir")
             overrides = HydraConfig.get().overrides.task
             print_written(ablate(cfg, typed_ablation_keys(overrides), task_selected(overrides)))
@@ -165,7 +170,13 @@ def discard_empty_run_dir(run_dir: Path) -> None:
 
 def take_run(args: list[str]) -> Path | None:
     """Take the run's lock before Hydra writes anything there. Returns the run directory if it is on read-only storage:
-    the command then only reads it (results up to date are read back; one that is not is refused in one line)."""
+    the command then only reads it (results up to date are read back; one that is not is refused in one line).
+    A multirun (-m: a launcher such as hydra/launcher=slurm runs the job elsewhere) only checks the lock is free: the
+    job takes it where it runs."""
+    if MULTIRUN_FLAGS & set(args):
+        run_dir = run_dir_argument(args)
+        run_lock.check_free(run_dir, "run_dir", str(run_dir))
+        return None
     if pretrained_requested(args):
         named = [Path(str(typed_value(arg))) for arg in args if arg.partition("=")[0].lstrip("+") == "run_dir"]
         if not named or not RunPaths(named[-1]).config.exists() or writable(named[-1]):
@@ -179,6 +190,13 @@ def take_run(args: list[str]) -> Path | None:
 def main() -> None:
     """`headcount-ablate [-v|-vv] run_dir=<run> [ablation=<scan>] [ablation.*=...]`."""
     args = take_verbosity_flags(take_list_flag(sys.argv[1:]))
+    if processes.launched_as_secondary():
+        # One of a distributed scan's extra processes, rerunning the first one's command line (with Lightning's
+        # hydra.run.dir for its logs): it computes its share in the first one's run, takes no lock, writes nothing.
+        processes.set_first_process(False)
+        sys.argv[1:] = args
+        run_hydra_command(ablate_job)
+        return
     sys.argv[1:] = quote_run_dir(exit_on_config_error(hydra_run_dir_as_run_dir)(args))
     if exit_on_config_error(take_run)(sys.argv[1:]) is None:
         run_hydra_command(ablate_job)

@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from headcount.ablation.checks import validate_settings
+from headcount.ablation.distributed import check_scan_trainer
 from headcount.ablation.evaluation import run_task, task_config
 from headcount.ablation.export import check_export
 from headcount.ablation.metrics import resolve_metric
@@ -23,6 +24,7 @@ from headcount.config import typed, validate_train_config
 from headcount.config.ablation import AblationConfig
 from headcount.config.data import DataConfig
 from headcount.config.model import ModelConfig
+from headcount.config.train import TrainerConfig
 from headcount.data import validate_data_config
 from headcount.data.text import text_files
 from headcount.errors import ConfigError
@@ -50,7 +52,9 @@ def validate_job(cfg: DictConfig) -> None:
     model = model_on_meta(typed(cfg.model, ModelConfig), cfg.trainer)
     check_fits_in_memory(model, cfg.trainer)
     if cfg.ablation.scans:
-        check_ablation(typed_ablation(cfg.ablation), model, cfg)
+        settings = typed_ablation(cfg.ablation)
+        check_ablation(settings, model, cfg)
+        check_scan_trainer(typed(cfg.trainer, TrainerConfig), settings.device)  # the scans run on the same processes
     validate_finding(cfg.finding)
 
 

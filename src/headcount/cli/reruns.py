@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from headcount import run_lock
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_json
+from headcount.processes import launched_as_secondary
 from headcount.run_dir import RunPaths, is_done, read_checkpoint
 
 TRAINED = ("model", "data", "trainer", "seed")  # what a run's weights depend on
@@ -54,8 +55,8 @@ def check_rerun(config: DictConfig) -> None:
     ConfigError, or keeps Hydra from rewriting a finished run's files, or records allowed changes."""
     run_dir = Path(config.hydra.run.dir)
     paths = RunPaths(run_dir)
-    if not paths.config.exists():
-        return
+    if not paths.config.exists() or launched_as_secondary():
+        return  # DDP's other processes join the run their first process checked (and holds the lock of)
     run_lock.check_free(run_dir, "hydra.run.dir", str(run_dir))  # a run in use is refused as such, whatever it holds
     task = OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
     changes = changed_settings(OmegaConf.load(paths.config), task)

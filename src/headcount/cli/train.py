@@ -40,10 +40,10 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     cfg = resolve_pretrained(cfg)  # the model the checkpoint implies (read once per process)
     with closing_wandb_run(), own_gpu_in_a_sweep(cfg), ddp_confined_to_this_job():
         metrics = train(cfg, run_dir)
-        if rank_zero_only.rank != 0:
-            return  # DDP children: rank 0 alone runs the ablations and writes the results and DONE
-        if cfg.ablation.scans:
+        if cfg.ablation.scans:  # over the processes that trained (rank 0 alone writes: ablation/distributed.py)
             run_ablations(cfg, run_dir)
+        if rank_zero_only.rank != 0:
+            return  # DDP's other processes: rank 0 alone logs the results and writes DONE
         if cfg.logger.kind == "wandb":
             log_run_results(run_dir, metrics)
         mark_done(run_dir)

@@ -60,6 +60,10 @@ class AblateConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     seed: int = 0
+    # The processes a scan is shared out over, read as training reads them (accelerator, devices, num_nodes,
+    # strategy; trainer=ddp): one by default. The run's own trainer section is not used: a run is often ablated
+    # elsewhere than it trained.
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
 def register_configs() -> None:

@@ -18,10 +18,11 @@ from typing import ClassVar
 import pandas as pd
 
 from headcount.ablation.context import ScanContext
+from headcount.ablation.distributed import evaluate_shared
 from headcount.ablation.evaluator import MaskTotals
 from headcount.ablation.masks import HeadMask
 from headcount.ablation.results import fingerprint, result_path, with_record, write_csv
-from headcount.ablation.resumable import evaluate_resumably
+from headcount.ablation.resumable import discard_partials, evaluate_resumably
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 from headcount.registry import Registry
@@ -44,6 +45,7 @@ class Scan:
         self.section = None if self.mode_independent else session.section
         self.csv = self.path(".csv")
         self.partial = self.path(".partial.csv")  # where a resumable scan keeps its running sums
+        self.reduce_seconds = 0.0  # a distributed scan's time in reductions, over its evaluations
 
     def path(self, ext: str, detail: str = "") -> Path:
         """<run>/ablation/<name><detail><section tag><ext>: this scan's files, named for its mode and metric."""
@@ -105,16 +107,27 @@ class Scan:
                     "computed no rows: nothing was written, and any earlier result of it is kept",
                 )
             write_csv(self.csv, table)
-            self.partial.unlink(missing_ok=True)
+            discard_partials(self.partial)
             files = [self.csv, *self.figures(table)]
             seconds = time.perf_counter() - start
-            self.session.files.record(self.name, self.kind, key, files, seconds, len(table), self.mode_independent)
+            world, how = self.session.world, {}
+            if world is not None and self.reduce_seconds:  # its masks were shared out over the processes
+                how = {"processes": world.size, "reduce_seconds": self.reduce_seconds}
+            self.session.files.record(
+                self.name, self.kind, key, files, seconds, len(table), self.mode_independent, **how
+            )
         self.use(table)
         return table
 
     def evaluate(self, masks: list[HeadMask], key: str) -> MaskTotals:
-        """The masks' metric sums on the session's evaluator, resumable from this scan's partial file."""
+        """The masks' metric sums on the session's evaluator, resumable from this scan's partial files; shared out
+        over the session's processes when it has several (ablation/distributed.py)."""
         s = self.session.settings
         label = f"{self.name} ({self.session.section})"
-        positions = self.session.positions
-        return evaluate_resumably(self.session.evaluator, masks, self.partial, key, label, s.progress, positions)
+        args = (self.session.evaluator, masks, self.partial, key, label, s.progress, self.session.positions)
+        world = self.session.world
+        if world is None:
+            return evaluate_resumably(*args)
+        totals = evaluate_shared(world, *args)
+        self.reduce_seconds += world.reduce_seconds
+        return totals

@@ -1,0 +1,37 @@
+"""`python tests/interrupting_ablate.py <headcount-ablate overrides>`: headcount-ablate that kills itself mid-scan.
+
+With HEADCOUNT_TEST_KILL_AFTER_PASSES=N in the environment, the first process of the scan, after N masked passes,
+SIGKILLs its whole process group: itself and the processes Lightning started for a distributed scan, as a cluster
+killing a job would. The partial files are saved after every pass. The processes Lightning adds rerun this same
+script (with the same environment), so they save as often. Used by tests/test_distributed.py.
+"""
+
+import os
+import signal
+import sys
+
+
+def main() -> None:
+    from headcount.ablation import resumable
+    from headcount.ablation.evaluator import MaskEvaluator
+    from headcount.cli.ablate import main as headcount_ablate
+    from headcount.processes import launched_as_secondary
+
+    resumable.SAVE_INTERVAL_S = 0.0
+    kill_after = int(os.environ["HEADCOUNT_TEST_KILL_AFTER_PASSES"])
+    real_pass, passes = MaskEvaluator.masked_pass, []
+
+    def masked_pass(self, clean, gates_PLH, start, position_P):
+        sums = real_pass(self, clean, gates_PLH, start, position_P)
+        if start < self.model.n_layers and not launched_as_secondary():
+            passes.append(len(gates_PLH))
+            if len(passes) == kill_after:
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+        return sums
+
+    MaskEvaluator.masked_pass = masked_pass
+    headcount_ablate()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
