@@ -1,8 +1,9 @@
-"""`python tests/interrupting_ablate.py <headcount-ablate overrides>`: headcount-ablate that kills itself mid-scan.
+"""`python tests/interrupting_ablate.py <headcount-ablate overrides>`: headcount-ablate that interrupts itself mid-scan.
 
 With HEADCOUNT_TEST_KILL_AFTER_PASSES=N in the environment, the first process of the scan, after N masked passes,
-SIGKILLs its whole process group: itself and the processes Lightning started for a distributed scan, as a cluster
-killing a job would. The partial files are saved after every pass. The processes Lightning adds rerun this same
+sends its whole process group HEADCOUNT_TEST_SIGNAL (KILL by default: as a cluster killing a job would; INT: as Ctrl-C
+in a terminal does), itself and the processes Lightning started for a distributed scan. The partial files are saved
+after every pass. The processes Lightning adds rerun this same
 script (with the same environment), so they save as often. Used by tests/test_distributed.py.
 """
 
@@ -19,6 +20,7 @@ def main() -> None:
 
     resumable.SAVE_INTERVAL_S = 0.0
     kill_after = int(os.environ["HEADCOUNT_TEST_KILL_AFTER_PASSES"])
+    signum = signal.Signals[f"SIG{os.environ.get('HEADCOUNT_TEST_SIGNAL', 'KILL')}"]
     real_pass, passes = MaskEvaluator.masked_pass, []
 
     def masked_pass(self, clean, gates_PLH, start, position_P):
@@ -26,7 +28,7 @@ def main() -> None:
         if start < self.model.n_layers and not launched_as_secondary():
             passes.append(len(gates_PLH))
             if len(passes) == kill_after:
-                os.killpg(os.getpgid(0), signal.SIGKILL)
+                os.killpg(os.getpgid(0), signum)
         return sums
 
     MaskEvaluator.masked_pass = masked_pass

@@ -1,6 +1,7 @@
 """One scan over two CPU processes (trainer.devices=2: Lightning's DDP with gloo) writes the tables one process writes,
 to 1e-9 in every value: single_head, pairs and pruning on the run's data, and a patch-mode scan of a task. A scan killed
-mid-way with two processes resumes with one and ends equal to the uninterrupted one. What a scan cannot run with is
+mid-way with two processes resumes with one, one stopped by Ctrl-C resumes with two, and both end equal to the
+uninterrupted one. What a scan cannot run with is
 refused in one line, before any work.
 
 Every command runs with one thread per process (OMP_NUM_THREADS=1): float32 matrix products give the same bits only
@@ -123,6 +124,35 @@ def test_killed_two_process_scan_resumes_with_one(trained, tmp_path):
     assert not list(out.glob("*.partial*"))
 
 
+def test_ctrl_c_stops_both_processes_and_the_same_command_resumes(trained, tmp_path):
+    uninterrupted, stopped = copy_of(trained, tmp_path / "uninterrupted"), copy_of(trained, tmp_path / "stopped")
+    ablate(uninterrupted, *LM_SCANS)
+    args = [f"run_dir={stopped}", "ablation.progress=false", *LM_SCANS, *TWO_PROCESSES]
+    env = {"HEADCOUNT_TEST_KILL_AFTER_PASSES": "20", "HEADCOUNT_TEST_SIGNAL": "INT"}
+    proc = command(args, tmp_path, [str(INTERRUPTING)], **env)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == "error: interrupted; the same command again resumes where it stopped"
+    assert list(RunPaths(stopped).ablation.glob("pairs.partial.rank*.csv"))
+    ablate(stopped, *LM_SCANS, *TWO_PROCESSES)
+    assert_same_tables(RunPaths(uninterrupted).ablation, RunPaths(stopped).ablation)
+
+
+def test_a_run_trained_by_two_processes_scans_with_both(tmp_path):
+    """A single run with trainer.devices=2: both processes train, then share its scans (the second process reruns the
+    command; it neither takes the run's lock nor refuses the run as in use)."""
+    run_dir = tmp_path / "run"
+    train = [arg for arg in TRAIN if not arg.startswith("ablation=")]
+    train += ["ablation=[single_head,pairs]", "ablation.progress=false", *TWO_PROCESSES]
+    proc = command([*train, f"hydra.run.dir={run_dir}"], tmp_path, ["-m", "headcount.cli.train"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert RunPaths(run_dir).done.exists()
+    assert {entry["processes"] for entry in scan_records(RunPaths(run_dir).ablation).values()} == {2}
+    one = Path(shutil.copytree(run_dir, tmp_path / "one"))
+    shutil.rmtree(RunPaths(one).ablation)
+    ablate(one, "ablation=[single_head,pairs]")
+    assert_same_tables(RunPaths(one).ablation, RunPaths(run_dir).ablation)
+
+
 @pytest.mark.parametrize(
     ("trainer", "key", "said"),
     [
@@ -144,6 +174,8 @@ def test_a_gpu_scan_where_there_is_none_is_named(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(ConfigError, match="trainer.accelerator.*no GPU"):
         check_scan_trainer(TrainerConfig(accelerator="gpu", devices=2))
+    with pytest.raises(ConfigError, match="trainer.accelerator.*no GPU"):  # trainer=ddp: every GPU there is
+        check_scan_trainer(TrainerConfig(accelerator="gpu", devices="auto", strategy="ddp"))
     with pytest.raises(ConfigError, match="ablation.device"):
         check_scan_trainer(TrainerConfig(accelerator="cpu", devices=2), "cuda")
 

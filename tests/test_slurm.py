@@ -158,11 +158,12 @@ def test_a_scan_runs_as_one_two_task_slurm_job(slurm_env, tmp_path):
     train += ["data.n_train=64", "data.n_val=64", "ablation=[]", f"hydra.run.dir={tmp_path / 'run'}"]
     subprocess.run(train, cwd=tmp_path, env=slurm_env, check=True, capture_output=True)
     shutil.copytree(tmp_path / "run", tmp_path / "one")
-    ablate = [sys.executable, "-m", "headcount.cli.ablate", "ablation=[single_head,pairs]", "ablation.progress=false"]
+    ablate = [sys.executable, "-m", "headcount.cli.ablate"]
+    scans = ["ablation=[single_head,pairs]", "ablation.progress=false"]
     two_tasks = ["hydra/launcher=slurm", *LOCAL_CLUSTER, "hydra.launcher.tasks_per_node=2"]
     two_tasks += ["trainer.devices=2", "trainer.accelerator=cpu", "trainer.strategy=ddp"]
     job = subprocess.run(
-        [*ablate, "-m", f"run_dir={tmp_path / 'run'}", *two_tasks],
+        [*ablate, "-m", f"run_dir={tmp_path / 'run'}", *scans, *two_tasks],
         cwd=tmp_path,
         env=slurm_env,
         capture_output=True,
@@ -171,7 +172,7 @@ def test_a_scan_runs_as_one_two_task_slurm_job(slurm_env, tmp_path):
     )
     logs = "".join(p.read_text() for p in (tmp_path / "run" / "ablation" / "logs").rglob("*.log"))
     assert job.returncode == 0, job.stderr[-3000:] + logs[-3000:]
-    subprocess.run([*ablate, f"run_dir={tmp_path / 'one'}"], cwd=tmp_path, env=slurm_env, check=True)
+    subprocess.run([*ablate, f"run_dir={tmp_path / 'one'}", *scans], cwd=tmp_path, env=slurm_env, check=True)
     summary = json.loads((RunPaths(tmp_path / "run").ablation / "summary.json").read_text())
     assert {entry["processes"] for entry in summary["modes"]["zero"]["scans"].values()} == {2}
     for table in ("single_head.csv", "pairs.csv"):

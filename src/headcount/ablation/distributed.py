@@ -37,12 +37,10 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from headcount.ablation.evaluator import MaskEvaluator, MaskSet, MaskTotals
-from headcount.ablation.masks import HeadMask, masks_to_gates
+from headcount.ablation.masks import HeadMask
 from headcount.ablation.resumable import (
     PartialSaver,
     load_partials,
-    mask_positions,
-    partial_key,
     rank_partial,
 )
 from headcount.config.train import TrainerConfig
@@ -73,11 +71,28 @@ class ScanWorld:
     def device(self) -> torch.device:
         return self.trainer.strategy.root_device
 
-    def predict(self, module: L.LightningModule, n_batches: int) -> None:
-        """Lightning's predict loop over the eval batches' indices: every process sees every batch (each evaluates
-        its own masks on it), so no distributed sampler."""
-        loader = DataLoader(range(n_batches), batch_size=None)
-        self.trainer.predict(module, dataloaders=loader, return_predictions=False)
+    def evaluate(
+        self,
+        evaluator: MaskEvaluator,
+        masks: list[HeadMask],
+        mask_set: MaskSet,
+        partial: Path,
+        key: str,
+        label: str,
+        show_progress: bool,
+    ) -> MaskTotals:
+        """evaluate_resumably's work shared out over the processes, each of which calls this with the same masks and
+        ends with every mask's totals: one run of Lightning's predict loop over the eval batches' indices (every
+        process sees every batch, for its own masks: no distributed sampler)."""
+        evaluation = SharedEvaluation(self, evaluator, masks, mask_set, partial, key, label, show_progress)
+        loader = DataLoader(range(len(evaluator.batches)), batch_size=None)
+        try:
+            self.trainer.predict(MaskShare(evaluation), dataloaders=loader, return_predictions=False)
+        except SystemExit:
+            if self.trainer.interrupted:  # Lightning turns Ctrl-C into exit(1): the commands say it as for one process
+                raise KeyboardInterrupt from None
+            raise
+        return evaluation.totals
 
 
 def devices_per_node(t: TrainerConfig) -> int:
@@ -102,6 +117,8 @@ def check_scan_trainer(t: TrainerConfig, device_setting: str = "auto") -> int:
     a strategy other than DDP's, an accelerator or more devices than this machine has, an ablation.device that
     contradicts trainer.accelerator."""
     per_node = devices_per_node(t)
+    if per_node == 0 and t.accelerator in ("gpu", "cuda"):  # devices=auto (trainer=ddp) where there is no GPU
+        raise ConfigError("trainer.accelerator", t.accelerator, "this machine has no GPU (trainer.accelerator=cpu)")
     if per_node < 1:
         raise ConfigError("trainer.devices", t.devices, "must be at least 1")
     if t.num_nodes < 1:
@@ -188,26 +205,6 @@ def reduce_totals(sums: Tensor, batches_done: Tensor, n_targets: Tensor, device:
     sums.copy_(packed[:, :-2])
     batches_done.copy_(packed[:, -2].round().long())
     n_targets.copy_(packed[:, -1].round().long())
-
-
-def evaluate_shared(
-    world: ScanWorld,
-    evaluator: MaskEvaluator,
-    masks: list[HeadMask],
-    partial: Path,
-    key: str,
-    label: str,
-    show_progress: bool,
-    positions: list[str] = (),
-) -> MaskTotals:
-    """evaluate_resumably over the world's processes: every process calls it with the same masks and ends with every
-    mask's totals."""
-    gates_MLH = masks_to_gates(masks, evaluator.model.heads_per_layer)
-    mask_set = evaluator.mask_set(gates_MLH, mask_positions(masks, positions))
-    key = partial_key(evaluator, masks, key)
-    evaluation = SharedEvaluation(world, evaluator, masks, mask_set, partial, key, label, show_progress)
-    world.predict(MaskShare(evaluation), len(evaluator.batches))
-    return evaluation.totals
 
 
 @dataclass

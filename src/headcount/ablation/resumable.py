@@ -11,6 +11,7 @@ import csv
 import io
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -21,6 +22,9 @@ from headcount.ablation.masks import HeadMask, masks_to_gates
 from headcount.ablation.results import fingerprint
 from headcount.io import atomic_write_text
 from headcount.processes import console, first_process
+
+if TYPE_CHECKING:  # the distributed path imports this module
+    from headcount.ablation.distributed import ScanWorld
 
 SAVE_INTERVAL_S = 5.0  # the partial file is rewritten after a pass at most this often (and always at the end)
 
@@ -33,20 +37,22 @@ def evaluate_resumably(
     label: str,
     show_progress: bool,
     positions: list[str] = (),
+    world: "ScanWorld | None" = None,
 ) -> MaskTotals:
     """Evaluate the masks, starting from the partial files saved under the same key if there are any, and keeping
     the partial file up to date as passes finish. positions: the named positions masks may name (the columns of
-    named_pos). The caller writes the final results and deletes the partial files."""
+    named_pos). world: the processes to share the masks out over (ablation/distributed.py), None for this one. The
+    caller writes the final results and deletes the partial files."""
     key = partial_key(evaluator, masks, key)
-    mask_set = evaluator.mask_set(
-        masks_to_gates(masks, evaluator.model.heads_per_layer), mask_positions(masks, positions)
-    )
+    gates_MLH = masks_to_gates(masks, evaluator.model.heads_per_layer)
+    mask_set = evaluator.mask_set(gates_MLH, mask_positions(masks, positions))
+    if world is not None:
+        return world.evaluate(evaluator, masks, mask_set, partial, key, label, show_progress)
     totals = load_partials(partial, key, masks, evaluator.columns) or MaskTotals.empty(len(masks), evaluator.columns)
-    with PartialSaver(
-        partial, key, masks, f"{label}: {len(masks)} masks", len(evaluator.batches), show_progress
-    ) as saver:
+    n_batches = len(evaluator.batches)
+    with PartialSaver(partial, key, masks, f"{label}: {len(masks)} masks", n_batches, show_progress) as saver:
         saver.begin(totals)
-        for b in range(len(evaluator.batches)):
+        for b in range(n_batches):
             evaluator.accumulate_batch(b, mask_set, totals, saver)
     return totals
 

@@ -18,7 +18,6 @@ from typing import ClassVar
 import pandas as pd
 
 from headcount.ablation.context import ScanContext
-from headcount.ablation.distributed import evaluate_shared
 from headcount.ablation.evaluator import MaskTotals
 from headcount.ablation.masks import HeadMask
 from headcount.ablation.results import fingerprint, result_path, with_record, write_csv
@@ -122,12 +121,9 @@ class Scan:
     def evaluate(self, masks: list[HeadMask], key: str) -> MaskTotals:
         """The masks' metric sums on the session's evaluator, resumable from this scan's partial files; shared out
         over the session's processes when it has several (ablation/distributed.py)."""
-        s = self.session.settings
-        label = f"{self.name} ({self.session.section})"
-        args = (self.session.evaluator, masks, self.partial, key, label, s.progress, self.session.positions)
-        world = self.session.world
-        if world is None:
-            return evaluate_resumably(*args)
-        totals = evaluate_shared(world, *args)
-        self.reduce_seconds += world.reduce_seconds
+        session, world = self.session, self.session.world
+        label, progress = f"{self.name} ({session.section})", session.settings.progress
+        positions = session.positions
+        totals = evaluate_resumably(session.evaluator, masks, self.partial, key, label, progress, positions, world)
+        self.reduce_seconds += 0.0 if world is None else world.reduce_seconds
         return totals
