@@ -21,8 +21,11 @@ the eval batches, in which:
 - at the end, one all-reduce adds the processes' (M, K) float64 sums, batch counts and score points; a mask owned by
   another process is all zeros here, so every process ends with exactly the owner's numbers.
 
-Scans that do not evaluate masks (attribution's gradients, importance, L0 gates, head scores) run whole in every
-process, with the same numbers; only the first writes them.
+Processes whose memory budgets fit different batch sizes (GPUs with different free memory) are refused in one line
+(set ablation.memory_budget_mb); different masks per pass agree on the smallest. Ctrl-C, which Lightning turns into
+exit(1), leaves as KeyboardInterrupt, as it does in one process. Scans that do not evaluate masks (attribution's
+gradients, importance, L0 gates, head scores) run whole in every process, with the same numbers; only the first writes
+them.
 """
 
 import os
@@ -38,11 +41,7 @@ from torch.utils.data import DataLoader
 
 from headcount.ablation.evaluator import MaskEvaluator, MaskSet, MaskTotals
 from headcount.ablation.masks import HeadMask
-from headcount.ablation.resumable import (
-    PartialSaver,
-    load_partials,
-    rank_partial,
-)
+from headcount.ablation.resumable import PartialSaver, load_partials, rank_partial
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
 from headcount.processes import first_process
