@@ -130,9 +130,10 @@ def test_killed_two_process_scan_resumes_with_one(trained, one_process, tmp_path
     ranks = sorted(p.name for p in out.glob("*.partial.rank*.csv"))
     assert [name.split(".")[0] for name in ranks] == ["pairs", "pairs"]  # killed mid-way through pairs, both saved
     assert not (out / "pairs.csv").exists()
+    (out / ".pairs.partial.rank0.csv.x1y2z3.tmp").write_text("mask,batc")  # a save the kill cut short
     ablate(killed, *LM_SCANS)
     assert_same_tables(one_process, out)
-    assert not list(out.glob("*.partial*"))
+    assert not list(out.glob("*.partial*")) and not list(out.glob(".*.tmp"))
 
 
 @pytest.mark.slow  # 45 s; the SIGKILL test above keeps resuming in CI

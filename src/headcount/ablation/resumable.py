@@ -137,9 +137,10 @@ def rank_partial(partial: Path, rank: int) -> Path:
 
 
 def discard_partials(partial: Path) -> None:
-    """Delete the partial files once the result is written (by the process that wrote it)."""
+    """Delete the partial files once the result is written (by the process that wrote it), and the temporary files
+    of partial saves a killed process left (io.atomic_write's hidden `.<name>.*.tmp`)."""
     if first_process():
-        for path in partial_files(partial):
+        for path in [*partial_files(partial), *partial.parent.glob(f".{partial.stem}.*.tmp")]:
             path.unlink(missing_ok=True)
 
 
