@@ -504,4 +504,4 @@ def test_family_settings_compose_from_the_command_line(compose_train):
     assert model.blocks[0].attn.n_kv_heads == 2 and model.blocks[0].mlp.gate.out_features == 48
     with pytest.raises(ConfigCompositionException) as err:  # refused when composed, naming the allowed values
         compose_train(["model.norm=batchnorm"])
-    assert "expected one of [layernorm, rmsnorm]" in str(err.value.__cause__)
+    assert "expected one of [layernorm, rmsnorm, rmsnorm_plus_one]" in str(err.value.__cause__)
