@@ -566,10 +566,23 @@ def test_a_norm_over_the_whole_projection_cannot_be_pruned_structurally():
 
 
 def test_new_keys_default_to_the_old_model():
-    """A checkpoint from before these keys rebuilds the same model: every default is the old behaviour."""
-    old, new = make_model(seed=3), Transformer(ModelConfig(n_layers=2, d_model=32, n_ctx=16, vocab_size=50, mlp=True))
-    assert list(old.state_dict()) == list(new.state_dict())
-    cfg = new.cfg
+    """A checkpoint from before these keys (its hyperparameters lack them) rebuilds the same model: every default is
+    the old behaviour, and the parameter names are the old ones."""
+    from dataclasses import asdict
+
+    from headcount.run_dir import model_config_from_dict
+
+    new_keys = ["rope_scaling", "rotary_theta_local", "sliding_window", "layer_types", "qk_norm", "pre_norm"]
+    new_keys += ["post_norm", "embed_scale", "final_softcap"]
+    old = asdict(ModelConfig(n_layers=2, d_model=32, n_ctx=16, vocab_size=50, mlp=True, positions="rotary"))
+    for key in new_keys:
+        del old[key]
+    del old["attn"]["query_pre_attn_scalar"], old["attn"]["softcap"]
+    cfg = model_config_from_dict(old)
+    assert cfg == ModelConfig(n_layers=2, d_model=32, n_ctx=16, vocab_size=50, mlp=True, positions="rotary")
+    torch.manual_seed(0)
+    model = Transformer(cfg).double().eval()
+    assert list(model.state_dict()) == list(family_model("rotary_partial").state_dict())
     assert (cfg.sliding_window, cfg.layer_types, cfg.qk_norm, cfg.rope_scaling.type) == (None, None, "none", "default")
     assert cfg.pre_norm and not (cfg.post_norm or cfg.embed_scale) and cfg.final_softcap is None
 
