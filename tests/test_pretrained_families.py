@@ -181,3 +181,23 @@ def longrope() -> dict:
         "long_factor": factors,
         "original_max_position_embeddings": 8,
     }
+
+
+@pytest.mark.parametrize("case", ["gemma3", "gemma2", "olmo2"])
+def test_the_evaluator_restarts_mid_block_exactly_on_a_converted_family(case, folders):
+    """Prefix caching and finishing a layer from its cached z (post-norms after the heads combine, windows and
+    soft-caps in every pass) give each mask's loss as a plain forward pass does."""
+    from headcount.ablation.evaluator import MaskEvaluator
+    from headcount.ablation.masks import masks_to_gates, single_head_masks
+    from headcount.metrics import masked_loss_and_accuracy
+
+    _, model = both(folders, case, torch.float64)
+    batches = [{"input_ids": tokens(3, seed), "loss_mask": torch.ones(3, 16, dtype=torch.bool)} for seed in (1, 2)]
+    gates_MLH = masks_to_gates(single_head_masks(model.heads_per_layer), model.heads_per_layer, torch.float64)
+    fast = MaskEvaluator(model, batches, masks_per_pass=3).evaluate(gates_MLH)
+    for m, gates_LH in enumerate(gates_MLH):
+        losses = [
+            masked_loss_and_accuracy(model(b["input_ids"], gates=gates_LH), b["input_ids"], b["loss_mask"])[0]
+            for b in batches
+        ]
+        torch.testing.assert_close(fast["loss"][m], torch.stack(losses).mean(), rtol=0, atol=1e-10)
