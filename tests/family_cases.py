@@ -26,6 +26,16 @@ CASES = {
             "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0},
         },
     ),
+    # The image-text checkpoints (Gemma3ForConditionalGeneration): headcount converts the text decoder; its special
+    # image tokens (ids 50 to 52) lie outside the test's tokens
+    "gemma3_image_text": lambda: tf.Gemma3Config(
+        text_config=CASES["gemma3"]().to_dict() | {"vocab_size": VOCAB + 3},
+        vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2},
+        mm_tokens_per_image=4,
+        boi_token_index=VOCAB,
+        eoi_token_index=VOCAB + 1,
+        image_token_index=VOCAB + 2,
+    ),
     "gemma2": lambda: tf.Gemma2Config(
         **GEMMA,
         query_pre_attn_scalar=20,
@@ -70,6 +80,7 @@ FEATURES = {
         "attn.query_pre_attn_scalar": None,
         "mlp_act": "swiglu",
     },
+    "gemma3_image_text": {"qk_norm": "none", "embed_scale": False},
     "gemma2": {"attn.softcap": None, "final_softcap": None, "sliding_window": None, "post_norm": False},
     "gemma": {"embed_scale": False, "norm": "rmsnorm", "mlp_act": "swiglu"},
     "llama3": {"rope_scaling.type": "default"},
@@ -93,6 +104,12 @@ def hf_model(case: str, seed: int = 0) -> torch.nn.Module:
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.3)
     return model.eval()
+
+
+def attention_layers(hf: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layers (an image-text model's are its language model's)."""
+    inner = hf.model
+    return inner.language_model.layers if hasattr(inner, "language_model") else inner.layers
 
 
 def tokens(batch: int = 2, seed: int = 1) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 import transformers as tf  # noqa: E402
-from family_cases import CASES, FEATURES, hf_model, tokens  # noqa: E402
+from family_cases import CASES, FEATURES, attention_layers, hf_model, tokens  # noqa: E402
 
 from headcount.errors import ConfigError  # noqa: E402
 from headcount.model.transformer import Transformer  # noqa: E402
@@ -95,7 +95,7 @@ def test_family_gives_transformers_logits_and_head_ablations(case, dtype, folder
         for head in range(H):
             gates = torch.ones(L, H, dtype=dtype)
             gates[layer, head] = 0
-            with torch.no_grad(), zeroed_head(hf.model.layers[layer].self_attn.o_proj, head, D):
+            with torch.no_grad(), zeroed_head(attention_layers(hf)[layer].self_attn.o_proj, head, D):
                 ablated_expected = hf(x).logits
             with torch.no_grad():
                 torch.testing.assert_close(model(x, gates=gates), ablated_expected, rtol=0, atol=TOL[dtype])
