@@ -42,6 +42,7 @@ class TaskConfig:
     wrong_field: str = "wrong"
     corrupted_field: str = "corrupted"
     position_field: str = "position"
+    csv_ids: bool = False  # a CSV's cells are text as written; true: token ids (integers separated by spaces)
     answer_tokens: AnswerTokens = AnswerTokens.first
     add_special_tokens: bool = False  # prompts are encoded as written; true: with the tokenizer's own (e.g. BOS)
     align: Align = Align.exact
