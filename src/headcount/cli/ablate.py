@@ -29,8 +29,9 @@ from headcount.ablation.session import run_ablations
 from headcount.cli.errors import BAD_INPUT, discarded_if_rejected, exit_on_config_error, run_hydra_command, typed_value
 from headcount.cli.pretrained_run import default_run_dir, prepare_pretrained_run, pretrained_requested
 from headcount.components import take_list_flag
-from headcount.config import CONF_DIR, register_configs
+from headcount.config import CONF_DIR, register_configs, typed
 from headcount.config.ablation import AblationConfig
+from headcount.config.train import TrainerConfig, check_devices_here
 from headcount.errors import ConfigError
 from headcount.io import writable
 from headcount.run_dir import RunPaths, finished_checkpoint, load_run_config, read_pretrained
@@ -42,6 +43,7 @@ def ablate(cfg: DictConfig, typed_keys: Sequence[str] = (), task_given: bool = F
     """Run the scans of a composed ablate config (run_dir, ablation, task) on its run; typed_keys are the dotted
     `ablation.*` keys to take from cfg over the run's own settings; task_given: the command line selected a task
     (else the run's own task section, if it has one, applies). Returns the files written."""
+    check_devices_here(typed(cfg.trainer, TrainerConfig))
     run_cfg = load_run_config(cfg.run_dir)
     base = OmegaConf.to_container(run_cfg.get("ablation") or OmegaConf.create({}))
     base.pop("scans", None)

@@ -43,6 +43,28 @@ class TrainerConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 
+GPU_ACCELERATORS = ("gpu", "cuda")
+
+
+def check_devices_here(cfg: TrainerConfig) -> None:
+    """ConfigError for devices this machine does not have, before any work: Lightning fails on them deep inside a
+    run (a traceback), and a scan of one process would run on the CPU without a word."""
+    import torch  # the machine's devices: only the commands ask
+
+    has_gpu = torch.cuda.is_available()
+    if cfg.accelerator in GPU_ACCELERATORS and not has_gpu:
+        raise ConfigError(
+            "trainer.accelerator", cfg.accelerator, "this machine has no GPU: use trainer.accelerator=cpu"
+        )
+    on_cpu = cfg.accelerator == "cpu" or (cfg.accelerator == "auto" and not has_gpu)
+    if on_cpu and str(cfg.devices).strip() == "-1":
+        raise ConfigError(
+            "trainer.devices",
+            cfg.devices,
+            "on the CPU, the number of processes: a positive integer (-1 means every GPU)",
+        )
+
+
 def check_at_least(key: str, value: float, least: float, what: str) -> None:
     if value < least:
         raise ConfigError(key, value, what)
