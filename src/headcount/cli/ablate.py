@@ -43,7 +43,6 @@ def ablate(cfg: DictConfig, typed_keys: Sequence[str] = (), task_given: bool = F
     """Run the scans of a composed ablate config (run_dir, ablation, task) on its run; typed_keys are the dotted
     `ablation.*` keys to take from cfg over the run's own settings; task_given: the command line selected a task
     (else the run's own task section, if it has one, applies). Returns the files written."""
-    check_devices_here(typed(cfg.trainer, TrainerConfig))
     run_cfg = load_run_config(cfg.run_dir)
     base = OmegaConf.to_container(run_cfg.get("ablation") or OmegaConf.create({}))
     base.pop("scans", None)
@@ -147,6 +146,7 @@ def ablate_job(cfg: DictConfig) -> None:
     new_pretrained_run = cfg.model.pretrained is not None and not RunPaths(run_dir).config.exists()
     try:
         with discarded_if_rejected(Path(HydraConfig.get().runtime.output_dir), run_dir), ddp_confined_to_this_job():
+            check_devices_here(typed(cfg.trainer, TrainerConfig))
             if cfg.model.pretrained is not None:
                 prepare_pretrained_run(cfg, run_dir)
             elif processes.first_process():  # a distributed scan's other processes work under the first one's lock

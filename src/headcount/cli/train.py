@@ -19,7 +19,8 @@ from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, ru
 from headcount.cli.preflight import validate_job
 from headcount.cli.sweep import check_launcher_installed, register_resolvers, skipped_finding
 from headcount.components import take_list_flag
-from headcount.config import CONF_DIR, register_configs
+from headcount.config import CONF_DIR, register_configs, typed
+from headcount.config.train import TrainerConfig, check_devices_here
 from headcount.findings import check_finding, reads_sweep
 from headcount.pretrained.run_config import resolve_pretrained
 from headcount.report.tracking import log_run_results
@@ -36,6 +37,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     if is_done(run_dir):
         console.print(f"[green]already finished:[/green] {escape(str(run_dir))} (delete DONE to rerun)", soft_wrap=True)
         return
+    check_devices_here(typed(cfg.trainer, TrainerConfig))  # what this machine has: not a check of the config alone
     validate_job(cfg)
     cfg = resolve_pretrained(cfg)  # the model the checkpoint implies (read once per process)
     with closing_wandb_run(), own_gpu_in_a_sweep(cfg), ddp_confined_to_this_job():

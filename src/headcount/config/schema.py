@@ -20,7 +20,7 @@ from headcount.config.data import DataConfig, data_vocab_size
 from headcount.config.logger import LoggerConfig, validate_logger_config
 from headcount.config.model import ModelConfig, validate_model_config
 from headcount.config.task import TaskConfig
-from headcount.config.train import TrainerConfig, check_devices_here, validate_trainer_config
+from headcount.config.train import TrainerConfig, validate_trainer_config
 from headcount.errors import ConfigError, check_seed
 
 CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
@@ -121,9 +121,7 @@ def validate_train_config(cfg: DictConfig) -> None:
     data: DataConfig = typed(cfg.data, DataConfig)
     validate_model_config(model)
     # max_steps=0 evaluates a pretrained model as it is; a model built from scratch needs training
-    trainer: TrainerConfig = typed(cfg.trainer, TrainerConfig)
-    validate_trainer_config(trainer, least_steps=0 if model.pretrained else 1)
-    check_devices_here(trainer)  # the config is about to run here
+    validate_trainer_config(typed(cfg.trainer, TrainerConfig), least_steps=0 if model.pretrained else 1)
     validate_logger_config(typed(cfg.logger, LoggerConfig))
     if data.seq_len > model.n_ctx and model.pretrained is None:  # a checkpoint's context: pretrained/run_config.py
         raise ConfigError("data.seq_len", data.seq_len, f"must be at most model.n_ctx={model.n_ctx}")
