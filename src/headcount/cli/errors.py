@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,11 +27,12 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from rich.console import Console
 from rich.text import Text
 
-from headcount import run_lock
+from headcount import processes, run_lock
 from headcount.config import CONF_DIR
 from headcount.config.schema import closest, unknown_key
 from headcount.errors import ConfigError
 from headcount.io import READ_ONLY_ERRNOS, write_fault
+from headcount.train import peers
 
 BAD_INPUT = (ConfigError, HydraException, OmegaConfBaseException)
 NOT_IMPORTED = "does not import as a function"  # what a `_target_` that does not import is told
@@ -206,6 +208,11 @@ def exit_on_config_error(fn: Callable) -> Callable:
             if write_fault(e) is not None:
                 print_error(fault_line(e))
                 sys.exit(1)
+            if (line := peers.peer_gone()) is not None:  # a collective failed because a process of the job died
+                if not peers.claim_ending():
+                    threading.Event().wait()  # a watcher is saying it, and ends the process
+                print_error(line)
+                sys.exit(1)
             # Imported here: headcount-report uses this module and starts faster without Lightning
             from headcount.train.module import NonFiniteLossError
 
@@ -255,13 +262,16 @@ def run_hydra_command(hydra_main: Callable[[], Any]) -> None:
     """Run a @hydra.main function so that composition errors, too, come out as one line and exit code 2, and Ctrl-C
     or SIGTERM, at any moment, as one line and exit code 128 + the signal number."""
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    secondary = processes.launched_as_secondary()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # an extra process's quiet start is over (cli/__init__)
     # hydra.utils logs a `_target_` that does not import as an ERROR of several lines; the one line said is ours
     logging.getLogger("hydra.utils").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGTERM, terminate)
     try:
         exit_on_config_error(hydra_main)()
     except KeyboardInterrupt:
-        print_error("interrupted; the same command again resumes where it stopped")
+        if not secondary:  # every process of the terminal's group got Ctrl-C: the first says it
+            print_error("interrupted; the same command again resumes where it stopped")
         sys.exit(128 + signal.SIGINT)
     except (Terminated, SystemExit) as e:
         # Lightning's SIGTERMException leaves training on SIGTERM with exit code 0

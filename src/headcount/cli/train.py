@@ -15,7 +15,7 @@ from headcount.ablation import run_ablations
 from headcount.ablation.metrics import metric_named
 from headcount.ablation.results import configured_results
 from headcount.ablation.summary import SHARED, mode_summary, read_summary
-from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, run_hydra_command
+from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, print_error, run_hydra_command
 from headcount.cli.preflight import validate_job
 from headcount.cli.sweep import check_launcher_installed, register_resolvers, skipped_finding
 from headcount.components import take_list_flag
@@ -25,6 +25,7 @@ from headcount.findings import check_finding, reads_sweep
 from headcount.pretrained.run_config import resolve_pretrained
 from headcount.report.tracking import log_run_results
 from headcount.run_dir import is_done, mark_done
+from headcount.train import peers
 from headcount.train.job import train
 from headcount.train.launch import ddp_confined_to_this_job, own_gpu_in_a_sweep
 from headcount.train.loggers import closing_wandb_run
@@ -136,6 +137,7 @@ def main() -> None:
     too (train/quiet.py). A missing launcher plugin is reported before Hydra reads any config."""
     sys.argv = [sys.argv[0], *take_verbosity_flags(take_list_flag(sys.argv[1:]))]
     exit_on_config_error(check_launcher_installed)(sys.argv[1:])
+    peers.watch(print_error, run_lock.release_all)
     run_hydra_command(train_job)
 
 
