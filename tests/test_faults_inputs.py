@@ -125,3 +125,12 @@ def test_a_target_that_does_not_import_is_one_line_saying_why(target, reason, ru
     out, err = capsys.readouterr()
     assert "ERROR" not in out and "Error" not in out, out
     assert one_line(err) == f"error: ablation.metric._target_='{target}': does not import as a function ({reason})"
+
+
+def test_a_config_group_set_to_null_says_how_to_select_none(run_copy, monkeypatch, capsys):
+    """`task=null` was Hydra's ValueError traceback ("Config group override must be a string or a list. Got
+    NoneType"), naming neither the group nor the fix."""
+    args = [f"run_dir={run_copy}", "ablation=baseline", "task=null"]
+    assert ablate_in_process(monkeypatch, run_copy.parent, args) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line == "error: task=None: a config group takes an option's name; for none, write ~task"

@@ -98,10 +98,23 @@ def unreadable_override(error: OverrideParseException) -> ConfigError | None:
     )
 
 
+def group_set_to_null(error: BaseException) -> ConfigError | None:
+    """`task=null` on the command line: Hydra raises a bare ValueError naming neither the group nor the fix."""
+    if not (isinstance(error, ValueError) and "Config group override must be a string or a list" in str(error)):
+        return None
+    nulls = [
+        arg.partition("=")[0] for arg in sys.argv[1:] if "." not in arg.partition("=")[0] and arg.endswith("=null")
+    ]
+    group = nulls[-1].lstrip("+") if nulls else "a config group"
+    return ConfigError(group, None, f"a config group takes an option's name; for none, write ~{group}")
+
+
 def as_config_error(error: BaseException) -> ConfigError | None:
     """Bad input Hydra or OmegaConf refused, as a ConfigError naming its key; None for errors without a key."""
     if isinstance(error, ConfigError):
         return error
+    if (null_group := group_set_to_null(error)) is not None:
+        return null_group
     if isinstance(error, OverrideParseException) and (unreadable := unreadable_override(error)) is not None:
         return unreadable
     if isinstance(error, MissingConfigException) and error.missing_cfg_file:
@@ -201,7 +214,9 @@ def exit_on_config_error(fn: Callable) -> Callable:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except BAD_INPUT as e:
+        except (*BAD_INPUT, ValueError) as e:
+            if not isinstance(e, BAD_INPUT) and group_set_to_null(e) is None:
+                raise
             print_error(describe(e))
             sys.exit(2)
         except Exception as e:

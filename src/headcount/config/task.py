@@ -59,7 +59,7 @@ def validate_task_config(cfg: TaskConfig, sources: list[str]) -> None:
     if cfg.source is None:
         return
     if cfg.source not in sources:
-        raise ConfigError("task.source", cfg.source, f"allowed: {', '.join(sorted(sources))} (or task=null)")
+        raise ConfigError("task.source", cfg.source, f"allowed: {', '.join(sorted(sources))} (or ~task: none)")
     check_choice("task.answer_tokens", cfg.answer_tokens, AnswerTokens)
     check_choice("task.align", cfg.align, Align)
     if cfg.n_prompts is not None and cfg.n_prompts < 1:
