@@ -315,6 +315,11 @@ SHARED_FIRST_TOKEN = [
     ),
     ([{"prompt": "ab", "answer": "c", "wrong": "c"}], "prompt 0: the answer 'c' and the wrong answer 'c' both start"),
     ([{"prompt": [1, 2, 3], "answer": [4, 5], "wrong": [6, 5], "position": [0, -1]}], "prompt 0: the answer 5 and"),
+    # two emoji on a byte-level model: both start with the byte 0xF0
+    (
+        [{"prompt": "ab", "answer": "🙂", "wrong": "🙃"}],
+        "prompt 0: the answer '🙂' and the wrong answer '🙃' both start with token 240",
+    ),
 ]
 
 
