@@ -149,20 +149,53 @@ def test_ctrl_c_stops_both_processes_and_the_same_command_resumes(trained, one_p
     assert_same_tables(one_process, RunPaths(stopped).ablation)
 
 
-def test_a_run_trained_by_two_processes_scans_with_both(tmp_path):
+def test_a_run_trained_by_two_processes_measures_whole_splits_and_scans_with_both(tmp_path):
     """A single run with trainer.devices=2: both processes train, then share its scans (the second process reruns the
-    command; it neither takes the run's lock nor refuses the run as in use)."""
+    command; it neither takes the run's lock nor refuses the run as in use). metrics.json's val and test numbers are
+    sums over both processes' shards with no example twice (the distributed sampler padded a split that does not divide
+    evenly with repeats of its first examples: 37 validation examples became 38, the first counted twice): equal to
+    one process's numbers for the same weights."""
     run_dir = tmp_path / "run"
     train = [arg for arg in TRAIN if not arg.startswith("ablation=")]
+    train += ["data.n_val=37", "data.n_test=13", "data.batch_size=8", "trainer.limit_val_batches=1.0"]
     train += ["ablation=[single_head,pairs]", "ablation.progress=false", *TWO_PROCESSES]
     proc = command([*train, f"hydra.run.dir={run_dir}"], tmp_path, ["-m", "headcount.cli.train"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert RunPaths(run_dir).done.exists()
+    metrics = json.loads(RunPaths(run_dir).metrics.read_text())
+    for key, value in split_numbers(run_dir).items():
+        assert metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
     assert {entry["processes"] for entry in scan_records(RunPaths(run_dir).ablation).values()} == {2}
     one = Path(shutil.copytree(run_dir, tmp_path / "one"))
     shutil.rmtree(RunPaths(one).ablation)
     ablate(one, "ablation=[single_head,pairs]")
     assert_same_tables(RunPaths(one).ablation, RunPaths(run_dir).ablation)
+
+
+def split_numbers(run_dir: Path) -> dict[str, float]:
+    """The final weights' loss and accuracy per target token on the val and test splits, in this one process."""
+    import torch
+    from omegaconf import OmegaConf
+    from torch.utils.data import DataLoader
+
+    from headcount.config import typed
+    from headcount.config.data import DataConfig
+    from headcount.data import HeadcountDataModule
+    from headcount.metrics import masked_token_sums, per_token
+    from headcount.run_dir import load_model
+
+    data = HeadcountDataModule(typed(OmegaConf.load(run_dir / ".hydra" / "config.yaml").data, DataConfig))
+    data.setup()
+    model = load_model(RunPaths(run_dir).last_ckpt)
+    numbers = {}
+    for split in ("val", "test"):
+        sums = torch.zeros(3, dtype=torch.float64)
+        with torch.no_grad():
+            for batch in DataLoader(data.splits[split], batch_size=7):
+                sums += masked_token_sums(model(batch["input_ids"]), batch["input_ids"], batch["loss_mask"])
+        loss, acc = per_token(sums)
+        numbers |= {f"{split}/loss": float(loss), f"{split}/acc": float(acc)}
+    return numbers
 
 
 @pytest.mark.parametrize(

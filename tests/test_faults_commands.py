@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 from sweep_helpers import SMOKE, command_in_process, one_line, run_dirs, train_in_process
 
 from headcount import run_lock
@@ -346,3 +347,34 @@ def test_printed_paths_keep_their_brackets(compose_train, tmp_path, capsys):
     RunPaths(run_dir).done.write_text("")
     run(compose_train(SMOKE), run_dir)
     assert capsys.readouterr().err == f"already finished: {run_dir} (delete DONE to rerun)\n"
+
+
+NO_GPU = "this machine has no GPU: use trainer.accelerator=cpu"
+ON_CPU = "on the CPU, the number of processes: a positive integer (-1 means every GPU)"
+DEVICE_MISTAKES = [
+    # without a GPU: a traceback from Lightning ("No supported gpu backend found!") after the folder was made; the
+    # scans of headcount-ablate ran on the CPU, silently
+    (["trainer.accelerator=gpu", "trainer.devices=1"], f"trainer.accelerator='gpu': {NO_GPU}"),
+    (["trainer.accelerator=cuda", "trainer.devices=1"], f"trainer.accelerator='cuda': {NO_GPU}"),
+    # on the CPU: Lightning's TypeError for training, one silent process for a scan
+    (["trainer.devices=-1"], f"trainer.devices=-1: {ON_CPU}"),
+    # no cluster starts the second node's process: the job waited for it silently (4 minutes until stopped), and
+    # SIGTERM then left the run's lock behind
+    (
+        ["trainer.num_nodes=2"],
+        "trainer.num_nodes=2: more than one node needs a process started on each, which nothing here does",
+    ),
+]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refusals of a machine without a GPU")
+@pytest.mark.parametrize("args, message", DEVICE_MISTAKES, ids=[" ".join(m[0]) for m in DEVICE_MISTAKES])
+def test_devices_this_machine_does_not_have_are_one_line(monkeypatch, finished_run, tmp_path, capsys, args, message):
+    assert train_in_process(monkeypatch, tmp_path, [*SMOKE, *QUIET, *args, "hydra.run.dir=run"]) == 2
+    assert one_line(capsys.readouterr().err).startswith(f"error: {message}")
+    assert not (tmp_path / "run").exists()
+    before = sorted(p.relative_to(finished_run) for p in finished_run.rglob("*"))
+    ablate = [f"run_dir={finished_run}", "ablation=baseline", *args]
+    assert command_in_process(ablating.main, monkeypatch, tmp_path, ablate) == 2
+    assert one_line(capsys.readouterr().err).startswith(f"error: {message}")
+    assert sorted(p.relative_to(finished_run) for p in finished_run.rglob("*")) == before

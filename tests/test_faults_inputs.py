@@ -111,3 +111,26 @@ def test_hub_data_without_a_network_is_one_line(tmp_path, monkeypatch, capsys):
     assert line.startswith("error: data.hub_name='headcount-tests/no-such-dataset': not in the local cache"), line
     assert "offline" in line
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # no run folder (its empty parents may stay)
+
+
+@pytest.mark.parametrize(
+    "target, reason",
+    [("os.path.nope", "module os.path has no attribute nope"), ("nowhere.metric", "no module named nowhere")],
+)
+def test_a_target_that_does_not_import_is_one_line_saying_why(target, reason, run_copy, monkeypatch, capsys):
+    """Hydra logged an ERROR line of three before ours, and a missing attribute was reported as a missing module
+    ("No module named 'os.path.nope'; 'os.path' is not a package")."""
+    args = [f"run_dir={run_copy}", "ablation=baseline", f"ablation.metric={{_target_:{target}}}"]
+    assert ablate_in_process(monkeypatch, run_copy.parent, args) == 2
+    out, err = capsys.readouterr()
+    assert "ERROR" not in out and "Error" not in out, out
+    assert one_line(err) == f"error: ablation.metric._target_='{target}': does not import as a function ({reason})"
+
+
+def test_a_config_group_set_to_null_says_how_to_select_none(run_copy, monkeypatch, capsys):
+    """`task=null` was Hydra's ValueError traceback ("Config group override must be a string or a list. Got
+    NoneType"), naming neither the group nor the fix."""
+    args = [f"run_dir={run_copy}", "ablation=baseline", "task=null"]
+    assert ablate_in_process(monkeypatch, run_copy.parent, args) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line == "error: task=None: a config group takes an option's name; for none, write ~task"

@@ -3,6 +3,7 @@ files through `datasets`, the commands with a task, and every mistake a task can
 written."""
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -224,7 +225,10 @@ TASK_MISTAKES = [
     ),
     (["task=file", "task.path={nowrong}", "ablation.mode=patch"], "ablation.mode='patch': needs corrupted prompts"),
     (["ablation.mode=patch"], "ablation.mode='patch': patches a task's corrupted prompts: name a task"),
-    (["task=file", "task.path={text}"], "task='When Mary and John': is text, but the model reads the synthetic"),
+    (
+        ["task=file", "task.path={text}"],
+        "task.path='text.jsonl': prompt 0: the prompt 'When Mary and John' is text, but",
+    ),
     (
         ["task=file", "task.path={prompts}", "ablation=importance", "ablation.metric=top1"],
         "ablation.metric='top1': the importance scan (gradient importance) follows the metric's gradient",
@@ -290,3 +294,181 @@ def test_every_scan_kind_takes_a_task_and_its_metric(finished_run, tmp_path, mon
     assert ablate_in_process(monkeypatch, tmp_path, [*patch, "ablation.patch_positions=each"]) == 0
     by_position = pd.read_csv(folder / "single_head.patch.logit_diff.csv")
     assert set(by_position["position"]) == {"end"} and len(by_position) == 8  # id prompts name only their end
+
+
+# --- what a prompts file can hold that used to be misread or fail with a traceback (issue 29) ----------------------
+
+
+def build_file(path: Path, tokenizer=None, **cfg) -> object:
+    return build_task(TaskConfig(source="file", path=str(path), **cfg), tokenizer or ByteTokens(), 64)
+
+
+SHARED_FIRST_TOKEN = [
+    # " Mary" and " John" on a byte-level model: both start with the space byte, and scored at their first token
+    # their logit difference was 0 for every mask, silently
+    (
+        [
+            {"prompt": "ab", "answer": "c", "wrong": "d"},
+            {"prompt": "When Mary and John, John gave to", "answer": " Mary", "wrong": " John"},
+        ],
+        "prompt 1: the answer ' Mary' and the wrong answer ' John' both start with token 32 (' ')",
+    ),
+    ([{"prompt": "ab", "answer": "c", "wrong": "c"}], "prompt 0: the answer 'c' and the wrong answer 'c' both start"),
+    ([{"prompt": [1, 2, 3], "answer": [4, 5], "wrong": [6, 5], "position": [0, -1]}], "prompt 0: the answer 5 and"),
+    # two emoji on a byte-level model: both start with the byte 0xF0
+    (
+        [{"prompt": "ab", "answer": "🙂", "wrong": "🙃"}],
+        "prompt 0: the answer '🙂' and the wrong answer '🙃' both start with token 240",
+    ),
+]
+
+
+@pytest.mark.parametrize("rows, message", SHARED_FIRST_TOKEN)
+def test_an_answer_and_wrong_answer_sharing_their_first_token_are_refused(tmp_path, rows, message):
+    path = write_rows(tmp_path / "p.jsonl", rows)
+    with pytest.raises(ConfigError) as error:
+        build_file(path, IdsOnly(9, "x") if isinstance(rows[0]["prompt"], list) else None)
+    assert str(error.value).startswith(f"task.path='{path}': {message}"), str(error.value)
+    assert "end the prompt with the text they share" in str(error.value)
+
+
+def test_answers_without_the_leading_space_the_tokenizer_gives_words_are_noted_once(tmp_path, capsys):
+    """ "Paris" after "The capital of France is", on a tokenizer where " Paris" is another token, is scored as the
+    token "Paris": a different answer than meant. Said once, with how many answers lack the space."""
+    rows = [{"prompt": "When Mary and John", "answer": name} for name in ("5", " 5", "7", " Mary")]
+    rows.append({"prompt": "When Mary and John ", "answer": "7"})  # the prompt ends with the space: right as it is
+    tokenizer = gpt2_like_tokens()
+    task = build_file(write_rows(tmp_path / "p.jsonl", rows), tokenizer)
+    assert task.answer_ids[0, int(task.lengths[0]) - 1] == tokenizer.encode("5")[0][0]  # scored as written
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("note: task.path="), err
+    assert "2 of 4 answers have no leading space (e.g. '5')" in err and "' 5' another token" in err, err
+    # a byte-level tokenizer splits the space off: a bare answer continues the text, and nothing is said
+    build_file(write_rows(tmp_path / "b.jsonl", TEXT_ROWS))
+    assert capsys.readouterr().err == ""
+
+
+def test_csv_cells_are_text_unless_the_task_says_token_ids(tmp_path):
+    """A CSV's `7` was read as token id 7 (its column inferred as integers), not the text "7"."""
+    path = tmp_path / "p.csv"
+    path.write_text("prompt,answer,wrong\nab,7,8\n")
+    task = build_file(path)
+    assert task.answer_ids[task.score_mask].tolist() == [ord("7")]
+    assert task.wrong_ids[task.score_mask].tolist() == [ord("8")]
+    path.write_text("prompt,answer,wrong,position\n0 5 9 4,9,7,1\n")
+    task = build_file(path, IdsOnly(16, "x"), csv_ids=True)
+    assert task.input_ids[0].tolist() == [0, 5, 9, 4] and task.score_mask[0].nonzero().flatten().tolist() == [1]
+    assert task.answer_ids[0, 1] == 9 and task.wrong_ids[0, 1] == 7
+
+
+BAD_CSV = [
+    # an unquoted comma in a prompt shifted the fields silently: "ab" became the index, " cd" the prompt
+    ("prompt,answer,wrong\nab, cd,e,f\n", "row 0 (line 2) has 4 fields, the header 3 (prompt, answer, wrong)"),
+    # a row with more fields than the header was blamed on the next row
+    ("prompt,answer\nab,c\nab,c,d\nab,c\n", "row 1 (line 3) has 3 fields, the header 2"),
+    ("prompt,answer\nab\n", "row 0 (line 2) has 1 fields, the header 2"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_CSV)
+def test_a_csv_row_with_other_fields_than_its_header_is_refused_naming_the_row(tmp_path, text, message):
+    path = tmp_path / "p.csv"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        build_file(path)
+    assert str(error.value).startswith(f"task.path='{path}': {message}"), str(error.value)
+    assert "quote a field that holds a comma" in str(error.value)
+
+
+def test_csv_ids_that_are_not_integers_are_refused_naming_the_row(tmp_path):
+    path = tmp_path / "p.csv"
+    path.write_text("prompt,answer\n0 1 2,3\n0 1 x,3\n")
+    with pytest.raises(ConfigError, match=r"^task.prompt_field='prompt': .*row 1: '0 1 x' is not token ids"):
+        build_file(path, IdsOnly(16, "x"), csv_ids=True)
+
+
+ONE_LINE_FILES = [
+    # position "-1" as a string: TypeError '<' not supported between instances of 'str' and 'int'
+    (
+        '{"prompt": "ab", "answer": "c", "position": "-1"}\n',
+        ".jsonl",
+        "task.position_field='position': ",
+        "row 0: '-1' is not a token index (an integer, or a list of them)",
+    ),
+    # column-wise JSON (pandas' to_json()): one row whose fields hold columns, misread as token ids or a traceback
+    (
+        '{"prompt": {"0": "ab", "1": "cd"}, "answer": {"0": "c", "1": "e"}}',
+        ".json",
+        "task.path=",
+        "holds its fields as columns",
+    ),
+    (
+        '{"prompt": ["ab", "cd"], "answer": ["c", "e"], "position": [-1, -1]}',
+        ".json",
+        "task.path=",
+        "holds its fields as columns",
+    ),
+    # NaN in one answer turned the column into floats: "the answer 54.0 is not in the model's vocabulary"
+    (
+        '{"prompt": [1, 2], "answer": 54}\n{"prompt": [1, 2], "answer": NaN}\n',
+        ".jsonl",
+        "task.answer_field='answer': ",
+        "row 1 has no value for this field",
+    ),
+    ('{"prompt": [1, 2], "answer": 2.5}\n', ".jsonl", "task.answer_field='answer': ", "row 0: 2.5 is not "),
+    # a byte that is not UTF-8 in a field the task reads (in one it does not read, it is not read at all)
+    (b'{"prompt": "a\xffb", "answer": "c"}\n', ".jsonl", "task.prompt_field='prompt': ", "row 0 is not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize("content, suffix, key, message", ONE_LINE_FILES)
+def test_a_field_of_the_wrong_kind_is_one_config_error_naming_the_row(tmp_path, capfd, content, suffix, key, message):
+    path = tmp_path / f"p{suffix}"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ConfigError) as error:
+        build_file(path, IdsOnly(64, "x") if "[1, 2]" in str(content) else None)
+    assert str(error.value).startswith(key) and message in str(error.value), str(error.value)
+    assert capfd.readouterr().err == ""
+
+
+def test_a_byte_that_is_not_utf8_in_a_field_the_task_does_not_read_is_ignored(tmp_path):
+    """It failed with a UnicodeDecodeError traceback: every field of a row was decoded."""
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt": "ab", "answer": "c", "note": "\xff"}\n')
+    assert build_file(path).answer_ids[0, 1] == ord("c")
+
+
+def test_a_text_prompt_for_a_model_of_token_ids_names_the_file_and_the_prompt(tmp_path):
+    path = write_rows(tmp_path / "p.jsonl", [{"prompt": [1, 2], "answer": 3}, {"prompt": "ab", "answer": 3}])
+    with pytest.raises(ConfigError) as error:
+        build_file(path, IdsOnly(64, "the model reads its synthetic alphabet"))
+    assert str(error.value) == (
+        f"task.path='{path}': prompt 1: the prompt 'ab' is text, but the model reads its synthetic alphabet: "
+        "give prompts and answers as token ids"
+    )
+
+
+@pytest.mark.parametrize("content", [b"{not json\n", b"garbage"])
+def test_a_file_that_does_not_parse_is_one_line_without_the_readers_log(tmp_path, content):
+    """datasets logged its own ERROR line ("Failed to load JSON from file ...") before ours."""
+    import datasets
+
+    logged: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = logged.append
+    datasets.logging.get_logger("datasets").addHandler(handler)
+    try:
+        for suffix in (".jsonl", ".parquet"):
+            path = tmp_path / f"p{suffix}"
+            path.write_bytes(content)
+            with pytest.raises(ConfigError, match=f"does not read as {suffix}"):
+                build_file(path)
+    finally:
+        datasets.logging.get_logger("datasets").removeHandler(handler)
+    assert [record.getMessage() for record in logged] == []
+
+
+def test_a_folder_named_like_a_prompts_file_is_said_to_be_a_folder(tmp_path):
+    (tmp_path / "x.jsonl").mkdir()
+    with pytest.raises(ConfigError, match=r"^task.path='.*x.jsonl': is a folder, not a file$"):
+        build_file(tmp_path / "x.jsonl")

@@ -26,14 +26,23 @@ from omegaconf import DictConfig, OmegaConf
 
 from headcount import processes, run_lock
 from headcount.ablation.session import run_ablations
-from headcount.cli.errors import BAD_INPUT, discarded_if_rejected, exit_on_config_error, run_hydra_command, typed_value
+from headcount.cli.errors import (
+    BAD_INPUT,
+    discarded_if_rejected,
+    exit_on_config_error,
+    print_error,
+    run_hydra_command,
+    typed_value,
+)
 from headcount.cli.pretrained_run import default_run_dir, prepare_pretrained_run, pretrained_requested
 from headcount.components import take_list_flag
-from headcount.config import CONF_DIR, register_configs
+from headcount.config import CONF_DIR, register_configs, typed
 from headcount.config.ablation import AblationConfig
+from headcount.config.train import TrainerConfig, check_devices_here
 from headcount.errors import ConfigError
 from headcount.io import writable
 from headcount.run_dir import RunPaths, finished_checkpoint, load_run_config, read_pretrained
+from headcount.train import peers
 from headcount.train.launch import ddp_confined_to_this_job
 from headcount.train.quiet import take_verbosity_flags
 
@@ -145,6 +154,7 @@ def ablate_job(cfg: DictConfig) -> None:
     new_pretrained_run = cfg.model.pretrained is not None and not RunPaths(run_dir).config.exists()
     try:
         with discarded_if_rejected(Path(HydraConfig.get().runtime.output_dir), run_dir), ddp_confined_to_this_job():
+            check_devices_here(typed(cfg.trainer, TrainerConfig))
             if cfg.model.pretrained is not None:
                 prepare_pretrained_run(cfg, run_dir)
             elif processes.first_process():  # a distributed scan's other processes work under the first one's lock
@@ -190,6 +200,7 @@ def take_run(args: list[str]) -> Path | None:
 def main() -> None:
     """`headcount-ablate [-v|-vv] run_dir=<run> [ablation=<scan>] [ablation.*=...]`."""
     args = take_verbosity_flags(take_list_flag(sys.argv[1:]))
+    peers.watch(print_error, run_lock.release_all)
     if processes.launched_as_secondary():
         # One of a distributed scan's extra processes, rerunning the first one's command line (with Lightning's
         # hydra.run.dir for its logs): it computes its share in the first one's run, takes no lock, writes nothing.

@@ -8,10 +8,13 @@ them: the commands set it and turn them into the one line here, with the closest
 """
 
 import functools
+import importlib
+import logging
 import os
 import shutil
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,13 +27,15 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from rich.console import Console
 from rich.text import Text
 
-from headcount import run_lock
+from headcount import processes, run_lock
 from headcount.config import CONF_DIR
 from headcount.config.schema import closest, unknown_key
 from headcount.errors import ConfigError
 from headcount.io import READ_ONLY_ERRNOS, write_fault
+from headcount.train import peers
 
 BAD_INPUT = (ConfigError, HydraException, OmegaConfBaseException)
+NOT_IMPORTED = "does not import as a function"  # what a `_target_` that does not import is told
 HYDRA_FILES = (".hydra", run_lock.LOCK_NAME)  # besides Hydra's log files (*.log): what a run folder holds at first
 
 
@@ -93,10 +98,23 @@ def unreadable_override(error: OverrideParseException) -> ConfigError | None:
     )
 
 
+def group_set_to_null(error: BaseException) -> ConfigError | None:
+    """`task=null` on the command line: Hydra raises a bare ValueError naming neither the group nor the fix."""
+    if not (isinstance(error, ValueError) and "Config group override must be a string or a list" in str(error)):
+        return None
+    nulls = [
+        arg.partition("=")[0] for arg in sys.argv[1:] if "." not in arg.partition("=")[0] and arg.endswith("=null")
+    ]
+    group = nulls[-1].lstrip("+") if nulls else "a config group"
+    return ConfigError(group, None, f"a config group takes an option's name; for none, write ~{group}")
+
+
 def as_config_error(error: BaseException) -> ConfigError | None:
     """Bad input Hydra or OmegaConf refused, as a ConfigError naming its key; None for errors without a key."""
     if isinstance(error, ConfigError):
         return error
+    if (null_group := group_set_to_null(error)) is not None:
+        return null_group
     if isinstance(error, OverrideParseException) and (unreadable := unreadable_override(error)) is not None:
         return unreadable
     if isinstance(error, MissingConfigException) and error.missing_cfg_file:
@@ -115,11 +133,40 @@ def as_config_error(error: BaseException) -> ConfigError | None:
     return ConfigError(cause.full_key, cause.value, reason)
 
 
+def import_problem(target: str) -> str:
+    """Why `module.attribute` does not import, said right: Hydra's locate reports a missing attribute of a module that
+    imports as a missing module ("No module named 'os.path.nope'; 'os.path' is not a package")."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name is not None and not module_name.startswith(error.name) and error.name != module_name:
+                return f"importing {module_name} failed: no module named {error.name}"
+            continue
+        except Exception as error:  # the user's module raised while importing
+            return f"importing {module_name} failed: {type(error).__name__}: {error}"
+        owner = module
+        for name in parts[cut:]:
+            if not hasattr(owner, name):
+                return f"module {module_name} has no attribute {'.'.join(parts[cut:])}"
+            owner = getattr(owner, name)
+        return f"{target} is not a function"
+    return f"no module named {parts[0]}"
+
+
 def describe(error: BaseException) -> str:
     """One line for a bad-input error: `key=value: what is allowed` where the error names a key and a value, else the
     error's first line and its cause's (Hydra wraps OmegaConf's error, with hints that do not apply to typed
     configs)."""
     if (config_error := as_config_error(error)) is not None:
+        if config_error.key.endswith("._target_") and config_error.allowed.startswith(NOT_IMPORTED):
+            return str(
+                ConfigError(
+                    config_error.key, config_error.value, f"{NOT_IMPORTED} ({import_problem(str(config_error.value))})"
+                )
+            )
         return str(config_error)
     parts = [error] if error.__cause__ is None else [error, error.__cause__]
     return " ".join(str(e).strip().splitlines()[0] for e in parts if str(e).strip())
@@ -167,12 +214,19 @@ def exit_on_config_error(fn: Callable) -> Callable:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except BAD_INPUT as e:
+        except (*BAD_INPUT, ValueError) as e:
+            if not isinstance(e, BAD_INPUT) and group_set_to_null(e) is None:
+                raise
             print_error(describe(e))
             sys.exit(2)
         except Exception as e:
             if write_fault(e) is not None:
                 print_error(fault_line(e))
+                sys.exit(1)
+            if (line := peers.peer_gone()) is not None:  # a collective failed because a process of the job died
+                if not peers.claim_ending():
+                    threading.Event().wait()  # a watcher is saying it, and ends the process
+                print_error(line)
                 sys.exit(1)
             # Imported here: headcount-report uses this module and starts faster without Lightning
             from headcount.train.module import NonFiniteLossError
@@ -223,11 +277,16 @@ def run_hydra_command(hydra_main: Callable[[], Any]) -> None:
     """Run a @hydra.main function so that composition errors, too, come out as one line and exit code 2, and Ctrl-C
     or SIGTERM, at any moment, as one line and exit code 128 + the signal number."""
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    secondary = processes.launched_as_secondary()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # an extra process's quiet start is over (cli/__init__)
+    # hydra.utils logs a `_target_` that does not import as an ERROR of several lines; the one line said is ours
+    logging.getLogger("hydra.utils").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGTERM, terminate)
     try:
         exit_on_config_error(hydra_main)()
     except KeyboardInterrupt:
-        print_error("interrupted; the same command again resumes where it stopped")
+        if not secondary:  # every process of the terminal's group got Ctrl-C: the first says it
+            print_error("interrupted; the same command again resumes where it stopped")
         sys.exit(128 + signal.SIGINT)
     except (Terminated, SystemExit) as e:
         # Lightning's SIGTERMException leaves training on SIGTERM with exit code 0

@@ -15,15 +15,17 @@ from headcount.ablation import run_ablations
 from headcount.ablation.metrics import metric_named
 from headcount.ablation.results import configured_results
 from headcount.ablation.summary import SHARED, mode_summary, read_summary
-from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, run_hydra_command
+from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, print_error, run_hydra_command
 from headcount.cli.preflight import validate_job
 from headcount.cli.sweep import check_launcher_installed, register_resolvers, skipped_finding
 from headcount.components import take_list_flag
-from headcount.config import CONF_DIR, register_configs
+from headcount.config import CONF_DIR, register_configs, typed
+from headcount.config.train import TrainerConfig, check_devices_here
 from headcount.findings import check_finding, reads_sweep
 from headcount.pretrained.run_config import resolve_pretrained
 from headcount.report.tracking import log_run_results
 from headcount.run_dir import is_done, mark_done
+from headcount.train import peers
 from headcount.train.job import train
 from headcount.train.launch import ddp_confined_to_this_job, own_gpu_in_a_sweep
 from headcount.train.loggers import closing_wandb_run
@@ -36,6 +38,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     if is_done(run_dir):
         console.print(f"[green]already finished:[/green] {escape(str(run_dir))} (delete DONE to rerun)", soft_wrap=True)
         return
+    check_devices_here(typed(cfg.trainer, TrainerConfig))  # what this machine has: not a check of the config alone
     validate_job(cfg)
     cfg = resolve_pretrained(cfg)  # the model the checkpoint implies (read once per process)
     with closing_wandb_run(), own_gpu_in_a_sweep(cfg), ddp_confined_to_this_job():
@@ -134,6 +137,7 @@ def main() -> None:
     too (train/quiet.py). A missing launcher plugin is reported before Hydra reads any config."""
     sys.argv = [sys.argv[0], *take_verbosity_flags(take_list_flag(sys.argv[1:]))]
     exit_on_config_error(check_launcher_installed)(sys.argv[1:])
+    peers.watch(print_error, run_lock.release_all)
     run_hydra_command(train_job)
 
 

@@ -42,6 +42,7 @@ class TaskConfig:
     wrong_field: str = "wrong"
     corrupted_field: str = "corrupted"
     position_field: str = "position"
+    csv_ids: bool = False  # a CSV's cells are text as written; true: token ids (integers separated by spaces)
     answer_tokens: AnswerTokens = AnswerTokens.first
     add_special_tokens: bool = False  # prompts are encoded as written; true: with the tokenizer's own (e.g. BOS)
     align: Align = Align.exact
@@ -58,7 +59,7 @@ def validate_task_config(cfg: TaskConfig, sources: list[str]) -> None:
     if cfg.source is None:
         return
     if cfg.source not in sources:
-        raise ConfigError("task.source", cfg.source, f"allowed: {', '.join(sorted(sources))} (or task=null)")
+        raise ConfigError("task.source", cfg.source, f"allowed: {', '.join(sorted(sources))} (or ~task: none)")
     check_choice("task.answer_tokens", cfg.answer_tokens, AnswerTokens)
     check_choice("task.align", cfg.align, Align)
     if cfg.n_prompts is not None and cfg.n_prompts < 1:

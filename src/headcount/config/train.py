@@ -43,6 +43,53 @@ class TrainerConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 
+GPU_ACCELERATORS = ("gpu", "cuda")
+
+
+def check_devices_here(cfg: TrainerConfig) -> None:
+    """ConfigError for devices this machine does not have, before any work: Lightning fails on them deep inside a
+    run (a traceback), and a scan of one process would run on the CPU without a word."""
+    import torch  # the machine's devices: only the commands ask
+
+    has_gpu = torch.cuda.is_available()
+    if cfg.accelerator in GPU_ACCELERATORS and not has_gpu:
+        raise ConfigError(
+            "trainer.accelerator", cfg.accelerator, "this machine has no GPU: use trainer.accelerator=cpu"
+        )
+    if cfg.num_nodes > 1 and not cluster_starts_nodes():
+        raise ConfigError(
+            "trainer.num_nodes",
+            cfg.num_nodes,
+            "more than one node needs a process started on each, which nothing here does (the job would wait for "
+            "them forever): run it under SLURM (hydra/launcher=slurm) or torchrun, or set MASTER_ADDR, MASTER_PORT "
+            "and NODE_RANK on every node",
+        )
+    on_cpu = cfg.accelerator == "cpu" or (cfg.accelerator == "auto" and not has_gpu)
+    if on_cpu and str(cfg.devices).strip() == "-1":
+        raise ConfigError(
+            "trainer.devices",
+            cfg.devices,
+            "on the CPU, the number of processes: a positive integer (-1 means every GPU)",
+        )
+
+
+def cluster_starts_nodes() -> bool:
+    """Whether a cluster environment Lightning knows starts this job's processes on its nodes, or the user has set
+    the variables that join nodes by hand (Lightning's default environment reads them)."""
+    import os
+
+    from lightning.fabric.plugins.environments import (
+        LSFEnvironment,
+        MPIEnvironment,
+        SLURMEnvironment,
+        TorchElasticEnvironment,
+    )
+
+    # (Kubeflow's environment is never detected: it is given to the Trainer as a plugin, which headcount does not do)
+    clusters = (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment, MPIEnvironment)
+    return any(cluster.detect() for cluster in clusters) or {"MASTER_ADDR", "NODE_RANK"} <= set(os.environ)
+
+
 def check_at_least(key: str, value: float, least: float, what: str) -> None:
     if value < least:
         raise ConfigError(key, value, what)

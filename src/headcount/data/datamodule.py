@@ -1,8 +1,16 @@
-"""The LightningDataModule: build_splits' splits as batches {"input_ids": (B, T) int64, "loss_mask": (B, T) bool}."""
+"""The LightningDataModule: build_splits' splits as batches {"input_ids": (B, T) int64, "loss_mask": (B, T) bool}.
+
+Under DDP the validation and test splits are shared out whole: Lightning's distributed sampler would repeat a split's
+first examples to give every process as many, and they would count twice in the split's numbers. Here each process
+gets the same number of batches (DDP syncs its buffers at every forward pass of a validation during fit, so a process
+with a batch fewer would leave the others waiting), the split padded with examples that mark no target: they add 0 to
+the sums of losses and targets (metrics.py), so the numbers are the whole split's, each example once."""
 
 import lightning as L
+import torch
 from datasets import Dataset
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import Dataset as TorchDataset
 
 from headcount.config.data import TEXT_SOURCES, DataConfig, data_vocab_size
 from headcount.data.resumable import resumable_loader
@@ -49,7 +57,33 @@ class HeadcountDataModule(L.LightningDataModule):
         return resumable_loader(self.splits["train"], self.cfg.batch_size, self.cfg.seed, **self._workers())
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.splits["val"], batch_size=self.cfg.batch_size, **self._workers())
+        return self._evaluation_loader(self.splits["val"])
 
     def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.splits["test"], batch_size=self.cfg.batch_size, **self._workers())
+        return self._evaluation_loader(self.splits["test"])
+
+    def _evaluation_loader(self, split: Dataset) -> DataLoader:
+        world = self.trainer.world_size if self.trainer is not None else 1
+        if world == 1:
+            return DataLoader(split, batch_size=self.cfg.batch_size, **self._workers())
+        padded = PaddedSplit(split, -(-len(split) // world) * world)
+        # A DistributedSampler of its own, which Lightning keeps; the padded length divides evenly, so it adds nothing
+        sampler = DistributedSampler(padded, num_replicas=world, rank=self.trainer.global_rank, shuffle=False)
+        return DataLoader(padded, batch_size=self.cfg.batch_size, sampler=sampler, **self._workers())
+
+
+class PaddedSplit(TorchDataset):
+    """A split made `length` long by copies of its first example that mark no target (loss_mask all False)."""
+
+    def __init__(self, split: Dataset, length: int):
+        self.split, self.length = split, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict:
+        if index < len(self.split):
+            return self.split[index]
+        example = dict(self.split[0])
+        example["loss_mask"] = torch.zeros_like(torch.as_tensor(example["loss_mask"]))
+        return example

@@ -1,6 +1,8 @@
 """TaskPrompts -> a TaskSet in the model's tokens, with every check a task's prompts can fail, each a one-line
 ConfigError naming the prompt's index: an empty task, an answer outside the vocabulary, a position outside the prompt,
-a clean and corrupted pair of different lengths (unless task.align=last), a prompt longer than the model's context."""
+a clean and corrupted pair of different lengths (unless task.align=last), a prompt longer than the model's context, an
+answer and a wrong answer whose scored (first) tokens are the same (their logit difference would be 0 whatever the
+model does). Answers without the leading space the tokenizer gives words are scored as written, and said once."""
 
 from collections.abc import Sequence
 
@@ -8,8 +10,9 @@ import torch
 
 from headcount.config.task import TaskConfig
 from headcount.errors import ConfigError
+from headcount.processes import console
 from headcount.tasks.prompts import Answer, TaskPrompt, TaskSet
-from headcount.tasks.tokens import TaskTokenizer, token_at
+from headcount.tasks.tokens import IdsOnly, TaskTokenizer, token_at
 
 
 class Encoder:
@@ -21,10 +24,15 @@ class Encoder:
         value = self.cfg.path or self.cfg.hub_name or self.cfg.source
         return ConfigError(self.key, value, f"prompt {index}: {what}")
 
+    def encode(self, text: str, index: int, what: str, special: bool) -> tuple[list[int], list[tuple[int, int]]]:
+        if isinstance(self.tokenizer, IdsOnly):
+            raise self.fail(index, f"the {what} {text[:40]!r} is text, but {self.tokenizer.why}: {IdsOnly.FIX}")
+        return self.tokenizer.encode(text, special)
+
     def tokens(self, text: str | list[int], index: int, what: str) -> tuple[list[int], list[tuple[int, int]] | None]:
         """(ids, character spans or None for an id prompt), ids checked against the vocabulary."""
         if isinstance(text, str):
-            ids, spans = self.tokenizer.encode(text, self.cfg.add_special_tokens)
+            ids, spans = self.encode(text, index, what, self.cfg.add_special_tokens)
         else:
             ids, spans = list(text), None
         if not ids:
@@ -39,7 +47,7 @@ class Encoder:
     def answer(self, answer: Answer, index: int, what: str) -> list[int]:
         """An answer's ids: text encoded as written (no special tokens), or one id."""
         if isinstance(answer, str):
-            ids, _ = self.tokenizer.encode(answer, False)
+            ids, _ = self.encode(answer, index, what, False)
         else:
             ids = [answer]
         if not ids:
@@ -69,7 +77,40 @@ def encode_task(
     if any(row["wrong"] is None for row in rows) and any(row["wrong"] is not None for row in rows):
         first = next(i for i, row in enumerate(rows) if row["wrong"] is None)
         raise enc.fail(first, f"has no wrong answer ({cfg.wrong_field}), and others have: give all or none")
+    note_answers_without_space(enc, prompts)
     return stack(rows, name, tokenizer)
+
+
+def note_answers_without_space(enc: Encoder, prompts: Sequence[TaskPrompt]) -> None:
+    """One line when answers that follow a text prompt at its end lack the space the tokenizer starts a word with
+    ("Paris" after "... is", where " Paris" is its own token): scored as written, most likely not what was meant. A
+    tokenizer that splits the space off (bytes) makes the bare word right, and says nothing."""
+    if isinstance(enc.tokenizer, IdsOnly):
+        return
+    at_end = [
+        a
+        for p in prompts
+        if isinstance(p.prompt, str) and p.positions is None and p.prompt[-1:] != " "
+        for a in [*p.answers, *(p.wrongs or [])]
+        if isinstance(a, str)
+    ]
+    space = enc.tokenizer.encode(" ")[0][:1]
+    bare = [a for a in at_end if a[:1].strip() and welded_space(enc.tokenizer, a, space)]
+    if bare:
+        console().print(
+            f"[yellow]note:[/yellow] {enc.key}={enc.cfg.path or enc.cfg.hub_name or enc.cfg.source!r}: {len(bare)} of "
+            f"{len(at_end)} answers have no leading space (e.g. {bare[0]!r}), where {enc.tokenizer.kind} makes "
+            f"{' ' + bare[0]!r} another token: they are scored as written",
+            highlight=False,
+            soft_wrap=True,
+            markup=True,
+        )
+
+
+def welded_space(tokenizer: TaskTokenizer, answer: str, space: list[int]) -> bool:
+    """Whether " answer" starts with a token of its own, neither the space alone nor the bare answer's first."""
+    spaced, bare = tokenizer.encode(" " + answer)[0][:1], tokenizer.encode(answer)[0][:1]
+    return spaced != space and spaced != bare
 
 
 def encode_prompt(enc: Encoder, p: TaskPrompt, index: int) -> dict:
@@ -113,6 +154,15 @@ def encode_prompt(enc: Encoder, p: TaskPrompt, index: int) -> dict:
         extra = []
         answer_ids = [a[0] for a in answers]
     wrong_ids = None if wrongs is None else [w[0] for w in wrongs]
+    for answer, wrong, a, w in zip(p.answers, p.wrongs or [], answer_ids, wrong_ids or []):
+        if a == w:  # the logit difference of one token with itself: 0 for every mask, a silently empty result
+            shown = enc.tokenizer.decode([a])
+            raise enc.fail(
+                index,
+                f"the answer {answer!r} and the wrong answer {wrong!r} both start with token {a} ({shown!r}), the "
+                "token scored: their logit difference is 0 whatever the model does; end the prompt with the text "
+                "they share and give the rest as answers, or choose answers whose first tokens differ",
+            )
     corrupted = None
     if p.corrupted is not None:
         corrupted, _ = enc.tokens(p.corrupted, index, "corrupted prompt")

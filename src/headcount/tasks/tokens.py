@@ -57,12 +57,13 @@ class IdsOnly:
     """A model of a synthetic alphabet: prompts and answers must be token ids."""
 
     kind = "no tokenizer"
+    FIX = "give prompts and answers as token ids"
 
     def __init__(self, vocab_size: int, why: str):
         self.vocab_size, self.why = vocab_size, why
 
     def encode(self, text: str, special_tokens: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
-        raise ConfigError("task", text[:40], f"is text, but {self.why}: give prompts and answers as token ids")
+        raise ConfigError("task", text[:40], f"is text, but {self.why}: {self.FIX}")
 
     def decode(self, ids: Sequence[int]) -> str:
         return " ".join(str(int(i)) for i in ids)

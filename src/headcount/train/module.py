@@ -21,7 +21,7 @@ class HeadcountModule(L.LightningModule):
 
     Training logs the step's batch loss to the progress bar only: the curve's rows are written by train/curves.py, so
     that a step's row is on disk before that step's checkpoint. Validation and test log per-token numbers over the
-    whole split (metrics.py), summed across processes under DDP."""
+    whole split (metrics.py), summed across processes under DDP, each example once (data/datamodule.py)."""
 
     def __init__(self, model: dict, optim: dict, max_steps: int, compile: bool = False):
         super().__init__()
@@ -69,6 +69,7 @@ class HeadcountModule(L.LightningModule):
         sums, self._split_sums = self._split_sums, None
         if sums is None:  # no batch at all (limit_val_batches=0)
             return
+        # every process holds the whole split's sums after the reduce, so each logs the same numbers: no sync_dist
         loss, acc = per_token(self.trainer.strategy.reduce(sums, reduce_op="sum"))
         self.log(f"{split}/loss", loss, prog_bar=True)
         self.log(f"{split}/acc", acc, prog_bar=split == "val")

@@ -1,0 +1,128 @@
+"""The processes of one job (trainer.devices=2: Lightning's DDP launcher starts the second) end together and say why:
+one killed stops the other with one line, none is left orphaned, Ctrl-C while the second is still starting prints no
+traceback, and more nodes than there are is refused before anything starts.
+
+Each test trains in two CPU processes (gloo), one thread each, in a process group of its own.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from headcount.cli.sweep_stop import descendants
+from headcount.run_dir import RunPaths
+
+REPO = Path(__file__).resolve().parents[1]
+# long enough never to finish while the test watches; last.ckpt at step 1 says that both processes are training
+TRAIN = ["model=tiny", "data=induction", "trainer=smoke", "logger=none", "ablation=[]", "data.n_train=64"]
+TRAIN += ["data.n_val=16", "data.n_test=16", "trainer.progress_bar=false", "trainer.max_steps=100000"]
+TRAIN += ["trainer.val_check_interval=100000", "trainer.checkpoint_every_n_steps=1"]
+TWO_PROCESSES = ["trainer.devices=2", "trainer.accelerator=cpu", "trainer.strategy=ddp"]
+RESUMES = "the same command again resumes where it stopped"
+
+
+def start(run_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+    args = [sys.executable, "-m", "headcount.cli.train", *TRAIN, *TWO_PROCESSES, f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(
+        args, cwd=run_dir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def wait_for(condition, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
+        time.sleep(0.05)
+
+
+def second_process(main: subprocess.Popen) -> int | None:
+    found = [pid for pid, args in descendants(main.pid).items() if "train_ddp_process_1" in args]
+    return found[0] if found else None
+
+
+def alive(pid: int) -> bool:
+    """Whether pid runs (a zombie, ended but not yet reaped by whoever adopted it, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def training(main: subprocess.Popen, run_dir: Path) -> int:
+    """The second process's pid, once both processes train (last.ckpt written after step 1)."""
+    wait_for(lambda: second_process(main) is not None, "second process")
+    wait_for(lambda: RunPaths(run_dir).last_ckpt.exists(), "first checkpoint")
+    return second_process(main)
+
+
+def stop_all(main: subprocess.Popen) -> None:
+    for pid in [*descendants(main.pid), main.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    return tmp_path / "run"
+
+
+@pytest.mark.slow
+def test_killing_the_second_process_stops_the_first_with_one_line(run_dir):
+    """The command exited 137 (Lightning's observer kills its own process with SIGKILL) and printed nothing; the lock
+    file was left behind."""
+    main = start(run_dir)
+    try:
+        os.kill(training(main, run_dir), signal.SIGKILL)
+        _, err = main.communicate(timeout=60)
+    finally:
+        stop_all(main)
+    lines = err.strip().splitlines()
+    assert main.returncode == 1, err[-3000:]
+    assert lines[-1] == f"error: process 1 of 2 was killed by SIGKILL; the other was stopped: {RESUMES}", err[-3000:]
+    assert "Traceback" not in err
+    assert not (run_dir / ".lock").exists()
+
+
+@pytest.mark.slow
+def test_killing_the_first_process_leaves_no_orphan(run_dir):
+    """The second process went on, orphaned, for minutes."""
+    main = start(run_dir)
+    try:
+        second = training(main, run_dir)
+        os.kill(main.pid, signal.SIGKILL)
+        main.wait(timeout=10)
+        wait_for(lambda: not alive(second), "end of the orphaned second process", timeout=15)
+        _, err = main.communicate(timeout=10)
+    finally:
+        stop_all(main)
+        if alive(second):
+            os.kill(second, signal.SIGKILL)
+    assert err.strip().splitlines()[-1] == (
+        f"error: process 0 of 2 ended (pid {main.pid}); process 1 stopped with it: {RESUMES}"
+    ), err[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_second_process_starts_prints_no_traceback(run_dir):
+    """The second process, interrupted while importing torch, printed its KeyboardInterrupt traceback."""
+    main = start(run_dir)
+    try:
+        wait_for(lambda: second_process(main) is not None, "second process")
+        time.sleep(1)  # past the interpreter's own start: importing headcount, rich, torch, Lightning
+        os.killpg(main.pid, signal.SIGINT)  # the terminal's Ctrl-C: every process of the group
+        _, err = main.communicate(timeout=120)
+        left = descendants(main.pid)
+    finally:
+        stop_all(main)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == f"error: interrupted; {RESUMES}", err[-3000:]
+    assert main.returncode == 130 and not left
