@@ -1,0 +1,356 @@
+"""Circuits (src/headcount/circuits): the graph and its names, the exact edge-patched forward (plain forward with no
+edge removed, the corrupted run with every edge removed, post-norm families included), path patching against a hook
+loop on headcount's model and a float64 hand computation, EAP against central finite differences, exact edge scores
+against path patching, circuits' faithfulness and the circuit figure."""
+
+import pytest
+import torch
+from family_cases import hf_model
+
+from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs
+from headcount.circuits.graph import Graph
+from headcount.circuits.path_patching import path_patch
+from headcount.config.model import AttentionConfig, ModelConfig
+from headcount.errors import ConfigError
+from headcount.model.transformer import Transformer
+from headcount.pretrained.convert import convert
+
+VOCAB = 50
+TOL = {torch.float32: 1e-4, torch.float64: 1e-10}
+NATIVE = {
+    "gpt2": {"mlp": True},
+    "neox": {"mlp": True, "parallel_residual": True, "positions": "rotary", "rotary_fraction": 0.5},
+    "attn_only": {"mlp": False, "n_layers": 1},
+}
+CONVERTED = ("gemma3", "olmo2", "llama3")
+FAMILIES = (*NATIVE, *CONVERTED)
+
+
+def make_model(family: str, dtype=torch.float64, seed: int = 0) -> Transformer:
+    """A tiny random model of the family, its weights large enough that every head moves the metric."""
+    if family in CONVERTED:
+        return convert(hf_model(family, seed)).to(dtype).eval()
+    torch.manual_seed(seed)
+    settings = {"n_layers": 2, **NATIVE[family]}
+    cfg = ModelConfig(d_model=24, n_ctx=16, vocab_size=VOCAB, attn=AttentionConfig(n_heads=3), **settings)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.4)
+    return model.to(dtype).eval()
+
+
+def prompts(batch: int = 2, T: int = 7, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    clean = torch.randint(0, VOCAB, (batch, T), generator=g)
+    corrupted = clean.clone()
+    corrupted[:, :-1] = torch.randint(0, VOCAB, (batch, T - 1), generator=g)  # the last token kept
+    return clean, corrupted
+
+
+def logit_diff(logits_BV: torch.Tensor) -> torch.Tensor:
+    return logits_BV[:, 3] - logits_BV[:, 7]
+
+
+def close(a: torch.Tensor, b: torch.Tensor, dtype) -> bool:
+    return torch.allclose(a, b, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+# --- the graph --------------------------------------------------------------------------------------------------------
+
+
+def test_graph_counts_follow_the_block_wiring():
+    sequential, parallel, attn_only = Graph([2, 2], True, False), Graph([2, 2], True, True), Graph([2, 2], False, False)
+    # senders: emb, L0H0, L0H1, L0.mlp, L1H0, L1H1, L1.mlp; receivers: 6 head inputs per layer, each MLP, the logits
+    assert [s.name for s in sequential.senders] == ["emb", "L0H0", "L0H1", "L0.mlp", "L1H0", "L1H1", "L1.mlp"]
+    assert len(sequential.edges) == 6 * 1 + 3 + 6 * 4 + 6 + 7
+    assert len(parallel.edges) == 6 * 1 + 1 + 6 * 4 + 4 + 7  # a parallel MLP does not read its own layer's heads
+    assert len(attn_only.edges) == 6 * 1 + 6 * 3 + 5
+    names = {e.name for e in sequential.edges}
+    assert {"emb -> L0H1.v", "L0H1 -> L1H0.q", "L0H0 -> L0.mlp", "L1.mlp -> logits", "L0.mlp -> L1H1.k"} <= names
+    assert "L1H0 -> L1.mlp" not in {e.name for e in parallel.edges}
+    # the edges into one input are one contiguous block, in sender order
+    for r, block in sequential.edge_slices.items():
+        assert [e.receiver for e in sequential.edges[block]] == [r] * sequential.n_senders(r)
+        assert [e.sender for e in sequential.edges[block]] == sequential.senders[: sequential.n_senders(r)]
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("L0H7 -> L1H0.q", "no such node"),
+        ("L0H1 -> L1H0.x", "suffix must be .q, .k or .v"),
+        ("L0H1 -> L1H0", "read through .q, .k or .v"),
+        ("L1H0 -> L0H1.k", "must come after its sender"),
+        ("L1H0 -> L1H1.q", "must come after its sender"),
+        ("L0H1 L1H0.q", "'sender -> receiver'"),
+        ("logits -> L1H0.q", "send to nothing"),
+        ("L0.mpl -> logits", "did you mean 'L0.mlp'"),
+    ],
+)
+def test_bad_edge_names_get_one_line_errors(name, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        Graph([3, 3], True, False).edge(name)
+    assert "\n" not in str(error.value) and error.value.key == "circuits.edge"
+
+
+def test_edge_names_round_trip():
+    graph = Graph([3, 2], True, True)
+    assert graph.edges_named([e.name for e in graph.edges]) == list(range(len(graph.edges)))
+
+
+# --- the edge-patched forward -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_edge_forward_spans_clean_to_corrupted(family, dtype):
+    """No edge removed: the plain forward; every edge removed: the corrupted run; per row of a weight batch."""
+    model = make_model(family, dtype)
+    clean, corrupted = prompts(T=16 if family in CONVERTED else 7)
+    n_edges = len(Graph.of(model).edges)
+    weights = torch.stack([torch.zeros(n_edges), torch.ones(n_edges)]).to(dtype)
+    with torch.no_grad():
+        plain, _ = edge_forward(model, model.embed(clean))
+        logits, _ = edge_forward(model, model.embed(clean), weights, node_outputs(model, corrupted))
+        assert close(plain, model(clean), dtype)
+        assert close(logits[:2], model(clean), dtype)
+        assert close(logits[2:], model(corrupted), dtype)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "olmo2"])
+def test_sum_of_heads_is_wrong_under_post_norms(family):
+    """Where attention's output is normalised before it joins the stream, the sum of per-head contributions
+    post_norm(z_h W_O^h) is not the layer's output: the edge-patched forward mixes z before the norm instead."""
+    model = make_model(family)
+    clean, _ = prompts(T=16)
+    cache = {}
+    model(clean, cache=cache)
+    block, z_BTHD = model.blocks[0], cache["z", 0]
+    layer_out = block.ln_attn_out(block.attn.combine_heads(z_BTHD))
+    per_head = torch.einsum("bthd,hdc->bthc", z_BTHD, block.attn.W_O)
+    bias = 0 if block.attn.b_O is None else block.attn.b_O
+    summed = block.ln_attn_out(per_head + bias / z_BTHD.shape[2]).sum(2)
+    assert (layer_out - summed).abs().max() > 0.1
+    # with no post-norm the shortcut is exact: the two definitions agree there
+    llama = make_model("llama3")
+    llama(clean, cache=cache)
+    z_BTHD, attn = cache["z", 0], llama.blocks[0].attn
+    per_head = torch.einsum("bthd,hdc->btc", z_BTHD, attn.W_O) + (0 if attn.b_O is None else attn.b_O)
+    assert torch.allclose(attn.combine_heads(z_BTHD), per_head, atol=1e-12)
+
+
+# --- path patching ----------------------------------------------------------------------------------------------------
+
+
+def hook_path_patch(model: Transformer, clean, corrupted, senders: list[str], receivers: list[str]) -> float:
+    """Wang et al.'s path patching by forward hooks and method patches on headcount's model, for receivers in one
+    layer (or the logits): each receiver's input is its clean input plus, per sender layer, the change the senders'
+    corrupted outputs make to what that layer adds to the stream (attention: post_norm(combine(z)) with the sender
+    heads' z corrupted); everything else runs as it does."""
+    graph, clean_cache, corrupted_cache = Graph.of(model), {}, {}
+    mlp_outs = {}
+    hooks = [
+        (block.ln_mlp_out or block.mlp).register_forward_hook(
+            lambda m, a, out, layer=layer: mlp_outs.update({layer: out})
+        )
+        for layer, block in enumerate(model.blocks)
+        if block.mlp is not None
+    ]
+    model(clean, cache=clean_cache)
+    clean_mlp = dict(mlp_outs)
+    model(corrupted, cache=corrupted_cache)
+    corrupted_mlp = dict(mlp_outs)
+    for hook in hooks:
+        hook.remove()
+    receiver = graph.receiver(receivers[0])
+
+    def delta_into(r) -> torch.Tensor:
+        delta = torch.zeros_like(model.embed(clean))
+        for s in senders:
+            node = graph.node(s)
+            if graph.senders.index(node) >= graph.n_senders(r):
+                raise ValueError(f"{r.name} does not read {s}")
+        if "emb" in senders:
+            delta += model.embed(corrupted) - model.embed(clean)
+        for layer, block in enumerate(model.blocks):
+            heads = [
+                graph.node(s).head for s in senders if graph.node(s).kind == "head" and graph.node(s).layer == layer
+            ]
+            if heads:
+                z = clean_cache["z", layer].clone()
+                z[:, :, heads] = corrupted_cache["z", layer][:, :, heads]
+                post = block.ln_attn_out or torch.nn.Identity()
+                delta += post(block.attn.combine_heads(z)) - post(block.attn.combine_heads(clean_cache["z", layer]))
+            if f"L{layer}.mlp" in senders:
+                delta += corrupted_mlp[layer] - clean_mlp[layer]
+        return delta
+
+    patches = []
+    if receiver.node.kind == "logits":
+        patches.append(model.ln_f.register_forward_pre_hook(lambda m, a: (a[0] + delta_into(receiver),)))
+    elif receiver.node.kind == "mlp":
+        block = model.blocks[receiver.node.layer]
+        patches.append(block.ln_mlp.register_forward_pre_hook(lambda m, a: (a[0] + delta_into(receiver),)))
+    else:
+        block = model.blocks[receiver.node.layer]
+        attn, stream = block.attn, {}
+        patches.append(block.ln_attn.register_forward_pre_hook(lambda m, a: stream.update(x=a[0])))
+        project, per_query_head = attn.project, attn.per_query_head
+        inputs = [graph.receiver(r) for r in receivers]
+
+        def patched_project(x_normed):
+            q, k, v = project(x_normed)
+            q, x = q.clone(), stream["x"]  # (ln_attn's hook records each call's input: take the layer's first)
+            for r in inputs:
+                alt = project(block.ln_attn(x + delta_into(r)))
+                if r.input == "q":
+                    q[:, r.node.head] = alt[0][:, r.node.head]
+                stream[r] = alt
+            stream["k"], stream["v"] = k, v
+            return q, k, v
+
+        def patched_per_query_head(t):
+            out = per_query_head(t).clone()
+            which = "k" if t is stream["k"] else "v"
+            for r in inputs:
+                if r.input == which:
+                    out[:, r.node.head] = per_query_head(stream[r][1 if which == "k" else 2])[:, r.node.head]
+            return out
+
+        attn.project, attn.per_query_head = patched_project, patched_per_query_head
+    try:
+        with torch.no_grad():
+            patched_logits, clean_logits = model(clean), None
+    finally:
+        for p in patches:
+            p.remove()
+        if receiver.node.kind == "head":
+            del attn.project, attn.per_query_head
+    with torch.no_grad():
+        clean_logits = model(clean)
+    return (logit_diff(patched_logits[:, -1]).double().sum() - logit_diff(clean_logits[:, -1]).double().sum()).item()
+
+
+PAIRS = {
+    "gpt2": [
+        (["L0H1"], ["L1H0.q"]),
+        (["L0H0", "L0H2"], ["L1H1.k", "L1H2.v", "L1H0.v"]),
+        (["emb", "L0.mlp"], ["L1H2.k"]),
+        (["L0H1", "L0.mlp", "L1H0"], ["L1.mlp"]),
+        (["L0H1"], ["logits"]),
+        (["L1H2", "L0H0", "L1.mlp"], ["logits"]),
+    ],
+    "neox": [(["L0H1"], ["L1H0.q"]), (["emb"], ["L0.mlp"]), (["L0H2", "L0.mlp"], ["L1.mlp", "L1H1.v"][:1])],
+    "attn_only": [(["emb"], ["L0H2.v"]), (["L0H1"], ["logits"]), (["emb", "L0H0"], ["logits"])],
+    "gemma3": [
+        (["L0H1"], ["L2H0.q"]),
+        (["L0H1", "L1H3"], ["L2H0.k", "L2H2.v"]),
+        (["L1H0", "L1H1"], ["L2H1.k"]),  # L2H0 shares L2H1's key/value head and stays clean
+        (["L0.mlp", "L1H2"], ["L1.mlp"]),
+        (["L2H3", "L0H0"], ["logits"]),
+    ],
+    "olmo2": [(["L0H1", "L0H3"], ["L1H2.q", "L1H0.k"]), (["L1H1"], ["L2.mlp"]), (["L2H0", "L1H1"], ["logits"])],
+    "llama3": [(["L0H1"], ["L2H3.v"]), (["emb", "L1H2"], ["L2H1.k"]), (["L1H1", "L2H2"], ["logits"])],
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_path_patching_equals_a_hook_loop(family, dtype):
+    """Every pair of one batched pass equals the hook loop run pair by pair, heads' q, k and v, MLPs and logits."""
+    model = make_model(family, dtype)
+    clean, corrupted = prompts(T=16 if family in CONVERTED else 7)
+    effects = path_patch(model, clean, corrupted, PAIRS[family], logit_diff)
+    expected = [hook_path_patch(model, clean, corrupted, *pair) for pair in PAIRS[family]]
+    expected = torch.tensor(expected, dtype=torch.float64)
+    assert expected.abs().min() > 1e-5 and expected.abs().max() > 1e-2  # paths carry something: a broken patch shows
+    assert close(effects, expected, dtype), (effects, expected)
+
+
+def test_path_patching_equals_a_hand_computation():
+    """float64, one attention-only layer with LayerNorms: the patched logits written out from the weights."""
+    model = make_model("attn_only")
+    clean, corrupted = prompts()
+    attn, T = model.blocks[0].attn, clean.shape[1]
+
+    def layer_norm(x, ln):
+        return (x - x.mean(-1, keepdim=True)) / torch.sqrt(
+            x.var(-1, unbiased=False, keepdim=True) + ln.eps
+        ) * ln.weight + ln.bias
+
+    def embed(ids):
+        return model.tok_emb.weight[ids] + model.pos_emb.weight[:T]
+
+    def head(h, xq, xk, xv):
+        ln = model.blocks[0].ln_attn
+        q = layer_norm(xq, ln) @ attn.W_Q[h] + attn.b_Q[h]
+        k = layer_norm(xk, ln) @ attn.W_K[h] + attn.b_K[h]
+        v = layer_norm(xv, ln) @ attn.W_V[h] + attn.b_V[h]
+        scores = (q @ k.transpose(-1, -2)) / attn.head_dim**0.5
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        return scores.softmax(-1) @ v
+
+    def logits(x, heads):
+        out = sum(z @ attn.W_O[h] for h, z in enumerate(heads)) + attn.b_O
+        return layer_norm(x + out, model.ln_f) @ model.lm_head.weight.T
+
+    x, x_corrupted = embed(clean), embed(corrupted)
+    z = [head(h, x, x, x) for h in range(3)]
+    base = logits(x, z)
+    through_l0h1 = logits(x, [z[0], head(1, x_corrupted, x_corrupted, x_corrupted), z[2]])
+    into_value = logits(x, [z[0], z[1], head(2, x, x, x_corrupted)])
+    with torch.no_grad():
+        expected = torch.stack(
+            [logit_diff(lg[:, -1]).sum() - logit_diff(base[:, -1]).sum() for lg in (through_l0h1, into_value)]
+        )
+        effects = path_patch(model, clean, corrupted, [(["L0H1"], ["logits"]), (["emb"], ["L0H2.v"])], logit_diff)
+    assert expected.abs().min() > 1e-3
+    torch.testing.assert_close(effects, expected, atol=1e-12, rtol=1e-12)
+
+
+def test_path_patching_fails_on_planted_errors(monkeypatch):
+    """The hook-loop comparison catches a wrong sign and a path that leaks through a frozen head."""
+    import headcount.circuits.path_patching as pp
+
+    model = make_model("gemma3")
+    clean, corrupted = prompts(T=16)
+    pair = (["L0H1"], ["L2H0.q"])
+    expected = torch.tensor([hook_path_patch(model, clean, corrupted, *pair)], dtype=torch.float64)
+    assert close(path_patch(model, clean, corrupted, [pair], logit_diff), expected, torch.float64)
+
+    with monkeypatch.context() as m:  # wrong sign: clean - corrupted
+        minus = NodeOutputs.minus
+        m.setattr(NodeOutputs, "minus", lambda self, other: minus(other, self))
+        assert not close(path_patch(model, clean, corrupted, [pair], logit_diff), expected, torch.float64)
+
+    def leaky_inputs(model, graph, clean_outs, corrupted_outs, pairs):
+        """Receivers read a run in which the senders' corrupted outputs also reached the heads in between."""
+        patched = {}
+        for p, (senders, receivers) in enumerate(pairs):
+            weights = torch.tensor([[float(e.sender in senders) for e in graph.edges]], dtype=torch.float64)
+            _, run = edge_forward(model, clean_outs.emb, weights, corrupted_outs)
+            for r in receivers:
+                n = graph.n_senders(r)
+                w = torch.zeros(n, dtype=torch.float64)
+                w[[graph.senders.index(s) for s in senders]] = 1.0
+                patched[p, r] = pp.stream_into(model, graph, run, corrupted_outs.minus(run), w.expand(2, 1, n), n)[:, 0]
+        return patched
+
+    with monkeypatch.context() as m:
+        m.setattr(pp, "patched_inputs", leaky_inputs)
+        with torch.no_grad():
+            assert not close(path_patch(model, clean, corrupted, [pair], logit_diff), expected, torch.float64)
+
+
+def test_path_patching_refuses_bad_pairs():
+    model = make_model("gpt2")
+    clean, corrupted = prompts()
+    for pair, message in [
+        ((["L1H0"], ["L0H1.q"]), "must come after its sender L1H0"),
+        ((["L0H9"], ["logits"]), "no such node"),
+        ((["L0H1"], ["L1H0.z"]), "suffix must be"),
+        (([], ["logits"]), "needs a sender and a receiver"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            path_patch(model, clean, corrupted, [pair], logit_diff)
