@@ -7,6 +7,7 @@ import pytest
 import torch
 from family_cases import hf_model
 
+from headcount.circuits.attribution import eap_ig_scores, eap_scores, edge_metric, exact_edge_scores
 from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs
 from headcount.circuits.graph import Graph
 from headcount.circuits.path_patching import path_patch
@@ -354,3 +355,115 @@ def test_path_patching_refuses_bad_pairs():
     ]:
         with pytest.raises(ConfigError, match=message):
             path_patch(model, clean, corrupted, [pair], logit_diff)
+
+
+# --- edge attribution -------------------------------------------------------------------------------------------------
+
+
+def sampled_edges(model: Transformer, count: int = 40) -> list[int]:
+    """An even sample of the edges (every kind of sender and receiver input), to keep the tests to seconds."""
+    n_edges = len(Graph.of(model).edges)
+    return sorted(set(torch.linspace(0, n_edges - 1, count).round().long().tolist()))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "neox", "attn_only", "gemma3", "olmo2"])
+def test_eap_equals_finite_differences(family):
+    """float64: EAP is the derivative of the edge-patched metric in each edge's weight at 0 (post-norm layers
+    included, through the exact per-layer definition), which central differences measure."""
+    model = make_model(family)
+    clean, corrupted = prompts(T=16 if family in CONVERTED else 7)
+    eap = eap_scores(model, clean, corrupted, logit_diff)
+    edges, eps = sampled_edges(model), 1e-5
+    weights = torch.zeros(2 * len(edges), len(eap), dtype=torch.float64)
+    for i, e in enumerate(edges):
+        weights[2 * i, e], weights[2 * i + 1, e] = eps, -eps
+    sums = edge_metric(model, clean, corrupted, weights, logit_diff)
+    finite_differences = (sums[0::2] - sums[1::2]) / (2 * eps)
+    assert finite_differences.abs().max() > 1e-2
+    torch.testing.assert_close(eap[edges], finite_differences, atol=1e-7, rtol=1e-6)
+    # and EAP is only a first-order estimate: the exact scores differ
+    assert not torch.allclose(
+        eap[edges], exact_edge_scores(model, clean, corrupted, logit_diff, edges=edges), atol=1e-3
+    )
+
+
+def test_eap_is_the_classic_formula_in_pre_norm_families():
+    """(corrupted - clean sender output) . d metric / d receiver input, the receiver input's gradient taken by a
+    hook on the plain model: for edges into the logits (the final norm's input) and into an MLP."""
+    model = make_model("gpt2")
+    clean, corrupted = prompts()
+    graph, eap = Graph.of(model), eap_scores(model, clean, corrupted, logit_diff)
+    clean_outs, corrupted_outs = node_outputs(model, clean), node_outputs(model, corrupted)
+    grads = {}
+
+    def receiver_input(name):
+        """A pre-hook giving the module its own copy of its input, whose gradient is the receiver input's alone (the
+        stream it is copied from also flows on past the MLP)."""
+
+        def hook(module, args):
+            grads[name] = args[0].clone()
+            grads[name].retain_grad()
+            return (grads[name],)
+
+        return hook
+
+    hooks = [model.ln_f.register_forward_pre_hook(receiver_input("logits"))]
+    hooks.append(model.blocks[1].ln_mlp.register_forward_pre_hook(receiver_input("mlp")))
+    logit_diff(model(clean)[:, -1]).double().sum().backward()
+    for hook in hooks:
+        hook.remove()
+    attn = model.blocks[0].attn
+
+    def head_out(h):
+        return torch.einsum("btd,dc->btc", corrupted_outs.z[0][:, :, h] - clean_outs.z[0][:, :, h], attn.W_O[h])
+
+    mlp_out = corrupted_outs.mlp[0] - clean_outs.mlp[0]
+    assert mlp_out.abs().max() > 1e-2
+    for name, delta, grad in [
+        ("L0H1 -> logits", head_out(1), grads["logits"].grad),
+        ("L0.mlp -> L1.mlp", mlp_out, grads["mlp"].grad),
+        ("L0H2 -> L1.mlp", head_out(2), grads["mlp"].grad),
+    ]:
+        torch.testing.assert_close(eap[graph.edge_index[name]], (delta * grad).sum(), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("family", ["gpt2", "neox", "gemma3", "olmo2"])
+def test_exact_edge_scores_equal_path_patching_of_each_edge(family, dtype):
+    model = make_model(family, dtype)
+    clean, corrupted = prompts(T=16 if family in CONVERTED else 7)
+    graph, edges = Graph.of(model), sampled_edges(model, 24)
+    exact = exact_edge_scores(model, clean, corrupted, logit_diff, edges=edges)
+    pairs = [([graph.edges[e].sender.name], [graph.edges[e].receiver.name]) for e in edges]
+    assert exact.abs().max() > 1e-2
+    assert close(exact, path_patch(model, clean, corrupted, pairs, logit_diff), dtype)
+
+
+def test_eap_ig_with_one_step_is_eap_and_refuses_fewer():
+    """With one step the only interpolation is the clean input itself: EAP; more steps average other gradients."""
+    model = make_model("gemma3")
+    clean, corrupted = prompts(T=16)
+    eap = eap_scores(model, clean, corrupted, logit_diff)
+    torch.testing.assert_close(eap_ig_scores(model, clean, corrupted, logit_diff, steps=1), eap, atol=1e-12, rtol=1e-10)
+    assert not torch.allclose(eap_ig_scores(model, clean, corrupted, logit_diff, steps=4), eap, atol=1e-3)
+    for steps in (0, -2, 1.5):
+        with pytest.raises(ConfigError, match="steps >= 1") as error:
+            eap_ig_scores(model, clean, corrupted, logit_diff, steps=steps)
+        assert error.value.key == "edge_attribution.steps"
+
+
+def test_eap_ig_steps_are_the_interpolated_gradients():
+    """Two steps: the mean of the gradients at the midpoint embedding and at the clean one, each dotted with the
+    fixed corrupted-minus-clean outputs (taken here through edge_forward with a reference run, one step at a time)."""
+    model = make_model("gpt2")
+    clean, corrupted = prompts()
+    clean_outs, corrupted_outs = node_outputs(model, clean), node_outputs(model, corrupted)
+    per_step = []
+    for t in (0.5, 1.0):
+        weights = torch.zeros(1, len(Graph.of(model).edges), dtype=torch.float64, requires_grad=True)
+        emb = corrupted_outs.emb + t * (clean_outs.emb - corrupted_outs.emb)
+        logits, _ = edge_forward(model, emb, weights, corrupted_outs, reference=clean_outs)
+        (grad,) = torch.autograd.grad(logit_diff(logits[:, -1]).double().sum(), weights)
+        per_step.append(grad[0])
+    expected = (per_step[0] + per_step[1]) / 2
+    torch.testing.assert_close(eap_ig_scores(model, clean, corrupted, logit_diff, steps=2), expected)
