@@ -3,11 +3,15 @@ edge removed, the corrupted run with every edge removed, post-norm families incl
 loop on headcount's model and a float64 hand computation, EAP against central finite differences, exact edge scores
 against path patching, circuits' faithfulness and the circuit figure."""
 
+import matplotlib.colors
+import matplotlib.image
 import pytest
 import torch
 from family_cases import hf_model
 
 from headcount.circuits.attribution import eap_ig_scores, eap_scores, edge_metric, exact_edge_scores
+from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, prune, top_edges
+from headcount.circuits.figure import draw_circuit, save_circuit
 from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs
 from headcount.circuits.graph import Graph
 from headcount.circuits.path_patching import path_patch
@@ -467,3 +471,74 @@ def test_eap_ig_steps_are_the_interpolated_gradients():
         per_step.append(grad[0])
     expected = (per_step[0] + per_step[1]) / 2
     torch.testing.assert_close(eap_ig_scores(model, clean, corrupted, logit_diff, steps=2), expected)
+
+
+# --- circuits and faithfulness ----------------------------------------------------------------------------------------
+
+
+def test_faithfulness_spans_zero_to_one_and_reads_the_edge_patched_metric():
+    model = make_model("gpt2")
+    clean, corrupted = prompts()
+    graph = Graph.of(model)
+    everything, dropped = set(range(len(graph.edges))), graph.edge_index["L0H1 -> L1H0.k"]
+    values = faithfulness(model, clean, corrupted, [everything, set(), everything - {dropped}], logit_diff)
+    with torch.no_grad():
+        clean_m, corrupted_m = (logit_diff(model(ids)[:, -1]).double().sum() for ids in (clean, corrupted))
+    removed_alone = exact_edge_scores(model, clean, corrupted, logit_diff, edges=[dropped])[0]
+    torch.testing.assert_close(values[:2], torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(values[2], 1 + removed_alone / (clean_m - corrupted_m), atol=1e-10, rtol=1e-10)
+
+
+def test_pruning_keeps_only_paths_from_emb_to_logits():
+    graph = Graph([2, 2], True, False)
+    named = graph.edges_named
+    kept = named(["emb -> L0H1.k", "L0H1 -> L1H0.q", "L1H0 -> logits"])
+    dangling = named(["L0H0 -> L1H1.v", "emb -> L1H1.q", "L0.mlp -> L1.mlp"])  # L0H0 unreached; L1H1, L1.mlp dead ends
+    assert prune(graph, set(kept + dangling)) == set(kept)
+    assert prune(graph, set(dangling)) == set()
+    scores = torch.zeros(len(graph.edges))
+    scores[kept], scores[dangling[0]] = torch.tensor([3.0, -2.0, 1.0]), 5.0
+    assert top_edges(graph, scores, 4) == set(kept)  # the largest |score| is pruned away
+    with pytest.raises(ConfigError, match="circuits.size"):
+        top_edges(graph, scores, len(graph.edges) + 1)
+
+
+def test_faithfulness_curve_covers_methods_and_random_circuits():
+    model = make_model("gpt2")
+    clean, corrupted = prompts()
+    n_edges = len(Graph.of(model).edges)
+    exact = exact_edge_scores(model, clean, corrupted, logit_diff)
+    curve = faithfulness_curve(model, clean, corrupted, {"exact": exact}, [0, 10, n_edges], logit_diff, random_draws=3)
+    assert len(curve) == 3 + 3 * 3 and set(curve["method"]) == {"exact", "random"}
+    full = curve[curve["n"] == n_edges]
+    assert (full["edges"] == n_edges).all() and torch.allclose(
+        torch.tensor(full["faithfulness"].values), torch.ones(4, dtype=torch.float64)
+    )
+    assert (curve[curve["n"] == 0]["faithfulness"].abs() < 1e-12).all()
+    top10 = curve[(curve["method"] == "exact") & (curve["n"] == 10)]["faithfulness"].item()
+    random10 = curve[(curve["method"] == "random") & (curve["n"] == 10)]["faithfulness"]
+    assert top10 > random10.max()
+
+
+def test_circuit_figure_draws_each_edge_with_its_input_colour(tmp_path):
+    model = make_model("gpt2")
+    graph = Graph.of(model)
+    circuit = set(
+        graph.edges_named(["emb -> L0H1.k", "L0H1 -> L1H0.q", "L0H1 -> L1H2.v", "L1H0 -> L1.mlp", "L1.mlp -> logits"])
+    )
+    weights = torch.linspace(0.1, 1.0, len(graph.edges))
+    fig = draw_circuit(graph, circuit, weights)
+    arrows = {p.get_gid(): p for p in fig.axes[0].patches if p.get_gid()}
+    assert set(arrows) == {graph.edges[i].name for i in circuit}
+    colours = {name: matplotlib.colors.to_hex(p.get_edgecolor()) for name, p in arrows.items()}
+    assert colours["emb -> L0H1.k"] == matplotlib.colors.to_hex("tab:orange")
+    assert colours["L0H1 -> L1H0.q"] == matplotlib.colors.to_hex("tab:blue")
+    assert colours["L0H1 -> L1H2.v"] == matplotlib.colors.to_hex("tab:green")
+    assert colours["L1.mlp -> logits"] == matplotlib.colors.to_hex("tab:gray")
+    widths = {name: p.get_linewidth() for name, p in arrows.items()}
+    assert widths["L1.mlp -> logits"] > widths["emb -> L0H1.k"]  # a later edge has a larger weight here
+    labels = {t.get_text() for t in fig.axes[0].texts}
+    assert {"emb", "L0H1", "L1H2", "L1.mlp", "logits"} <= labels
+    path = save_circuit(graph, circuit, tmp_path / "circuit.png", weights)
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
