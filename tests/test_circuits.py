@@ -12,7 +12,7 @@ from family_cases import hf_model
 from headcount.circuits.attribution import eap_ig_scores, eap_scores, edge_metric, exact_edge_scores
 from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, prune, top_edges
 from headcount.circuits.figure import draw_circuit, save_circuit
-from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs
+from headcount.circuits.forward import NodeOutputs, attention_contribution, edge_forward, node_outputs
 from headcount.circuits.graph import Graph
 from headcount.circuits.path_patching import path_patch
 from headcount.config.model import AttentionConfig, ModelConfig
@@ -542,3 +542,16 @@ def test_circuit_figure_draws_each_edge_with_its_input_colour(tmp_path):
     path = save_circuit(graph, circuit, tmp_path / "circuit.png", weights)
     image = matplotlib.image.imread(path)
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_pre_norm_shortcut_equals_the_general_mix():
+    """Without a post-norm attention's contribution is mixed per head after W_O (linear); with an identity post-norm
+    the general path mixes z before combining: the two agree."""
+    model = make_model("llama3")
+    clean, corrupted = prompts(T=16)
+    outs, corrupted_outs = node_outputs(model, clean), node_outputs(model, corrupted)
+    w_BXH = torch.rand(2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    block, dz = model.blocks[1], corrupted_outs.minus(outs).z[1]
+    shortcut = attention_contribution(block, outs.z[1], dz, w_BXH)
+    block.ln_attn_out = torch.nn.Identity()
+    torch.testing.assert_close(attention_contribution(block, outs.z[1], dz, w_BXH), shortcut, atol=1e-12, rtol=1e-12)

@@ -147,7 +147,13 @@ def receiver_inputs(
 
 
 def attention_contribution(block: Block, z_BTHD: Tensor, dz_BTHD: Tensor | None, w_BXH: Tensor | None) -> Tensor:
-    """(B, X, T, C): post_norm(combine(z + w dz)) per receiver, z mixed per head by that receiver's edge weights."""
+    """(B, X, T, C): post_norm(combine(z + w dz)) per receiver, z mixed per head by that receiver's edge weights.
+    Without a post-norm it is linear in z: combine(z) once plus each receiver's sum_h w_h dz_h W_O^h, which saves
+    combining X copies."""
+    if w_BXH is not None and block.ln_attn_out is None:
+        per_head_BTHC = torch.einsum("bthd,hdc->bthc", dz_BTHD, block.attn.W_O)
+        mixed_BXTC = torch.einsum("bxh,bthc->bxtc", w_BXH, per_head_BTHC)
+        return block.drop(block.attn.combine_heads(z_BTHD))[:, None] + mixed_BXTC
     mixed_BXTHD = z_BTHD[:, None]
     if w_BXH is not None:
         mixed_BXTHD = mixed_BXTHD + w_BXH[:, :, None, :, None] * dz_BTHD[:, None]
