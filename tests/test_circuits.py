@@ -555,3 +555,23 @@ def test_pre_norm_shortcut_equals_the_general_mix():
     shortcut = attention_contribution(block, outs.z[1], dz, w_BXH)
     block.ln_attn_out = torch.nn.Identity()
     torch.testing.assert_close(attention_contribution(block, outs.z[1], dz, w_BXH), shortcut, atol=1e-12, rtol=1e-12)
+
+
+def test_right_padded_prompts_score_as_they_score_alone():
+    """Score positions read each prompt where it ends: a right-padded batch sums the prompts' own scores."""
+    model = make_model("gemma3")
+    clean, corrupted = prompts(T=16)
+    short = 9
+    padded_clean, padded_corrupted = clean.clone(), corrupted.clone()
+    padded_clean[0, short:], padded_corrupted[0, short:] = 0, 5  # the padding differs too: it must not matter
+    positions = torch.tensor([short - 1, 15])
+    pair = [(["L0H1", "L1.mlp"], ["L2H0.k", "L2H3.q"])]
+    alone = [(clean[:1, :short], corrupted[:1, :short]), (clean[1:], corrupted[1:])]
+    torch.testing.assert_close(
+        path_patch(model, padded_clean, padded_corrupted, pair, logit_diff, positions),
+        sum(path_patch(model, c, x, pair, logit_diff) for c, x in alone),
+    )
+    torch.testing.assert_close(
+        eap_scores(model, padded_clean, padded_corrupted, logit_diff, positions),
+        sum(eap_scores(model, c, x, logit_diff) for c, x in alone),
+    )
