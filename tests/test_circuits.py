@@ -312,6 +312,12 @@ def test_path_patching_equals_a_hand_computation():
         effects = path_patch(model, clean, corrupted, [(["L0H1"], ["logits"]), (["emb"], ["L0H2.v"])], logit_diff)
     assert expected.abs().min() > 1e-3
     torch.testing.assert_close(effects, expected, atol=1e-12, rtol=1e-12)
+    # the logits alone as receivers (the pass starts after the last layer), and one pair per pass
+    alone = path_patch(
+        model, clean, corrupted, [(["L0H1"], ["logits"]), (["emb"], ["L0H2.v"])], logit_diff, pairs_per_pass=1
+    )
+    torch.testing.assert_close(alone, expected, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(path_patch(model, clean, corrupted, [(["L0H1"], ["logits"])], logit_diff), expected[:1])
 
 
 def test_path_patching_fails_on_planted_errors(monkeypatch):

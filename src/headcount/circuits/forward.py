@@ -83,6 +83,8 @@ def edge_forward(
     edge order (None: no edge touched, the plain forward). emb_BTC: this run's embedding, (B, T, C) shared by the
     N rows, or (N, B, T, C), one per row. corrupted, reference: (B, ...) outputs of the corrupted run and of the
     reference run (None: this run's own outputs, i.e. exact edge patching at weights in {0, 1})."""
+    if model.training:
+        raise ValueError("the edge-patched forward applies no dropout: call it on a model in eval mode")
     graph = Graph.of(model)
     n = 1 if weights is None else weights.shape[0]
     if weights is not None and weights.shape[1] != len(graph.edges):

@@ -37,17 +37,22 @@ def path_patch(
     pairs: list[tuple[list[str], list[str]]],
     metric: Metric,
     score_positions_B: Tensor | None = None,
+    pairs_per_pass: int = 64,
 ) -> Tensor:
-    """(P,) float64 effects of the P (sender names, receiver input names) pairs, e.g. (["L0H1"], ["L1H0.k"])."""
+    """(P,) float64 effects of the P (sender names, receiver input names) pairs, e.g. (["L0H1"], ["L1H0.k"]), in
+    passes of pairs_per_pass pairs."""
     graph = Graph.of(model)
     positions = last_positions(clean_ids_BT) if score_positions_B is None else score_positions_B
     clean, corrupted = node_outputs(model, clean_ids_BT), node_outputs(model, corrupted_ids_BT)
     resolved = [_resolve(graph, senders, receivers) for senders, receivers in pairs]
+    sums = []
     with torch.no_grad():
-        patched = patched_inputs(model, graph, clean, corrupted, resolved)
-        logits = run_with_inputs(model, graph, clean, patched, len(pairs))
-        clean_logits = model(clean_ids_BT)
-    return metric_sums(logits, positions, metric) - metric_sums(clean_logits, positions, metric)
+        clean_sum = metric_sums(model(clean_ids_BT), positions, metric)
+        for start in range(0, len(resolved), pairs_per_pass):
+            chunk = resolved[start : start + pairs_per_pass]
+            patched = patched_inputs(model, graph, clean, corrupted, chunk)
+            sums.append(metric_sums(run_with_inputs(model, graph, clean, patched, len(chunk)), positions, metric))
+    return torch.cat(sums) - clean_sum
 
 
 def _resolve(graph: Graph, senders: list[str], receivers: list[str]) -> tuple[list[Node], list[Receiver]]:
