@@ -106,7 +106,9 @@ def edge_forward(
         receivers = graph.layer_receivers(layer)
         n_heads, start = graph.heads_per_layer[layer], graph.sender_start(layer)
         first = graph.edge_slices[receivers[0]].start if receivers else 0
-        if n_heads:
+        if w_RE is None:  # every head reads the same stream: the layer's own (fused) attention
+            z_BTHD = block.attn.heads(block.ln_attn(inputs(slice(first, first), 1, start)[:, 0]))
+        elif n_heads:
             x_RXTC = inputs(slice(first, first + 3 * n_heads * start), 3 * n_heads, start)
             z_BTHD = heads_from_inputs(block, x_RXTC.view(rows, n_heads, 3, *x_RXTC.shape[2:]))
         else:
@@ -169,7 +171,31 @@ def attention_contribution(block: Block, z_BTHD: Tensor, dz_BTHD: Tensor | None,
 
 def heads_from_inputs(block: Block, x_BHWTC: Tensor) -> Tensor:
     """z (B, T, H, D) of a layer whose head h reads q, k, v from its own inputs x[:, h, 0|1|2] (pre-norm stream):
-    each input goes through the layer's norm and projection (q/k norms, rotary), and head h keeps its own slice."""
+    each input goes through the layer's norm, then head h's own rows of the projection (its key/value head's for k and
+    v), q/k norms per head and rotary positions. A q/k norm over the whole projection (OLMo 2) mixes every head's
+    rows, so there each input runs through the whole projection and head h keeps its own slice."""
+    attn = block.attn
+    if attn.features.qk_norm == "projection":
+        return _heads_through_whole_projection(block, x_BHWTC)
+    normed_BHWTC = block.ln_attn(x_BHWTC)
+    kv_H = attn.kv_head_of
+
+    def project(w: int, W_HCD: Tensor, b_HD: Tensor | None) -> Tensor:
+        out_BHTD = torch.einsum("bhtc,hcd->bhtd", normed_BHWTC[:, :, w], W_HCD)
+        return out_BHTD if b_HD is None else out_BHTD + b_HD[:, None]
+
+    q_BHTD = project(0, attn.W_Q, attn.b_Q)
+    k_BHTD = project(1, attn.W_K[kv_H], None if attn.b_K is None else attn.b_K[kv_H])
+    v_BHTD = project(2, attn.W_V[kv_H], None if attn.b_V is None else attn.b_V[kv_H])
+    if attn.features.qk_norm == "head":
+        q_BHTD, k_BHTD = attn.q_norm(q_BHTD), attn.k_norm(k_BHTD)
+    if attn.rotary is not None:
+        q_BHTD, k_BHTD = attn.rotary(q_BHTD, k_BHTD)
+    z_BHTD, _ = attn.reference_attention(q_BHTD, k_BHTD, v_BHTD)
+    return z_BHTD.transpose(1, 2)
+
+
+def _heads_through_whole_projection(block: Block, x_BHWTC: Tensor) -> Tensor:
     attn = block.attn
     B, H, W, T, C = x_BHWTC.shape
     q_NHTD, k_NGTD, v_NGTD = attn.project(block.ln_attn(x_BHWTC.reshape(B * H * W, T, C)))
