@@ -8,6 +8,7 @@ import matplotlib.image
 import pytest
 import torch
 from family_cases import hf_model
+from pretrained_helpers import converted
 
 from headcount.circuits.attribution import eap_ig_scores, eap_scores, edge_metric, exact_edge_scores
 from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, prune, top_edges
@@ -27,14 +28,17 @@ NATIVE = {
     "neox": {"mlp": True, "parallel_residual": True, "positions": "rotary", "rotary_fraction": 0.5},
     "attn_only": {"mlp": False, "n_layers": 1},
 }
-CONVERTED = ("gemma3", "olmo2", "llama3")
-FAMILIES = (*NATIVE, *CONVERTED)
+CONVERTED = ("gemma3", "olmo2", "llama3")  # tests/family_cases.py, 16 tokens
+HELPERS = ("neox_parallel", "llama_mqa_tied_biases_wide_heads")  # tests/pretrained_helpers.py: GPT-NeoX, MQA
+FAMILIES = (*NATIVE, *CONVERTED, *HELPERS)
 
 
 def make_model(family: str, dtype=torch.float64, seed: int = 0) -> Transformer:
     """A tiny random model of the family, its weights large enough that every head moves the metric."""
     if family in CONVERTED:
         return convert(hf_model(family, seed)).to(dtype).eval()
+    if family in HELPERS:
+        return converted(family, dtype)[1].eval()
     torch.manual_seed(seed)
     settings = {"n_layers": 2, **NATIVE[family]}
     cfg = ModelConfig(d_model=24, n_ctx=16, vocab_size=VOCAB, attn=AttentionConfig(n_heads=3), **settings)
@@ -257,6 +261,19 @@ PAIRS = {
     ],
     "olmo2": [(["L0H1", "L0H3"], ["L1H2.q", "L1H0.k"]), (["L1H1"], ["L2.mlp"]), (["L2H0", "L1H1"], ["logits"])],
     "llama3": [(["L0H1"], ["L2H3.v"]), (["emb", "L1H2"], ["L2H1.k"]), (["L1H1", "L2H2"], ["logits"])],
+    "neox_parallel": [
+        (["L0H1"], ["L1H0.q"]),
+        (["L0H2", "L0.mlp"], ["L1H3.k", "L1H1.v"]),
+        (["emb"], ["L0.mlp"]),
+        (["L0H3"], ["L1.mlp"]),
+        (["L1H2", "L0H0", "L1.mlp"], ["logits"]),
+    ],
+    "llama_mqa_tied_biases_wide_heads": [
+        (["L0H1"], ["L1H2.k"]),  # one key/value head for all four: the other heads' keys stay clean
+        (["emb", "L0.mlp"], ["L1H0.v", "L1H3.q"]),
+        (["L0H1", "L1H1"], ["L1.mlp"]),
+        (["L1H3"], ["logits"]),
+    ],
 }
 
 

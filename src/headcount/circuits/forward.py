@@ -87,6 +87,8 @@ def edge_forward(
         raise ValueError("the edge-patched forward applies no dropout: call it on a model in eval mode")
     graph = Graph.of(model)
     n = 1 if weights is None else weights.shape[0]
+    if weights is not None and corrupted is None:
+        raise ValueError("edge weights need the corrupted run's outputs (corrupted=node_outputs(model, ids))")
     if weights is not None and weights.shape[1] != len(graph.edges):
         raise ValueError(f"weights has {weights.shape[1]} edges; this model has {len(graph.edges)}")
     emb_BTC = emb_BTC.flatten(0, 1) if emb_BTC.ndim == 4 else emb_BTC.repeat(n, 1, 1)
