@@ -10,7 +10,7 @@ import torch
 from family_cases import hf_model
 from pretrained_helpers import converted
 
-from headcount.circuits.attribution import eap_ig_scores, eap_scores, edge_metric, exact_edge_scores
+from headcount.circuits.attribution import eap_ig_scores, eap_scores, edge_metric, exact_edge_scores, ranking_agreement
 from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, prune, top_edges
 from headcount.circuits.figure import draw_circuit, save_circuit
 from headcount.circuits.forward import NodeOutputs, attention_contribution, edge_forward, node_outputs
@@ -598,3 +598,13 @@ def test_right_padded_prompts_score_as_they_score_alone():
         eap_scores(model, padded_clean, padded_corrupted, logit_diff, positions),
         sum(eap_scores(model, c, x, logit_diff) for c, x in alone),
     )
+
+
+def test_ranking_agreement():
+    exact = torch.tensor([5.0, -4.0, 3.0, 0.5, 0.1])
+    agreement = ranking_agreement(torch.tensor([-5.0, 4.0, 3.0, 0.5, 0.1]), exact, 2)  # signs do not matter
+    assert agreement == {"spearman": pytest.approx(1.0), "top_k_recall": 1.0}
+    swapped = ranking_agreement(torch.tensor([5.0, 0.2, 3.0, 0.5, 4.0]), exact, 2)
+    assert swapped["top_k_recall"] == 0.5 and swapped["spearman"] < 1
+    with pytest.raises(ConfigError, match="verify_top_k"):
+        ranking_agreement(exact, exact, 6)

@@ -14,8 +14,11 @@ removes edge e), every score is an effect M(removed) - M(clean):
   emb' + (k/m)(emb - emb'), the corrupted-to-clean straight line in embedding space (their "inputs" variant;
   right Riemann sum, the clean end included); out and out' stay the clean and corrupted runs' outputs. The m
   interpolations run as one batch of m * B rows, one backward.
+
+`ranking_agreement` compares an estimate with exact scores: rank correlation and top-k recall by |score|.
 """
 
+import pandas as pd
 import torch
 from torch import Tensor
 
@@ -102,3 +105,13 @@ def eap_ig_scores(
     logits, _ = edge_forward(model, emb_NBTC, weights, corrupted, reference=clean)
     (grad,) = torch.autograd.grad(metric_sums(logits, positions, metric).sum(), weights)
     return grad.double().mean(0)
+
+
+def ranking_agreement(estimate: Tensor, exact: Tensor, k: int) -> dict[str, float]:
+    """How well estimated edge scores rank edges as the exact scores do, by |score|: Spearman's rank correlation
+    (average ranks for ties) and the top-k recall, the share of the exact top k that the estimate's top k holds."""
+    if not 1 <= k <= len(exact):
+        raise ConfigError("edge_attribution.verify_top_k", k, f"must lie in 1..{len(exact)} (the edges scored)")
+    ranks = [pd.Series(s.abs().double().cpu().numpy()).rank() for s in (estimate, exact)]
+    top = [set(s.abs().argsort(descending=True)[:k].tolist()) for s in (estimate, exact)]
+    return {"spearman": float(ranks[0].corr(ranks[1])), "top_k_recall": len(top[0] & top[1]) / k}
