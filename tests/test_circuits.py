@@ -28,7 +28,7 @@ NATIVE = {
     "neox": {"mlp": True, "parallel_residual": True, "positions": "rotary", "rotary_fraction": 0.5},
     "attn_only": {"mlp": False, "n_layers": 1},
 }
-CONVERTED = ("gemma3", "olmo2", "llama3")  # tests/family_cases.py, 16 tokens
+CONVERTED = ("gemma3", "gemma2", "olmo2", "llama3")  # tests/family_cases.py, 16 tokens
 HELPERS = ("neox_parallel", "llama_mqa_tied_biases_wide_heads")  # tests/pretrained_helpers.py: GPT-NeoX, MQA
 FAMILIES = (*NATIVE, *CONVERTED, *HELPERS)
 
@@ -259,6 +259,7 @@ PAIRS = {
         (["L0.mlp", "L1H2"], ["L1.mlp"]),
         (["L2H3", "L0H0"], ["logits"]),
     ],
+    "gemma2": [(["L0H2"], ["L1H1.v"]), (["emb", "L0.mlp"], ["L2H3.k", "L2H0.q"]), (["L1H0", "L2.mlp"], ["logits"])],
     "olmo2": [(["L0H1", "L0H3"], ["L1H2.q", "L1H0.k"]), (["L1H1"], ["L2.mlp"]), (["L2H0", "L1H1"], ["logits"])],
     "llama3": [(["L0H1"], ["L2H3.v"]), (["emb", "L1H2"], ["L2H1.k"]), (["L1H1", "L2H2"], ["logits"])],
     "neox_parallel": [
