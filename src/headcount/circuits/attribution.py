@@ -42,9 +42,9 @@ def edge_metric(
     rows_per_pass rows."""
     positions = last_positions(clean_ids_BT) if score_positions_B is None else score_positions_B
     corrupted = node_outputs(model, corrupted_ids_BT)
-    emb = model.embed(clean_ids_BT)
     sums = []
     with torch.no_grad():
+        emb = model.embed(clean_ids_BT)
         for chunk in weights_NE.split(rows_per_pass):
             logits, _ = edge_forward(model, emb, chunk.to(emb.dtype), corrupted)
             sums.append(metric_sums(logits, positions, metric))

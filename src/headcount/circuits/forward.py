@@ -62,14 +62,11 @@ class NodeOutputs:
             [a - b for a, b in zip(self.mlp, other.mlp)],
         )
 
-    def detach(self) -> "NodeOutputs":
-        return NodeOutputs(self.emb.detach(), [z.detach() for z in self.z], [m.detach() for m in self.mlp])
-
 
 def node_outputs(model: Transformer, ids_BT: Tensor) -> NodeOutputs:
-    """One plain run's sender outputs (no edge touched), detached."""
+    """One plain run's sender outputs (no edge touched), without gradients."""
     with torch.no_grad():
-        return edge_forward(model, model.embed(ids_BT))[1].detach()
+        return edge_forward(model, model.embed(ids_BT))[1]
 
 
 def edge_forward(
