@@ -1,0 +1,49 @@
+"""Circuit analysis: how heads connect. Nodes and edges (graph.py), the exact edge-patched forward (forward.py), path
+patching (path_patching.py), edge attribution: exact, EAP and EAP-IG (attribution.py), circuits and their
+faithfulness (faithfulness.py) and a circuit's picture (figure.py). docs/DESIGN.md, "Circuits: nodes, edges, path
+patching", has the definitions. Imports only headcount.model, headcount.config and headcount.errors, so scans can
+wrap it; every function takes (model, clean ids, corrupted ids, ..., metric, score positions). For example:
+
+    metric = lambda logits_BV: logits_BV[:, io_token] - logits_BV[:, s_token]  # per point; summed in float64
+    eap = eap_scores(model, clean_ids, corrupted_ids, metric)  # one score per Graph.of(model).edges
+    exact = exact_edge_scores(model, clean_ids, corrupted_ids, metric, edges=eap.abs().argsort()[-20:].tolist())
+    effect = path_patch(model, clean_ids, corrupted_ids, [(["L0H1"], ["L1H0.k"])], metric)
+    circuit = top_edges(Graph.of(model), eap, 50)
+    faithfulness(model, clean_ids, corrupted_ids, [circuit], metric)
+    save_circuit(Graph.of(model), circuit, "circuit.png", eap)
+"""
+
+from headcount.circuits.attribution import (
+    eap_ig_scores,
+    eap_scores,
+    edge_metric,
+    exact_edge_scores,
+    ranking_agreement,
+)
+from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, prune, top_edges
+from headcount.circuits.figure import draw_circuit, save_circuit
+from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs
+from headcount.circuits.graph import Edge, Graph, Node, Receiver
+from headcount.circuits.path_patching import path_patch
+
+__all__ = [
+    "Edge",
+    "Graph",
+    "Node",
+    "NodeOutputs",
+    "Receiver",
+    "draw_circuit",
+    "eap_ig_scores",
+    "eap_scores",
+    "edge_forward",
+    "edge_metric",
+    "exact_edge_scores",
+    "faithfulness",
+    "faithfulness_curve",
+    "node_outputs",
+    "path_patch",
+    "prune",
+    "ranking_agreement",
+    "save_circuit",
+    "top_edges",
+]

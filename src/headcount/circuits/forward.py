@@ -1,0 +1,207 @@
+"""The edge-patched forward: the model run node by node, every receiver input built from its senders' outputs edge by
+edge, each edge carrying this run's output or the corrupted run's (or a mix of the two).
+
+Senders' outputs (`NodeOutputs`): emb's is the embedding (token embeddings times sqrt(d_model) where the model scales
+them, plus learned positions), a head's is its z_h (B, T, D), an MLP's its output as added to the stream (after its
+post-norm, if any). Every edge s -> r has a weight a in [0, 1] (a = 1: the edge is removed, "corrupted"), and a
+receiver input is
+
+    x_r = [emb + a (emb' - emb)] + sum_{layers l} A_l(r) + sum_{MLPs m} [m + a (m' - m)]
+
+where ' marks the corrupted run and, for layer l's attention read by r,
+
+    A_l(r) = post_norm_l( combine_l( z_h + a_{L l H h -> r} (z'_h - z_h) for every head h ) ),
+
+combine_l being the layer's output projection with its bias, added once. In pre-norm families (no post-norm) A_l(r)
+= sum_h z_h W_O^h + b_O with each head's term mixed by its own edge: the usual sum of per-head outputs. In families
+whose attention output is normalised before it joins the stream (Gemma 2/3's sandwich, OLMo 2's post-norms) the
+stream is not a sum of per-head terms, and this definition, mixing z before the norm per receiver, is the one that
+stays exact: with every a = 0 every input is the plain model's stream (the forward equals the model's), with every
+a = 1 every input reads only corrupted outputs (the forward equals the corrupted run). Nodes recompute from their
+inputs: a head h of layer l computes q from its .q input, k and v from its .k and .v inputs (each through the layer's
+input norm and its projection, q/k norms and rotary positions; under grouped-query attention head h's k and v are its
+key/value head's, computed from h's own inputs, so heads of one group may see different keys), then attends; an MLP
+applies its pre-norm, itself and its post-norm; the logits apply the final norm, the unembedding (tied or not) and
+the final soft-cap.
+
+`reference` generalises the mix to x = out + a (out' - ref) with ref a fixed run's outputs: EAP-IG (attribution.py)
+differentiates at a = 0 on interpolated inputs with ref the clean run. Dropout is not applied (call on a model in
+eval mode).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from headcount.circuits.graph import Graph
+from headcount.model.block import Block
+from headcount.model.transformer import Transformer
+
+
+@dataclass
+class NodeOutputs:
+    """A run's sender outputs: emb (B, T, C), z per layer (B, T, H, D), MLP output per layer (B, T, C)."""
+
+    emb: Tensor
+    z: list[Tensor]
+    mlp: list[Tensor]
+
+    def repeat(self, n: int) -> "NodeOutputs":
+        """n copies along the batch (copy i holds rows i*B .. (i+1)*B - 1), as an (n, E) weight batch runs."""
+
+        def rep(t: Tensor) -> Tensor:
+            return t.repeat(n, *[1] * (t.ndim - 1))
+
+        return NodeOutputs(rep(self.emb), [rep(z) for z in self.z], [rep(m) for m in self.mlp])
+
+    def minus(self, other: "NodeOutputs") -> "NodeOutputs":
+        return NodeOutputs(
+            self.emb - other.emb,
+            [a - b for a, b in zip(self.z, other.z)],
+            [a - b for a, b in zip(self.mlp, other.mlp)],
+        )
+
+
+def node_outputs(model: Transformer, ids_BT: Tensor) -> NodeOutputs:
+    """One plain run's sender outputs (no edge touched), without gradients."""
+    with torch.no_grad():
+        return edge_forward(model, model.embed(ids_BT))[1]
+
+
+def edge_forward(
+    model: Transformer,
+    emb_BTC: Tensor,
+    weights: Tensor | None = None,
+    corrupted: NodeOutputs | None = None,
+    reference: NodeOutputs | None = None,
+) -> tuple[Tensor, NodeOutputs]:
+    """Logits (N*B, T, V) and this run's sender outputs, for N edge-weight rows `weights` (N, E) in Graph.of(model)'s
+    edge order (None: no edge touched, the plain forward). emb_BTC: this run's embedding, (B, T, C) shared by the
+    N rows, or (N, B, T, C), one per row. corrupted, reference: (B, ...) outputs of the corrupted run and of the
+    reference run (None: this run's own outputs, i.e. exact edge patching at weights in {0, 1})."""
+    if model.training:
+        raise ValueError("the edge-patched forward applies no dropout: call it on a model in eval mode")
+    graph = Graph.of(model)
+    n = 1 if weights is None else weights.shape[0]
+    if weights is not None and corrupted is None:
+        raise ValueError("edge weights need the corrupted run's outputs (corrupted=node_outputs(model, ids))")
+    if weights is not None and weights.shape[1] != len(graph.edges):
+        raise ValueError(f"weights has {weights.shape[1]} edges; this model has {len(graph.edges)}")
+    emb_BTC = emb_BTC.flatten(0, 1) if emb_BTC.ndim == 4 else emb_BTC.repeat(n, 1, 1)
+    rows = emb_BTC.shape[0]
+    w_RE = None if weights is None else weights.repeat_interleave(rows // n, dim=0)
+    target = None if corrupted is None else corrupted.repeat(n) if n > 1 else corrupted
+    ref = None if reference is None else reference.repeat(n) if n > 1 else reference
+    outs = NodeOutputs(emb_BTC, [], [])
+
+    def inputs(receiver_slice: slice, count: int, n_senders: int) -> Tensor:
+        """(rows, count, T, C): the inputs of `count` receivers whose edges are receiver_slice, n_senders each."""
+        w = None if w_RE is None else w_RE[:, receiver_slice].view(rows, count, n_senders)
+        delta = None if target is None else target.minus(ref if ref is not None else outs)
+        return receiver_inputs(model, graph, outs, delta, w, n_senders).expand(-1, count, -1, -1)
+
+    for layer, block in enumerate(model.blocks):
+        receivers = graph.layer_receivers(layer)
+        n_heads, start = graph.heads_per_layer[layer], graph.sender_start(layer)
+        first = graph.edge_slices[receivers[0]].start if receivers else 0
+        if w_RE is None:  # every head reads the same stream: the layer's own (fused) attention
+            z_BTHD = block.attn.heads(block.ln_attn(inputs(slice(first, first), 1, start)[:, 0]))
+        elif n_heads:
+            x_RXTC = inputs(slice(first, first + 3 * n_heads * start), 3 * n_heads, start)
+            z_BTHD = heads_from_inputs(block, x_RXTC.view(rows, n_heads, 3, *x_RXTC.shape[2:]))
+        else:
+            z_BTHD = emb_BTC.new_zeros(rows, emb_BTC.shape[1], 0, block.attn.head_dim)
+        outs.z.append(z_BTHD)
+        if graph.mlp:
+            mlp_receiver = receivers[-1]
+            x_BTC = inputs(graph.edge_slices[mlp_receiver], 1, graph.n_senders(mlp_receiver))[:, 0]
+            outs.mlp.append(block.drop(block.mlp_out(x_BTC)))
+    logits_receiver = graph.receivers[-1]
+    x_BTC = inputs(graph.edge_slices[logits_receiver], 1, len(graph.senders))[:, 0]
+    return model.unembed(x_BTC), outs
+
+
+def receiver_inputs(
+    model: Transformer, graph: Graph, outs: NodeOutputs, delta: NodeOutputs | None, w_RXS: Tensor | None, n_senders: int
+) -> Tensor:
+    """(rows, X, T, C): x = sum over the first n_senders senders of out + w (delta), per receiver (X of them); with
+    w None (no edge weights) the plain stream, once (X = 1) for every receiver."""
+
+    def mixed(out: Tensor, d: Tensor | None, w_RX: Tensor | None) -> Tensor:
+        if w_RX is None:
+            return out[:, None]
+        return out[:, None] + w_RX[:, :, None, None] * d[:, None]
+
+    x = mixed(outs.emb, None if delta is None else delta.emb, None if w_RXS is None else w_RXS[:, :, 0])
+    pos = 1
+    for layer, block in enumerate(model.blocks):
+        if pos >= n_senders:
+            break
+        n_heads = graph.heads_per_layer[layer]
+        w_RXH = None if w_RXS is None else w_RXS[:, :, pos : pos + n_heads]
+        x = x + attention_contribution(block, outs.z[layer], None if delta is None else delta.z[layer], w_RXH)
+        pos += n_heads
+        if graph.mlp and pos < n_senders:
+            w_RX = None if w_RXS is None else w_RXS[:, :, pos]
+            x = x + mixed(outs.mlp[layer], None if delta is None else delta.mlp[layer], w_RX)
+            pos += 1
+    return x
+
+
+def attention_contribution(block: Block, z_BTHD: Tensor, dz_BTHD: Tensor | None, w_BXH: Tensor | None) -> Tensor:
+    """(B, X, T, C): post_norm(combine(z + w dz)) per receiver, z mixed per head by that receiver's edge weights.
+    Without a post-norm it is linear in z: combine(z) once plus each receiver's sum_h w_h dz_h W_O^h, which saves
+    combining X copies."""
+    if w_BXH is not None and block.ln_attn_out is None:
+        per_head_BTHC = torch.einsum("bthd,hdc->bthc", dz_BTHD, block.attn.W_O)
+        mixed_BXTC = torch.einsum("bxh,bthc->bxtc", w_BXH, per_head_BTHC)
+        return block.drop(block.attn.combine_heads(z_BTHD))[:, None] + mixed_BXTC
+    mixed_BXTHD = z_BTHD[:, None]
+    if w_BXH is not None:
+        mixed_BXTHD = mixed_BXTHD + w_BXH[:, :, None, :, None] * dz_BTHD[:, None]
+    B, X = mixed_BXTHD.shape[:2]
+    out_NTC = block.attn.combine_heads(mixed_BXTHD.flatten(0, 1))
+    if block.ln_attn_out is not None:
+        out_NTC = block.ln_attn_out(out_NTC)
+    out_NTC = block.drop(out_NTC)
+    return out_NTC.view(B, X, *out_NTC.shape[1:])
+
+
+def heads_from_inputs(block: Block, x_BHWTC: Tensor) -> Tensor:
+    """z (B, T, H, D) of a layer whose head h reads q, k, v from its own inputs x[:, h, 0|1|2] (pre-norm stream):
+    each input goes through the layer's norm, then head h's own rows of the projection (its key/value head's for k and
+    v), q/k norms per head and rotary positions. A q/k norm over the whole projection (OLMo 2) mixes every head's
+    rows, so there each input runs through the whole projection and head h keeps its own slice."""
+    attn = block.attn
+    if attn.features.qk_norm == "projection":
+        return _heads_through_whole_projection(block, x_BHWTC)
+    normed_BHWTC = block.ln_attn(x_BHWTC)
+    kv_H = attn.kv_head_of
+
+    def project(w: int, W_HCD: Tensor, b_HD: Tensor | None) -> Tensor:
+        out_BHTD = torch.einsum("bhtc,hcd->bhtd", normed_BHWTC[:, :, w], W_HCD)
+        return out_BHTD if b_HD is None else out_BHTD + b_HD[:, None]
+
+    q_BHTD = project(0, attn.W_Q, attn.b_Q)
+    k_BHTD = project(1, attn.W_K[kv_H], None if attn.b_K is None else attn.b_K[kv_H])
+    v_BHTD = project(2, attn.W_V[kv_H], None if attn.b_V is None else attn.b_V[kv_H])
+    if attn.features.qk_norm == "head":
+        q_BHTD, k_BHTD = attn.q_norm(q_BHTD), attn.k_norm(k_BHTD)
+    if attn.rotary is not None:
+        q_BHTD, k_BHTD = attn.rotary(q_BHTD, k_BHTD)
+    z_BHTD, _ = attn.reference_attention(q_BHTD, k_BHTD, v_BHTD)
+    return z_BHTD.transpose(1, 2)
+
+
+def _heads_through_whole_projection(block: Block, x_BHWTC: Tensor) -> Tensor:
+    attn = block.attn
+    B, H, W, T, C = x_BHWTC.shape
+    q_NHTD, k_NGTD, v_NGTD = attn.project(block.ln_attn(x_BHWTC.reshape(B * H * W, T, C)))
+    D, G = attn.head_dim, attn.n_kv_heads
+    h = torch.arange(H, device=x_BHWTC.device)
+    q_BHTD = q_NHTD.view(B, H, W, H, T, D)[:, :, 0][:, h, h]
+    k_BHTD = k_NGTD.view(B, H, W, G, T, D)[:, :, 1][:, h, attn.kv_head_of]
+    v_BHTD = v_NGTD.view(B, H, W, G, T, D)[:, :, 2][:, h, attn.kv_head_of]
+    z_BHTD, _ = attn.reference_attention(q_BHTD, k_BHTD, v_BHTD)
+    return z_BHTD.transpose(1, 2)
