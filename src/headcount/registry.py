@@ -18,16 +18,17 @@ REGISTRIES: list["Registry"] = []  # every registry, in the order the modules th
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, key: str, doc: str):
+    def __init__(self, kind: str, key: str, doc: str, named_by: str = "name"):
         """kind: what one component is ("metric"); key: the config key that names one ("ablation.metric");
-        doc: what the kind is for, one line."""
-        self.kind, self.key, self.doc = kind, key, doc
+        doc: what the kind is for, one line; named_by: the attribute that holds a component's name."""
+        self.kind, self.key, self.doc, self.named_by = kind, key, doc, named_by
         self._items: dict[str, T] = {}
         REGISTRIES.append(self)
 
     def register(self, obj: T) -> T:
-        """Decorator: registers obj under its `name` attribute (a class attribute, or a function's name)."""
-        self.add(getattr(obj, "name", None) or obj.__name__, obj)
+        """Decorator: registers obj under its name (the `named_by` attribute, `name` unless the registry says
+        otherwise: a class attribute, or a function's own name)."""
+        self.add(getattr(obj, self.named_by, None) or obj.__name__, obj)
         return obj
 
     def add(self, name: str, obj: T) -> None:

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.ablation.results import read_checked
+from headcount.ablation.records.results import read_checked
 from headcount.ablation.scans.top_heads import top_and_random
-from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.run_data import run_subject, scan_file, scan_results
 from headcount.findings.sixteen_heads import copied
 from headcount.io import atomic_savefig
@@ -159,3 +159,14 @@ def name_movers_figure(direct: pd.DataFrame, attention: pd.DataFrame, path: Path
     set_title(ax, f"Name movers: direct effect against attention from the end\n{subject}")
     atomic_savefig(fig, path, dpi=120)
     return path
+
+
+FINDINGS.register(
+    FindingChecker(
+        "ioi_heads",
+        check,
+        "run",
+        ("single_head", "attribution", "direct_effect", "position_attention", "top_heads"),
+        "Wang et al. 2022: the heads that name the indirect object",
+    )
+)

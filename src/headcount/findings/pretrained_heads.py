@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.ablation.pruning import prunable_fractions
-from headcount.ablation.results import read_checked
+from headcount.ablation.methods.pruning import prunable_fractions
+from headcount.ablation.records.results import read_checked
 from headcount.findings import figures
-from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.copying import CopyingProbe, copying_probe, repeated_random_batches
 from headcount.findings.induction import FAR_BELOW, INDUCTION_PATTERN
 from headcount.findings.run_data import run_subject, scan_file, scan_results
@@ -272,3 +272,14 @@ def kv_groups_claim(kv: pd.DataFrame, single: pd.DataFrame, baseline: float) -> 
         verdict(holds, partly=partly),
     )
     return claim, numbers
+
+
+FINDINGS.register(
+    FindingChecker(
+        "pretrained_heads",
+        check,
+        "run",
+        ("attribution", "importance", "pruning", "kv_groups"),
+        "Michel et al. 2019; Olsson et al. 2022 on SmolLM2-135M",
+    )
+)

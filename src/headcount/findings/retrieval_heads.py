@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.ablation.results import read_checked
+from headcount.ablation.records.results import read_checked
 from headcount.ablation.scans.top_heads import top_and_random
-from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.copying import copying_probe, repeated_random_batches
 from headcount.findings.induction import INDUCTION_PATTERN
 from headcount.findings.run_data import scan_file, scan_results
@@ -123,3 +123,14 @@ def induction_claim(scores: pd.DataFrame, induction: pd.DataFrame) -> tuple[Clai
         verdict(n_retrieval > 0 and share >= 0.5, both > 0),
     )
     return claim, {"induction_heads": n_induction, "retrieval_and_induction": both, "score_spearman": corr}
+
+
+FINDINGS.register(
+    FindingChecker(
+        "retrieval_heads",
+        check,
+        "run",
+        ("retrieval_scores", "top_heads"),
+        "Wu et al. 2024: retrieval heads copy from context",
+    )
+)

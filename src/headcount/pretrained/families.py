@@ -12,30 +12,34 @@ from headcount.errors import ConfigError
 from headcount.pretrained import gpt2, gpt_neox, llama
 from headcount.pretrained.checks import KEY
 from headcount.pretrained.weights import HFWeights
+from headcount.registry import Registry
 
 
 @dataclass(frozen=True)
 class Family:
+    model_type: str  # transformers' config.model_type
     model_config: Callable[[Any, str], ModelConfig]
     state_dict: Callable[[HFWeights, ModelConfig], dict[str, Tensor]]
 
     @classmethod
-    def of(cls, module: ModuleType) -> "Family":
-        return cls(module.model_config, module.state_dict)
+    def of(cls, model_type: str, module: ModuleType) -> "Family":
+        return cls(model_type, module.model_config, module.state_dict)
 
 
-FAMILIES = {
-    "gpt2": Family.of(gpt2),
-    "gpt_neox": Family.of(gpt_neox),
-    "llama": Family.of(llama),
-    "qwen2": Family.of(llama),
-}
+FAMILIES: Registry[Family] = Registry(
+    "pretrained family", KEY, "a transformers model_type converted exactly into the model", named_by="model_type"
+)
+FAMILIES.register(Family.of("gpt2", gpt2))
+FAMILIES.register(Family.of("gpt_neox", gpt_neox))
+FAMILIES.register(Family.of("llama", llama))
+FAMILIES.register(Family.of("qwen2", llama))
 SUPPORTED = tuple(sorted(FAMILIES))
 
 
 def family(model_type: str, source: str) -> Family:
     if model_type not in FAMILIES:
+        supported = FAMILIES.allowed(model_type).removeprefix("allowed: ")
         raise ConfigError(
-            KEY, source, f"architecture {model_type!r} is not supported; supported model types: {', '.join(SUPPORTED)}"
+            KEY, source, f"architecture {model_type!r} is not supported; supported model types: {supported}"
         )
     return FAMILIES[model_type]

@@ -1,5 +1,5 @@
 """Scan kinds, one module each in this package, found when the package is imported: every module's `Scan` subclass
-decorated with `@register` becomes the kind it names. Adding a kind is one module here and its
+decorated with `@KINDS.register` becomes the kind it names. Adding a kind is one module here and its
 conf/ablation/<kind>.yaml.
 
 Mask scans (mask_scan.py) switch heads off by named masks and evaluate each exactly: `baseline` (nothing off),
@@ -14,11 +14,11 @@ import pkgutil
 import re
 from importlib import import_module
 
-from headcount.ablation.scans.base import KINDS, Scan, register
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 
-__all__ = ["KINDS", "Scan", "register", "validate_scans"]
+__all__ = ["KINDS", "Scan", "validate_scans"]
 
 SCAN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # scan names become file names
 
@@ -31,6 +31,4 @@ def validate_scans(settings: AblationConfig) -> None:
     for name, scan in settings.scans.items():
         if not SCAN_NAME.match(name):
             raise ConfigError(f"ablation.scans.{name}", name, "scan names may use letters, digits, '_', '.' and '-'")
-        if scan.kind not in KINDS:
-            raise ConfigError(f"ablation.scans.{name}.kind", scan.kind, f"allowed: {', '.join(sorted(KINDS))}")
-        KINDS[scan.kind].check(name, scan, settings)
+        KINDS.get(scan.kind, f"ablation.scans.{name}.kind").check(name, scan, settings)

@@ -1,5 +1,6 @@
-"""`direct_effect`: each head's direct effect on the metric through the residual stream (ablation/direct_effect.py),
-in the metric's unit (logits for a logit difference), the mean over the score points of the clean run.
+"""`direct_effect`: each head's direct effect on the metric through the residual stream
+(ablation/methods/direct_effect.py), in the metric's unit (logits for a logit difference), the mean over the score
+points of the clean run.
 
 With `backup_top_k` = k > 0 it also measures self-repair (Wang et al. 2022's backup name movers): the k heads of
 largest direct effect are mean-ablated together (means over the evaluation set's own inputs, whatever the session's
@@ -12,17 +13,17 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.direct_effect import direct_effects
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.masks import HeadMask, all_heads, head_name, masks_to_gates
-from headcount.ablation.modes import Mean, Replacements, mean_z
-from headcount.ablation.scans.base import Scan, register
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.masks import HeadMask, all_heads, head_name, masks_to_gates
+from headcount.ablation.engine.modes import Mean, Replacements, mean_z
+from headcount.ablation.methods.direct_effect import direct_effects
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 from headcount.plotting import head_heatmap
 
 
-@register
+@KINDS.register
 class DirectEffectScan(Scan):
     kind = "direct_effect"
     doc = "each head's direct effect on the metric through the residual stream; with backup_top_k, self-repair"

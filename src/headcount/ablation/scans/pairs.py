@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.ablation.masks import HeadMask, all_heads, most_important_heads, pair_masks
-from headcount.ablation.scans.base import register
+from headcount.ablation.engine.masks import HeadMask, all_heads, most_important_heads, pair_masks
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig, ScanConfig
@@ -18,7 +18,7 @@ from headcount.plotting import heatmap
 HEAD_NAME = re.compile(r"L(\d+)H(\d+)")
 
 
-@register
+@KINDS.register
 class PairsScan(MaskScan):
     kind = "pairs"
     doc = "two heads off together: all pairs, or pairs among the top k"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.masks import HeadMask, all_heads, joined_name
-from headcount.ablation.scans.base import register
+from headcount.ablation.engine.masks import HeadMask, all_heads, joined_name
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.custom import CustomScan
 from headcount.ablation.scans.mask_scan import MaskScan
 from headcount.config.ablation import AblationConfig, ScanConfig
@@ -19,7 +19,7 @@ from headcount.errors import ConfigError
 RANKERS = ("single_head", "direct_effect", "retrieval_scores", "attribution", "importance")
 
 
-@register
+@KINDS.register
 class TopHeadsScan(MaskScan):
     kind = "top_heads"
     doc = "the top fraction of heads by another scan, off together, beside random sets of as many"

@@ -86,6 +86,9 @@ class Metric:
     needs_wrong: ClassVar[bool] = False  # reads a wrong answer per point
     reads_vocab: ClassVar[bool] = True  # needs the whole vocabulary's logits (a softmax, an argmax)
     differentiable: ClassVar[bool] = True  # gradients (importance, attribution, L0 gates) can follow it
+    # Whether results name the metric (titles, labels, the settings they record); loss, the one metric results had
+    # before the others, goes unnamed so that its results read as they always did.
+    named_in_results: ClassVar[bool] = True
 
     def values(self, readout: Readout) -> Tensor:
         raise NotImplementedError
@@ -111,6 +114,7 @@ class Loss(Metric):
     """next-token cross-entropy of the answer (nats), with top-1 accuracy beside it"""
 
     name, columns, higher_is_better, unit = "loss", ("loss", "acc"), False, "nats"
+    named_in_results = False
 
     def values(self, readout: Readout) -> Tensor:
         logits_NV = readout.logits_NV

@@ -20,8 +20,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headcount.ablation.importance import Importance
-from headcount.ablation.metrics import Loss, Metric
+from headcount.ablation.engine.metrics import Loss, Metric
+from headcount.ablation.methods.importance import Importance
 from headcount.config.ablation import PruningConfig, validate_pruning_config
 from headcount.errors import ConfigError
 

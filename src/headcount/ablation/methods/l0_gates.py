@@ -33,8 +33,8 @@ import torch
 from rich.progress import track
 from torch import Tensor
 
-from headcount.ablation.metrics import Loss, Metric, Targets, point_values
-from headcount.ablation.modes import Replacements
+from headcount.ablation.engine.metrics import Loss, Metric, Targets, point_values
+from headcount.ablation.engine.modes import Replacements
 from headcount.config.ablation import KEY, L0GatesConfig, validate_l0_config
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
