@@ -9,7 +9,8 @@ from pretrained_helpers import CASES, converted, out_projection
 
 from headcount.ablation.engine.evaluation import task_evaluation_set
 from headcount.ablation.engine.evaluator import MaskEvaluator
-from headcount.ablation.engine.masks import HeadMask, all_heads, masks_to_gates, single_head_masks
+from headcount.ablation.engine.heads import all_heads
+from headcount.ablation.engine.masks import HeadMask, masks_to_gates, single_head_masks
 from headcount.ablation.engine.metrics import METRICS, resolve_metric
 from headcount.ablation.engine.modes import MODES
 from headcount.ablation.methods.attribution import attribute

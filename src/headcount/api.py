@@ -163,12 +163,11 @@ class Run:
     def scan(
         self, name: str, mode: str | None = None, metric: Any = None, task: TaskSpec = None, **scan_settings: Any
     ) -> pd.DataFrame:
-        """Run the scan `name` (a kind: single_head, layer, leave_one_in, pairs, custom, importance, pruning,
-        l0_gates, head_scores, attribution, baseline) with the run's settings in `mode` and `metric`, on `task`, as
-        headcount-ablate does: results go to <run>/ablation/ (a task's to ablation/tasks/<name>/) and summary.json,
-        and a rerun with unchanged settings reads them back. A name the run's config lists keeps its settings
-        there; scan_settings set the scan's own keys (top_k=6 for pairs, masks_file="masks.yaml" for custom,
-        verify_top_k=20 for attribution). Returns the scan's table."""
+        """Run the scan `name` (a scan kind: `headcount-ablate --list` lists them) with the run's settings in `mode` and
+        `metric`, on `task`, as headcount-ablate does: results go to <run>/ablation/ (a task's to
+        ablation/tasks/<name>/) and summary.json, and a rerun with unchanged settings reads them back. A name the run's
+        config lists keeps its settings there; scan_settings set the scan's own keys (top_k=6 for pairs,
+        masks_file="masks.yaml" for custom, verify_top_k=20 for attribution). Returns the scan's table."""
         settings = self.mode_settings(mode, metric)
         settings.prune.export = False
         own = OmegaConf.structured(self.scan_settings.get(name, ScanConfig(kind=name)))

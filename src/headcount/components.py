@@ -1,6 +1,7 @@
 """Every kind of component, listed from one place: scan kinds, ablation modes, metrics, task sources, data sources,
-findings and pretrained families. Each registers itself where it is defined (headcount/registry.py); importing the
-packages that define them fills the registries. `headcount-train --list` and `headcount-ablate --list` print this."""
+findings, pretrained families and pruning orders. Each registers itself where it is defined (headcount/registry.py);
+importing the packages that define them fills the registries. `headcount-train --list` and `headcount-ablate --list`
+print this."""
 
 from rich.console import Console
 from rich.markup import escape
@@ -13,6 +14,7 @@ def registries() -> list[Registry]:
     """Every registry, filled."""
     import headcount.ablation.engine.metrics  # noqa: F401
     import headcount.ablation.engine.modes  # noqa: F401
+    import headcount.ablation.methods.pruning  # noqa: F401
     import headcount.ablation.scans  # noqa: F401
     import headcount.data.splits  # noqa: F401
     import headcount.findings  # noqa: F401

@@ -9,15 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.markup import escape
 from torch import Tensor
 
 from headcount.ablation.engine.evaluator import MaskEvaluator
-from headcount.ablation.engine.masks import HeadMask, check_head_exists, head_name, masks_to_gates
+from headcount.ablation.engine.heads import existing_heads, head_name
+from headcount.ablation.engine.masks import HeadMask, check_head_exists, masks_to_gates
 from headcount.ablation.engine.metrics import METRICS
 from headcount.ablation.methods.importance import Importance
+from headcount.ablation.methods.pruning import PRUNING_ORDERS, Ranking
 from headcount.ablation.scans.context import ScanContext
 from headcount.ablation.scans.l0_gates import l0_keep_gates
 from headcount.ablation.scans.pruning import prunable_fraction
@@ -123,31 +124,9 @@ def removal_gates(
 ) -> Tensor:
     """(L, H) keep-gates removing round(fraction * heads) heads the way that order's pruning curve does at that
     fraction (random: the first of its seeds)."""
-    from headcount.ablation.methods.pruning import (
-        existing_heads,
-        iterative_masks,
-        masks_removing_first,
-        random_ranking,
-        rank_ascending,
-        step_fractions,
-    )
-
     exists_LH = existing_heads(heads_per_layer)
-    total = int(exists_LH.sum())
-    n_pruned = round(fraction * total)
-    if order == "gradient_iterative":
-        # The same steps as the curve up to this count, so the mask matches the curve's at a grid fraction.
-        steps = {count for count in (round(f * total) for f in step_fractions(cfg.step)) if count < n_pruned}
-        return iterative_masks(importance_fn, sorted(steps | {n_pruned}), exists_LH)[-1]
-    if order in ("gradient", "gradient_per_example"):
-        per_example = {"per_example": True} if order == "gradient_per_example" else {}
-        scores = importance_fn(torch.ones(exists_LH.shape), **per_example)
-        ranking = rank_ascending(scores.score_LH, exists_LH, scores.raw_LH)
-    elif order == "single_head":
-        ranking = rank_ascending(single_head_delta(), exists_LH)
-    else:
-        ranking = random_ranking(exists_LH, seed * cfg.random_seeds)
-    return masks_removing_first(ranking, [n_pruned], exists_LH)[0]
+    ranking = Ranking(importance_fn, single_head_delta, exists_LH, cfg, seed)
+    return PRUNING_ORDERS.get(order, "ablation.prune.order")().mask_at(ranking, round(fraction * int(exists_LH.sum())))
 
 
 def export_pruned(

@@ -13,7 +13,7 @@ from rich.markup import escape
 from headcount import run_lock
 from headcount.ablation import run_ablations
 from headcount.ablation.engine.metrics import metric_named
-from headcount.ablation.records.address import run_address
+from headcount.ablation.records.address import ResultAddress, run_address
 from headcount.ablation.records.summary import SHARED, mode_summary, read_summary
 from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, run_hydra_command
 from headcount.cli.preflight import validate_job
@@ -66,7 +66,7 @@ def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
     numbers = "  ".join(f"{key} {metrics[key]:.4f}" for key in measured)
     console.print(f"[bold]measured[/bold] {numbers} (per target token)", highlight=False, soft_wrap=True)
     address = run_address(run_dir)
-    if said := ablation_headline(read_summary(address.summary_path), address.section):
+    if said := ablation_headline(read_summary(address.summary_path), address):
         console.print(f"[bold]ablated[/bold] {said}", highlight=False, soft_wrap=True)
     console.print(f"[green]wrote[/green] {escape(str(run_dir))}", soft_wrap=True)
     written = (p for p in run_dir.rglob("*") if p.suffix in {".json", ".csv", ".png", ".ckpt"})
@@ -75,16 +75,15 @@ def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
             console.print(f"  {path}")
 
 
-def ablation_headline(summary: dict, mode: str) -> str | None:
-    """The scans of the run's section (its mode, and metric unless loss) and their headline numbers, in one line;
+def ablation_headline(summary: dict, address: ResultAddress) -> str | None:
+    """The scans of the run's section (at the address its config asks for) and their headline numbers, in one line;
     None when no scan ran."""
-    section = mode_summary(summary, mode)
+    section = mode_summary(summary, address.section)
     scans = [*section.get("scans", {}), *summary.get(SHARED, {}).get("scans", {})]
     if not scans:
         return None
     settings = section.get("settings", {})
-    ablation_mode, _, metric = mode.partition(".")
-    metric = metric or "loss"
+    ablation_mode, metric = address.mode, address.metric
     where = f"{settings.get('n_eval')} {settings.get('split')} examples"
     if "task" in settings:
         where = f"{settings.get('n_eval')} prompts of task {settings['task']}"

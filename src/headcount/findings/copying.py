@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from headcount.ablation.engine.evaluator import MaskEvaluator
-from headcount.ablation.engine.masks import all_heads
+from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.scans.head_scores import head_pattern_scores
 from headcount.model import Transformer
 

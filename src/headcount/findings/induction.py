@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from headcount.ablation.engine.heads import head_name
 from headcount.ablation.records.address import ResultAddress
 from headcount.ablation.records.results import read_checked
 from headcount.ablation.scans.head_scores import SCORES
@@ -62,7 +63,7 @@ def check(run_dir: Path, out: Path) -> Finding:
     little = float((heads.delta_loss < CRITICAL).mean())
 
     def name(row) -> str:
-        return f"L{int(row.layer)}H{int(row['head'])}"
+        return head_name(row.layer, row["head"])
 
     numbers = {
         "first_part_loss": first,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from headcount.ablation.engine.heads import head_name
 from headcount.ablation.methods.pruning import prunable_fractions
 from headcount.ablation.records.results import read_checked
 from headcount.findings import figures
@@ -144,7 +145,7 @@ def copying_claims(probe: CopyingProbe, n_heads: int) -> list[tuple[Claim, dict]
     random_mean = sum(probe.random_k_losses) / len(probe.random_k_losses)
     top_back = (probe.top_k_loss - probe.repeated_loss) / saving if saving > 0 else 0.0
     random_back = (random_mean - probe.repeated_loss) / saving if saving > 0 else 0.0
-    names = [f"L{layer}H{head}" for layer, head in probe.top_k]
+    names = [head_name(layer, head) for layer, head in probe.top_k]
     numbers = {
         "first_half_loss": probe.first_half_loss,
         "repeated_half_loss": probe.repeated_loss,

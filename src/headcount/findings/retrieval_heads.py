@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from headcount.ablation.engine.heads import head_name
 from headcount.ablation.records.results import read_checked
 from headcount.ablation.scans.top_heads import top_and_random
 from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
@@ -74,7 +75,7 @@ def retrieval_heads(scores: pd.DataFrame) -> pd.DataFrame:
 def sparse_claim(scores: pd.DataFrame) -> tuple[Claim, dict]:
     found = retrieval_heads(scores)
     share = len(found) / len(scores)
-    names = ", ".join(f"L{int(r.layer)}H{int(r.head)} {r.retrieval_score:.2f}" for r in found.itertuples())
+    names = ", ".join(f"{head_name(r.layer, r.head)} {r.retrieval_score:.2f}" for r in found.itertuples())
     claim = Claim(
         f"(1) Retrieval heads are sparse: fewer than {SPARSE:.0%} of heads have a retrieval score above {RETRIEVAL:g}",
         f"{len(found)} of {len(scores)} heads ({share:.1%})"

@@ -42,7 +42,7 @@ def run_subject(run_dir: Path, address: ResultAddress | None = None) -> str:
     results at `address` (default: the address the run's config asks for)."""
     config = load_run_config(run_dir)
     address = address or run_address(run_dir, config)
-    measured = f"{address.mode} ablation" + (f" measured by {address.metric}" if address.metric != "loss" else "")
+    measured = f"{address.mode} ablation" + (f" measured by {address.metric}" if address.names_metric else "")
     if address.task:
         return f"{describe_model(config, run_dir)}, task {address.task}, {measured}"
     return f"{describe_run(config, run_dir)}, {measured}"

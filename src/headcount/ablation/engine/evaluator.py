@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from headcount.ablation.engine.heads import existing_heads
 from headcount.ablation.engine.metrics import Loss, Metric, Targets, batch_sums
 from headcount.ablation.engine.modes import BatchReplacement, Replacements, Zero
 from headcount.model.transformer import Transformer
@@ -138,9 +139,7 @@ class MaskEvaluator:
             for i in range(0, len(batch["input_ids"]), B)
         ]
         hpl = model.heads_per_layer
-        self.exists_LH = (
-            torch.arange(model.max_heads, device=self.device) < torch.tensor(hpl, device=self.device)[:, None]
-        )
+        self.exists_LH = existing_heads(hpl, model.max_heads, self.device)
 
     @property
     def gates_shape(self) -> tuple[int, int]:

@@ -239,8 +239,8 @@ def resolve_metric(spec: Any, has_wrong: bool | None = None, task: bool = False)
         raise ConfigError(
             KEY,
             metric.name,
-            "needs a wrong answer per prompt, and the task has none (task fields: "
-            "wrong); allowed without one: loss, accuracy, answer_logprob, answer_prob, top1",
+            "needs a wrong answer per prompt, and the task has none (task fields: wrong); allowed without one: "
+            + ", ".join(name for name in METRICS if not METRICS[name].needs_wrong),
         )
     return metric
 
@@ -285,10 +285,11 @@ def point_values(model: Transformer, final_XTC: Tensor, targets: Targets, metric
 def require_differentiable(spec: Any, what: str) -> None:
     """ConfigError naming ablation.metric when the metric has no useful gradient (an argmax) and `what` needs one."""
     metric = resolve_metric(spec) if spec is not None else None
+    with_gradient = [name for name in METRICS if METRICS[name].differentiable]
     if metric is not None and not metric.differentiable:
         raise ConfigError(
             KEY,
             metric.name,
-            f"{what} follows the metric's gradient, and {metric.name} has none (an "
-            "argmax): use loss, logit_diff, answer_logprob or answer_prob",
+            f"{what} follows the metric's gradient, and {metric.name} has none (an argmax): use "
+            + " or ".join(", ".join(with_gradient).rsplit(", ", 1)),
         )

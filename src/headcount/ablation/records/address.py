@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from headcount.run_dir import RunPaths
 
 PLAIN_SECTION = "zero"  # the section whose files carry no tag
+PLAIN_METRIC = "loss"  # the metric a section's name leaves out
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,19 @@ class ResultAddress:
 
     ablation_dir: Path
     mode: str = "zero"
-    metric: str = "loss"
+    metric: str = PLAIN_METRIC
     task: str = ""
 
     @property
     def qualifiers(self) -> tuple[str, ...]:
         """What tells these results apart from others of the same scan in the same folder, in the order file names
         carry it: the mode, then the metric unless it is loss."""
-        return (self.mode, *(() if self.metric == "loss" else (self.metric,)))
+        return (self.mode, *((self.metric,) if self.names_metric else ()))
+
+    @property
+    def names_metric(self) -> bool:
+        """Whether the results name their metric: all but loss, the metric results had before the others."""
+        return self.metric != PLAIN_METRIC
 
     @property
     def section(self) -> str:
@@ -75,7 +81,7 @@ class ResultAddress:
     def from_section(cls, ablation_dir: Path, section: str, task: str = "") -> "ResultAddress":
         """The address of a summary.json section that does not record its own (written before addresses were)."""
         mode, _, metric = section.partition(".")
-        return cls(Path(ablation_dir), mode, metric or "loss", task)
+        return cls(Path(ablation_dir), mode, metric or PLAIN_METRIC, task)
 
     @classmethod
     def of_section(cls, ablation_dir: Path, section: dict, name: str, task: str = "") -> "ResultAddress":
@@ -88,7 +94,7 @@ class ResultAddress:
 def metric_name(spec) -> str:
     """The name of the metric ablation.metric gives (None: loss; a mapping: its name or its function's)."""
     if spec is None:
-        return "loss"
+        return PLAIN_METRIC
     if hasattr(spec, "keys"):
         return str(spec.get("name") or str(spec["_target_"]).rsplit(".", 1)[-1])
     return str(spec)
@@ -116,7 +122,7 @@ def run_address(run_dir: str | Path, config: DictConfig | None = None) -> Result
 
     address = ResultAddress(paths.ablation, mode, metric_name(spec), task_name(typed(config.task, TaskConfig)))
     if spec is None:
-        address = replace(address, metric=read_summary(address.summary_path).get("default_metric", "loss"))
+        address = replace(address, metric=read_summary(address.summary_path).get("default_metric", PLAIN_METRIC))
     return address
 
 

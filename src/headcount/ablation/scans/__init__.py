@@ -1,13 +1,9 @@
 """Scan kinds, one module each in this package, found when the package is imported: every module's `Scan` subclass
 decorated with `@KINDS.register` becomes the kind it names. Adding a kind is one module here and its
-conf/ablation/<kind>.yaml.
+conf/ablation/<kind>.yaml. `headcount-ablate --list` lists the kinds, each with its line.
 
-Mask scans (mask_scan.py) switch heads off by named masks and evaluate each exactly: `baseline` (nothing off),
-`single_head` (each head off alone), `layer` (every head of one layer off), `leave_one_in` (in one layer only one head
-on), `pairs` (two heads off together: all pairs, or pairs among the `top_k` heads with the largest single-head loss
-increase), `kv_groups` (each key/value head with all the query heads that share it) and `custom` (masks from a file,
-see masks.py). The others: `importance` (gradient importance), `pruning`
-(masked pruning curves), `l0_gates` (learned head gates) and `head_scores` (attention-pattern scores).
+Mask scans (a `MaskScan`, mask_scan.py) switch heads off by named masks and evaluate each exactly; the others compute
+their tables their own way (gradients, learned gates, attention patterns, direct effects).
 """
 
 import pkgutil

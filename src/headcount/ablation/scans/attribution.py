@@ -29,6 +29,7 @@ from headcount.plotting import new_figure, set_title
 @KINDS.register
 class AttributionScan(Scan):
     kind = "attribution"
+    ranks_heads = True
     doc = "every head's effect estimated at once (attribution patching), the top k verified exactly"
 
     @classmethod

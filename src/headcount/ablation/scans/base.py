@@ -36,6 +36,7 @@ class Scan:
     kind: ClassVar[str]
     doc: ClassVar[str]  # what the kind does, in a line (headcount-ablate --list)
     mode_independent: ClassVar[bool] = False
+    ranks_heads: ClassVar[bool] = False  # hands other scans an (L, H) score per head (top_heads ranks by it)
 
     def __init__(self, name: str, cfg: ScanConfig, session: ScanContext):
         self.name, self.cfg, self.session = name, cfg, session

@@ -14,7 +14,8 @@ import pandas as pd
 import torch
 
 from headcount.ablation.engine.evaluator import MaskEvaluator
-from headcount.ablation.engine.masks import HeadMask, all_heads, head_name, masks_to_gates
+from headcount.ablation.engine.heads import all_heads, head_name, top_heads
+from headcount.ablation.engine.masks import HeadMask, masks_to_gates
 from headcount.ablation.engine.modes import Mean, Replacements, mean_z
 from headcount.ablation.methods.direct_effect import direct_effects
 from headcount.ablation.scans.base import KINDS, Scan
@@ -26,6 +27,7 @@ from headcount.plotting import head_heatmap
 @KINDS.register
 class DirectEffectScan(Scan):
     kind = "direct_effect"
+    ranks_heads = True
     doc = "each head's direct effect on the metric through the residual stream; with backup_top_k, self-repair"
 
     @classmethod
@@ -50,8 +52,7 @@ class DirectEffectScan(Scan):
         """Mean-ablate the top k heads together; record the joint and single changes; direct effects after."""
         session, hpl = self.session, self.session.heads_per_layer
         model, metric = session.model, session.metric
-        top = [(i // effect_LH.shape[1], i % effect_LH.shape[1]) for i in effect_LH.flatten().argsort(descending=True)]
-        top = [h for h in top if h[1] < hpl[h[0]]][:k]
+        top = top_heads(effect_LH, hpl, k)
         means = Replacements(Mean(), mean_z(model, session.batches, per_position=False))
         masks = [HeadMask("together", tuple(top))] + [HeadMask(head_name(*h), (h,)) for h in top]
         gates = masks_to_gates(masks, hpl).to(session.device)

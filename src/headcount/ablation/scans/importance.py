@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.ablation.engine.masks import all_heads
+from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.methods.attribution import attribute
 from headcount.ablation.methods.importance import normalize_per_layer
@@ -22,6 +22,7 @@ from headcount.plotting import head_heatmap
 @KINDS.register
 class ImportanceScan(Scan):
     kind = "importance"
+    ranks_heads = True
     doc = "gradient importance E|dL/dg| (Michel et al.), per batch and per example"
 
     @classmethod

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.engine.masks import all_heads
+from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import Targets
 from headcount.ablation.scans.base import KINDS, Scan
 from headcount.errors import ConfigError

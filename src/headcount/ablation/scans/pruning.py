@@ -12,7 +12,7 @@ from torch import Tensor
 
 from headcount.ablation.engine.masks import gates_to_masks
 from headcount.ablation.engine.metrics import Loss, Metric, require_differentiable
-from headcount.ablation.methods.pruning import prunable_fractions, pruning_curves
+from headcount.ablation.methods.pruning import PRUNING_ORDERS, prunable_fractions, pruning_curves
 from headcount.ablation.scans.base import KINDS, Scan
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig, ScanConfig, validate_pruning_config
@@ -29,9 +29,7 @@ class PruningScan(Scan):
     @classmethod
     def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
         validate_pruning_config(settings.pruning)
-        if {"gradient", "gradient_per_example", "gradient_iterative"} & {
-            str(order) for order in settings.pruning.orders
-        }:
+        if any(PRUNING_ORDERS.get(str(order)).follows_gradient for order in settings.pruning.orders):
             require_differentiable(settings.metric, "the gradient pruning orders (ablation.pruning.orders)")
 
     def fingerprint_parts(self) -> tuple:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.engine.masks import all_heads
+from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import Targets
 from headcount.ablation.scans.base import KINDS, Scan
 from headcount.errors import ConfigError
@@ -18,6 +18,7 @@ from headcount.plotting import head_heatmap
 @KINDS.register
 class RetrievalScoresScan(Scan):
     kind = "retrieval_scores"
+    ranks_heads = True
     doc = "Wu et al.'s retrieval score: how often a head's strongest attention lands on the token the model copies"
     mode_independent = True
 

@@ -16,6 +16,7 @@ from headcount.ablation.scans.mask_scan import MaskScan, head_figure
 @KINDS.register
 class SingleHeadScan(MaskScan):
     kind = "single_head"
+    ranks_heads = True
     doc = "each head off alone (or each head at each named position of a task)"
 
     def masks(self) -> list[HeadMask]:
