@@ -31,6 +31,14 @@ def test_an_address_names_its_folder_section_and_files(address, section, csv):
     assert ResultAddress.from_section(RUN, section, address.task) == address
 
 
+def test_a_variant_names_its_results_apart_and_is_recorded():
+    """What issue 29's settings need (the patch direction, say): one more entry, its own files, read back."""
+    denoise = ResultAddress(RUN, "patch", "logit_diff", "ioi", ("denoise",))
+    assert denoise.file("single_head", ".csv").name == "single_head.patch.logit_diff.denoise.csv"
+    assert ResultAddress.from_record(RUN, denoise.record()) == denoise
+    assert "variant" not in ResultAddress(RUN).record()  # results without one record what they always did
+
+
 def test_a_section_reads_its_recorded_address_before_its_name():
     recorded = {"address": {"mode": "patch", "metric": "logit_diff", "task": "ioi"}}
     assert ResultAddress.of_section(RUN, recorded, "anything", "") == ResultAddress(RUN, "patch", "logit_diff", "ioi")

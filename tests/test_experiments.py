@@ -6,13 +6,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from headcount.ablation.records.address import ResultAddress, result_folders
 from headcount.ablation.records.results import read_checked
 from headcount.ablation.records.summary import read_summary
 from headcount.cli.train import run
 from headcount.config import CONF_DIR, validate_train_config
-from headcount.findings import reads_sweep
+from headcount.findings import check_finding, reads_sweep
 from headcount.findings.claims import VERDICTS
 from headcount.run_dir import RunPaths
 
@@ -28,6 +29,9 @@ def test_experiment_runs_at_smoke_size(compose_train, tmp_path, experiment):
     assert RunPaths(tmp_path).done.exists()
     assert_results_agree_with_their_records(RunPaths(tmp_path).ablation)
     if cfg.finding is not None and not reads_sweep(cfg.finding):  # a sweep's finding reads the sweep, not a run
+        RunPaths(tmp_path).config.parent.mkdir(exist_ok=True)
+        OmegaConf.save(cfg, RunPaths(tmp_path).config)  # what Hydra writes for headcount-train, whose finding reads it
+        check_finding(cfg.finding, tmp_path)  # as headcount-train does after the run
         finding = json.loads((tmp_path / "findings" / "findings.json").read_text())
         assert finding["experiment"] == experiment and finding["claims"]
         assert {claim["verdict"] for claim in finding["claims"]} <= set(VERDICTS) and finding["verdict"] in VERDICTS

@@ -45,3 +45,30 @@ def test_the_drawing_sees_an_upward_import_and_a_cycle(drawing, tmp_path):
     g.arrows |= {("config", "cli"), ("cli", "config")}
     assert ("config", "cli") in drawing.upward(g, drawing.layers())
     assert any({"cli", "config"} <= set(group) for group in g.cycles())
+
+
+def session_attributes(path: Path) -> set[str]:
+    """The attributes a module reads of `session` or `self.session`."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id == "session") or (
+                isinstance(owner, ast.Attribute) and owner.attr == "session"
+            ):
+                found.add(node.attr)
+    return found
+
+
+def test_scans_see_the_session_only_through_scan_context():
+    """DESIGN.md: scans (and the structural export) use only what the ScanContext protocol declares."""
+    from headcount.ablation.scans.context import ScanContext
+
+    declared = set(ScanContext.__annotations__) | {n for n in vars(ScanContext) if not n.startswith("_")}
+    package = Path(__file__).resolve().parents[1] / "src" / "headcount" / "ablation"
+    readers = [*sorted((package / "scans").glob("*.py")), package / "export.py"]
+    used = {f"{path.name}: {name}" for path in readers for name in session_attributes(path) - declared}
+    assert used == set()
+    assert session_attributes(package / "scans" / "base.py") >= {"address", "world", "settings"}  # the check sees reads

@@ -46,5 +46,6 @@ def plan(
     task = None if task_cfg is None else make_task(task_cfg)
     metric = resolve_metric(settings.metric, None if task is None else task.has_wrong, task=task is not None)
     mode.check(settings, None if task is None else task.has_corrupted)
-    address = ResultAddress(Path(ablation_dir), settings.mode, metric.name, "" if task is None else task.name)
+    variant = ()  # settings that should name their results apart (`("denoise",)` for denoising would be one)
+    address = ResultAddress(Path(ablation_dir), settings.mode, metric.name, "" if task is None else task.name, variant)
     return AblationPlan(settings, mode, metric, task, address)

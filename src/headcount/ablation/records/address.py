@@ -8,7 +8,7 @@ API, findings, reports, W&B, resume) reads it back instead of rebuilding it from
 
 Zero ablation measured by loss keeps the plain names, as results were named before other modes and metrics; results
 no mode changes (head_scores) keep plain names too. A setting that changes a result and should name its files apart
-(issue 29: the patch direction, per-position patching, ...) is one more entry of `qualifiers`.
+(the patch direction, per-position patching) is one entry of the address's `variant`, which ablation/plan.py fills.
 """
 
 from dataclasses import dataclass, replace
@@ -31,12 +31,13 @@ class ResultAddress:
     mode: str = "zero"
     metric: str = PLAIN_METRIC
     task: str = ""
+    variant: tuple[str, ...] = ()  # settings beyond mode and metric that give results their own files (none yet)
 
     @property
     def qualifiers(self) -> tuple[str, ...]:
         """What tells these results apart from others of the same scan in the same folder, in the order file names
-        carry it: the mode, then the metric unless it is loss."""
-        return (self.mode, *((self.metric,) if self.names_metric else ()))
+        carry it: the mode, the metric unless it is loss, then the variant."""
+        return (self.mode, *((self.metric,) if self.names_metric else ()), *self.variant)
 
     @property
     def names_metric(self) -> bool:
@@ -71,11 +72,17 @@ class ResultAddress:
 
     def record(self) -> dict[str, str]:
         """What summary.json's section records about its own address (read back by `from_record`)."""
-        return {"mode": self.mode, "metric": self.metric, "task": self.task}
+        return {
+            "mode": self.mode,
+            "metric": self.metric,
+            "task": self.task,
+            **({"variant": self.variant} if self.variant else {}),
+        }
 
     @classmethod
     def from_record(cls, ablation_dir: Path, record: dict) -> "ResultAddress":
-        return cls(Path(ablation_dir), record["mode"], record["metric"], record.get("task", ""))
+        variant = tuple(record.get("variant", ()))
+        return cls(Path(ablation_dir), record["mode"], record["metric"], record.get("task", ""), variant)
 
     @classmethod
     def from_section(cls, ablation_dir: Path, section: str, task: str = "") -> "ResultAddress":
