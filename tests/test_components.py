@@ -161,3 +161,23 @@ def test_pruning_order_enums_are_the_registry():
     assert [o.value for o in PruningOrder] == PRUNING_ORDERS.names()
     assert [o.value for o in ExportOrder] == [*PRUNING_ORDERS.names(), "l0_gates"]
     assert set(DEFAULT_ORDERS) <= set(PRUNING_ORDERS.names())
+
+
+def test_no_code_compares_a_modes_or_metrics_name():
+    """DESIGN.md: behaviour that differs by mode or metric lives on the object. No comparison in the package has a
+    mode's or a metric's name on one side, except in the result address, whose names are made of them."""
+    names = {name for r in registries() if r.kind in ("ablation mode", "metric") for name in r.names()}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "address.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                strings = {s.value for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)}
+                for side in sides:  # ("zero", "mean") on either side of `in`
+                    if isinstance(side, ast.Tuple | ast.List | ast.Set):
+                        strings |= {e.value for e in side.elts if isinstance(e, ast.Constant)}
+                if strings & names:
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} compares {sorted(strings & names)}")
+    assert found == []

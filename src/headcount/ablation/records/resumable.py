@@ -30,7 +30,7 @@ def partial_key(evaluator: MaskEvaluator, masks: list[HeadMask], key: str) -> st
     """What a partial file's sums depend on: the scan's key, the masks, the batching and the metric's columns."""
     columns = evaluator.columns
     masks_key = [(m.name, m.heads_off, m.position) if m.position else (m.name, m.heads_off) for m in masks]
-    extra = [columns] if columns != ("loss", "acc") else []
+    extra = [columns] if evaluator.metric.named_in_results else []  # loss's partial files predate other metrics
     return fingerprint(key, masks_key, evaluator.batch_size, len(evaluator.batches), *extra)
 
 
