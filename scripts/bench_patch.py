@@ -25,12 +25,12 @@ from functools import partial
 import torch
 from bench_smollm2 import load, load_average, timed
 
-from headcount.ablation.attribution import attribute
-from headcount.ablation.evaluation import evaluation, task_evaluation_set
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.masks import masks_to_gates, single_head_masks
-from headcount.ablation.metrics import METRICS
-from headcount.ablation.modes import MODES
+from headcount.ablation.engine.evaluation import evaluation, task_evaluation_set
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.masks import masks_to_gates, single_head_masks
+from headcount.ablation.engine.metrics import METRICS
+from headcount.ablation.engine.modes import MODES
+from headcount.ablation.methods.attribution import attribute
 from headcount.config.ablation import AblationConfig
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.masks import masks_to_gates, single_head_masks
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.masks import masks_to_gates, single_head_masks
 from headcount.metrics import token_nll_and_correct
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.masks import masks_to_gates, single_head_masks
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.masks import masks_to_gates, single_head_masks
 
 # Plain library modules, long enough for any SEQ_LEN below 2000 tokens.
 MODULES = ["functools.py", "textwrap.py", "heapq.py", "argparse.py", "fractions.py", "inspect.py", "shutil.py"]

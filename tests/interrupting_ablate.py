@@ -13,8 +13,8 @@ import sys
 
 
 def main() -> None:
-    from headcount.ablation import resumable
-    from headcount.ablation.evaluator import MaskEvaluator
+    from headcount.ablation.engine.evaluator import MaskEvaluator
+    from headcount.ablation.records import resumable
     from headcount.cli.ablate import main as headcount_ablate
     from headcount.processes import launched_as_secondary
 

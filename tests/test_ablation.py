@@ -16,9 +16,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from headcount.ablation import modes, resumable
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.masks import (
+from headcount.ablation.engine import modes
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.masks import (
     all_heads,
     gates_to_masks,
     layer_masks,
@@ -29,12 +29,13 @@ from headcount.ablation.masks import (
     pair_masks,
     single_head_masks,
 )
-from headcount.ablation.modes import resample_sources
-from headcount.ablation.results import RECORD_COLUMNS
+from headcount.ablation.engine.modes import resample_sources
+from headcount.ablation.records import resumable
+from headcount.ablation.records.results import RECORD_COLUMNS
+from headcount.ablation.records.summary import read_mode_summary
 from headcount.ablation.scans import KINDS, validate_scans
 from headcount.ablation.scans.mask_scan import SCAN_COLUMNS
 from headcount.ablation.scans.pruning import pruning_figure
-from headcount.ablation.summary import read_mode_summary
 from headcount.cli.ablate import ablate, typed_ablation_keys
 from headcount.cli.errors import BAD_INPUT, as_config_error
 from headcount.cli.train import run
@@ -206,6 +207,30 @@ def scan_frame(kind: str, masks) -> pd.DataFrame:
     )
 
 
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures saved while a test runs (matplotlib Figures, before they are closed), in order."""
+    from matplotlib.figure import Figure
+
+    figures, savefig = [], Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        figures.append(fig)
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+def shown_values(fig) -> np.ndarray:
+    """The finite values a figure shows, in the order drawn: a heatmap's cells row by row, or a bar chart's bars."""
+    ax = fig.axes[0]
+    if ax.images:
+        values = np.asarray(ax.images[0].get_array(), dtype=float).ravel()
+        return values[np.isfinite(values)]
+    return np.array([bar.get_width() for bar in ax.patches])  # horizontal bars: their length is the value
+
+
 @pytest.mark.parametrize(
     "kind, masks",
     [
@@ -217,12 +242,22 @@ def scan_frame(kind: str, masks) -> pd.DataFrame:
         ("custom", pair_masks(all_heads([2, 2]))),
     ],
 )
-def test_scan_figures_are_written(tmp_path, kind, masks):
-    path = KINDS[kind].figure(scan_frame(kind, masks), tmp_path / f"{kind}.png")
-    assert path.exists() and path.stat().st_size > 1000
+def test_scan_figures_show_the_tables_numbers(tmp_path, drawn, kind, masks):
+    table = scan_frame(kind, masks)
+    path = KINDS[kind].figure(table, tmp_path / f"{kind}.png")
+    assert path.exists() and len(drawn) == 1
+    expected = np.sort(table["delta_loss"].to_numpy())
+    if kind == "pairs":  # a symmetric grid: each pair's cell twice
+        expected = np.sort(np.repeat(expected, 2))
+    np.testing.assert_allclose(np.sort(shown_values(drawn[0])), expected, rtol=1e-12)
+    if kind == "custom":  # one bar per mask, in the table's order
+        np.testing.assert_allclose(shown_values(drawn[0]), table["delta_loss"], rtol=1e-12)
+    if kind == "single_head":  # each head's value in its own cell: row = layer, column = head
+        grid = np.asarray(drawn[0].axes[0].images[0].get_array(), dtype=float)
+        np.testing.assert_allclose(grid[table["layer"], table["head"]], table["delta_loss"], rtol=1e-12)
 
 
-def test_pruning_figure_is_written(tmp_path):
+def test_pruning_figure_draws_each_orders_curve(tmp_path, drawn):
     rows = [
         (order, seed, f, f * 0.5 + seed * 0.01 + (order == "random"))
         for order, seeds in (("gradient", [0]), ("random", [0, 1, 2]))
@@ -231,7 +266,13 @@ def test_pruning_figure_is_written(tmp_path):
     ]
     curves = pd.DataFrame(rows, columns=["order", "seed", "fraction", "loss"])
     path = pruning_figure(curves, tmp_path / "pruning.png", baseline_loss=1.0, tolerance=0.05, title="t")
-    assert path.exists() and path.stat().st_size > 1000
+    assert path.exists() and len(drawn) == 1
+    lines = {line.get_label(): line for line in drawn[0].axes[0].get_lines()}
+    fractions = np.array([0.0, 0.5, 1.0])
+    # loss / baseline - 1 in %: gradient's one curve, random's mean over its three seeds (0.01 on average)
+    np.testing.assert_allclose(lines["gradient"].get_xdata(), fractions)
+    np.testing.assert_allclose(lines["gradient"].get_ydata(), 100 * (fractions * 0.5 - 1.0), atol=1e-9)
+    np.testing.assert_allclose(lines["random"].get_ydata(), 100 * (fractions * 0.5 + 0.01), atol=1e-9)
 
 
 # --- end to end -------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The Python API (headcount/api.py): a finished run opened in eval mode, masks evaluated with the scans' numbers,
 scans run by name, results read back as pandas tables with their mode."""
 
+import hashlib
 from pathlib import Path
 
 import pandas as pd
@@ -9,10 +10,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
+from torch.nn import functional as F
 
 import headcount
 from headcount import run_lock
-from headcount.ablation.masks import HeadMask
+from headcount.ablation.engine.masks import HeadMask
 from headcount.cli.train import run as train
 from headcount.config import CONF_DIR
 from headcount.errors import ConfigError
@@ -68,6 +70,36 @@ def test_evaluate_gives_the_scans_numbers(run, mode):
     pd.testing.assert_frame_equal(evaluated[same], scanned[same], check_dtype=False)
 
 
+def plain_loss_and_accuracy(model, batches, gates_LH) -> tuple[float, float]:
+    """Next-token loss and accuracy per target token over the batches, from the model's own forward pass with the
+    given head gates: cross-entropy and argmax written out here, nothing of headcount's evaluation."""
+    nll, hits, count = 0.0, 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            logits = model(batch["input_ids"], gates=gates_LH)[:, :-1].double()
+            targets, marked = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:].bool()
+            nll += F.cross_entropy(logits[marked], targets[marked], reduction="sum").item()
+            hits += (logits[marked].argmax(-1) == targets[marked]).sum().item()
+            count += int(marked.sum())
+    return nll / count, hits / count
+
+
+def test_evaluate_in_zero_mode_is_a_plain_forward_with_the_heads_gated_off(run):
+    masks = {"one": [(0, 1)], "two layers": [(0, 2), (1, 3)], "a layer": [(1, h) for h in range(4)], "none": []}
+    table = run.evaluate(masks, mode="zero").set_index("mask")
+    base_loss, base_acc = plain_loss_and_accuracy(run.model, run.eval_batches, None)
+    for name, heads in masks.items():
+        gates_LH = torch.ones(run.model.n_layers, run.model.max_heads)
+        for layer, head in heads:
+            gates_LH[layer, head] = 0.0
+        loss, acc = plain_loss_and_accuracy(run.model, run.eval_batches, gates_LH)
+        row = table.loc[name]
+        assert row["loss"] == pytest.approx(loss, rel=1e-5) and row["acc"] == pytest.approx(acc, abs=1e-9)
+        assert row["delta_loss"] == pytest.approx(loss - base_loss, rel=1e-4, abs=1e-6)
+        assert row["delta_acc"] == pytest.approx(acc - base_acc, abs=1e-9)
+    assert table.loc["a layer", "delta_loss"] > 0.0  # the comparison is not between two unchanged models
+
+
 def test_evaluate_takes_masks_in_every_form(run):
     table = run.evaluate(
         {"pair": [(0, 1), "L1H2"], "by name": "L0H1+L1H2", "mask": HeadMask("x", ((0, 1), (1, 2))), "none": []},
@@ -95,10 +127,20 @@ def test_bad_masks_are_config_errors(run, masks, message):
         run.evaluate(masks)
 
 
+def every_file(directory: Path) -> dict[str, str]:
+    """Every file under a directory, at any depth, with the sha256 of its bytes."""
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in directory.rglob("*")
+        if p.is_file()
+    }
+
+
 def test_evaluate_writes_nothing(run, run_dir):
-    before = sorted(p.name for p in RunPaths(run_dir).ablation.iterdir())
+    before = every_file(run_dir)
     run.evaluate(["L0H0"], mode="mean")
-    assert sorted(p.name for p in RunPaths(run_dir).ablation.iterdir()) == before
+    run.evaluate(["L0H0"], mode="zero")
+    assert every_file(run_dir) == before  # no file added, removed or changed, in any folder of the run
 
 
 def test_results_are_tables_with_a_mode_column(run):

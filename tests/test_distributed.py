@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headcount.ablation.distributed import check_scan_trainer, share_masks
+from headcount.ablation.records.distributed import check_scan_trainer, share_masks
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths

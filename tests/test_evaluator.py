@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from headcount.ablation import resumable
-from headcount.ablation.evaluator import CPU_MEMORY_BUDGET, MaskEvaluator, MaskTotals, default_memory_budget
-from headcount.ablation.masks import (
+from headcount.ablation.engine.evaluator import CPU_MEMORY_BUDGET, MaskEvaluator, MaskTotals, default_memory_budget
+from headcount.ablation.engine.masks import (
     HeadMask,
     all_heads,
     baseline_masks,
@@ -15,9 +14,10 @@ from headcount.ablation.masks import (
     pair_masks,
     single_head_masks,
 )
-from headcount.ablation.modes import Mean, Replacements, Resample, Zero, mean_z
-from headcount.ablation.results import fingerprint
-from headcount.ablation.resumable import load_partial
+from headcount.ablation.engine.modes import Mean, Replacements, Resample, Zero, mean_z
+from headcount.ablation.records import distributed, resumable
+from headcount.ablation.records.results import fingerprint
+from headcount.ablation.records.resumable import load_partial
 from headcount.metrics import token_nll_and_correct
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 
@@ -215,7 +215,7 @@ def test_interrupted_scan_resumes_without_redoing_done_masks(tmp_path, monkeypat
     masks = single_head_masks(HEADS_PER_LAYER)
     partial = tmp_path / "scan.partial.csv"
     monkeypatch.setattr(resumable, "SAVE_INTERVAL_S", 0.0)
-    complete = resumable.evaluate_resumably(
+    complete = distributed.evaluate_resumably(
         MaskEvaluator(model, batches, masks_per_pass=2), masks, partial, "k", "x", False
     )
     partial.unlink()
@@ -231,14 +231,14 @@ def test_interrupted_scan_resumes_without_redoing_done_masks(tmp_path, monkeypat
 
     monkeypatch.setattr(evaluator, "masked_pass", failing_pass)
     with pytest.raises(KeyboardInterrupt):
-        resumable.evaluate_resumably(evaluator, masks, partial, "k", "x", False)
+        distributed.evaluate_resumably(evaluator, masks, partial, "k", "x", False)
     key = fingerprint("k", [(m.name, m.heads_off) for m in masks], evaluator.batch_size, len(evaluator.batches))
     saved = load_partial(partial, key, masks, LOSS)
     assert int(saved.batches_done.sum()) == sum(done_sizes)  # every pass before the interruption is saved
 
     resumed = MaskEvaluator(model, batches, masks_per_pass=2)
     monkeypatch.setattr(resumed, "masked_pass", counting(resumed.masked_pass, calls := []))
-    totals = resumable.evaluate_resumably(resumed, masks, partial, "k", "x", False)
+    totals = distributed.evaluate_resumably(resumed, masks, partial, "k", "x", False)
     n_masks_run = sum(len(args[1]) for args in calls)
     assert n_masks_run == len(masks) * len(batches) - sum(done_sizes)
     for field in ("batches_done", "sums", "n_targets"):
@@ -250,10 +250,10 @@ def test_partial_file_from_other_settings_is_ignored(tmp_path, monkeypatch):
     masks = single_head_masks(HEADS_PER_LAYER)
     partial = tmp_path / "scan.partial.csv"
     monkeypatch.setattr(resumable, "SAVE_INTERVAL_S", 0.0)
-    first = resumable.evaluate_resumably(MaskEvaluator(model, batches), masks, partial, "mode=zero", "x", False)
+    first = distributed.evaluate_resumably(MaskEvaluator(model, batches), masks, partial, "mode=zero", "x", False)
     key = fingerprint("mode=mean", [(m.name, m.heads_off) for m in masks], 5, 2)
     assert load_partial(partial, key, masks, LOSS) is None
-    again = resumable.evaluate_resumably(MaskEvaluator(model, batches), masks, partial, "mode=mean", "x", False)
+    again = distributed.evaluate_resumably(MaskEvaluator(model, batches), masks, partial, "mode=mean", "x", False)
     assert torch.equal(first.sums, again.sums)
 
 

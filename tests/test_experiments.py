@@ -3,11 +3,18 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
+from headcount.ablation.records.address import ResultAddress, result_folders
+from headcount.ablation.records.results import read_checked
+from headcount.ablation.records.summary import read_summary
 from headcount.cli.train import run
 from headcount.config import CONF_DIR, validate_train_config
+from headcount.findings import check_finding, reads_sweep
+from headcount.findings.claims import VERDICTS
 from headcount.run_dir import RunPaths
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
@@ -20,6 +27,35 @@ def test_experiment_runs_at_smoke_size(compose_train, tmp_path, experiment):
     validate_train_config(cfg)
     run(cfg, tmp_path)
     assert RunPaths(tmp_path).done.exists()
+    assert_results_agree_with_their_records(RunPaths(tmp_path).ablation)
+    if cfg.finding is not None and not reads_sweep(cfg.finding):  # a sweep's finding reads the sweep, not a run
+        RunPaths(tmp_path).config.parent.mkdir(exist_ok=True)
+        OmegaConf.save(cfg, RunPaths(tmp_path).config)  # what Hydra writes for headcount-train, whose finding reads it
+        check_finding(cfg.finding, tmp_path)  # as headcount-train does after the run
+        finding = json.loads((tmp_path / "findings" / "findings.json").read_text())
+        assert finding["experiment"] == experiment and finding["claims"]
+        assert {claim["verdict"] for claim in finding["claims"]} <= set(VERDICTS) and finding["verdict"] in VERDICTS
+
+
+def assert_results_agree_with_their_records(ablation: Path) -> None:
+    """Every result table is the file its summary.json section recorded, at the address the section records, and
+    each mask's delta is its value minus the baseline that section recorded: a wrong delta, a wrong baseline or a
+    table written elsewhere fails."""
+    checked = 0
+    for _, folder in result_folders(ablation):
+        summary = read_summary(folder / "summary.json")
+        for name, section in summary["modes"].items():
+            address = ResultAddress.from_record(ablation, section["address"])
+            assert address.section == name and address.folder == folder
+            for scan, entry in section["scans"].items():
+                table = read_checked(folder / entry["files"][0])  # refuses a table that is not the one recorded
+                assert folder / entry["files"][0] == address.file(scan, ".csv")
+                for column in [c.removeprefix("delta_") for c in table.columns if c.startswith("delta_")]:
+                    if column in table and f"baseline_{column}" in section:
+                        delta = table[column] - section[f"baseline_{column}"]
+                        np.testing.assert_allclose(table[f"delta_{column}"], delta, rtol=1e-6, atol=1e-9)
+                        checked += 1
+    assert checked > 0, "no table with a baseline to check against"
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from sweep_helpers import SMOKE, command_in_process, one_line, smoke_run, train_in_process
 
-from headcount.ablation.structural import save_pruned_checkpoint
+from headcount.ablation.methods.structural import save_pruned_checkpoint
 from headcount.cli import ablate as ablating
 from headcount.config.model import ModelConfig
 from headcount.model.transformer import Transformer

@@ -23,11 +23,11 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from headcount.ablation import export as export_module
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.importance import gradient_importance
-from headcount.ablation.pruning import pruning_curves
-from headcount.ablation.results import RECORD_COLUMNS
-from headcount.ablation.summary import read_mode_summary
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.methods.importance import gradient_importance
+from headcount.ablation.methods.pruning import pruning_curves
+from headcount.ablation.records.results import RECORD_COLUMNS
+from headcount.ablation.records.summary import read_mode_summary
 from headcount.cli.ablate import ablate, typed_ablation_keys
 from headcount.cli.train import run
 from headcount.config import CONF_DIR
@@ -219,7 +219,7 @@ def test_arbitrary_order_is_warned_about_and_marked(caplog):
     flat = lambda mask_LH: torch.ones(2, 2) * mask_LH  # noqa: E731 - every head scores the same
     evaluate = lambda masks_MLH: {"loss": 2 + (1 - masks_MLH).sum(dim=(1, 2)), "acc": torch.zeros(len(masks_MLH))}  # noqa: E731
     cfg = PruningConfig(step=0.25, orders=["gradient", "random"], random_seeds=1)
-    with caplog.at_level(logging.WARNING, logger="headcount.ablation.pruning"):
+    with caplog.at_level(logging.WARNING, logger="headcount.ablation.methods.pruning"):
         curves = pruning_curves(evaluate, flat, None, heads_per_layer, cfg, 0, {"loss": 2.0, "acc": 0.0})
     assert any("gradient is arbitrary" in r.getMessage() for r in caplog.records)
     assert curves.groupby("order")["arbitrary_order"].all().to_dict() == {"gradient": True, "random": False}

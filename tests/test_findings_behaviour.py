@@ -9,8 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from headcount.ablation.direct_effect import direct_effects
-from headcount.ablation.metrics import METRICS
+from headcount.ablation.engine.metrics import METRICS
+from headcount.ablation.methods.direct_effect import direct_effects
 from headcount.cli.train import run
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from sweep_helpers import run_python
 
-from headcount.ablation.results import with_record, write_csv
+from headcount.ablation.records.results import with_record, write_csv
 from headcount.cli.train import run
 from headcount.config.model import ModelConfig
 from headcount.findings import check_finding

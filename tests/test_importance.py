@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from headcount.ablation.importance import gradient_importance
+from headcount.ablation.methods.importance import gradient_importance
 from headcount.metrics import masked_loss_and_accuracy
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 

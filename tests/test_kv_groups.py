@@ -5,10 +5,10 @@ import pandas as pd
 import pytest
 import torch
 
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.masks import kv_group_masks
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.masks import kv_group_masks
+from headcount.ablation.methods.structural import prune_heads
 from headcount.ablation.scans import KINDS
-from headcount.ablation.structural import prune_heads
 from headcount.cli.train import run
 from headcount.run_dir import RunPaths, load_run
 

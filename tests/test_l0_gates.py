@@ -7,15 +7,15 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from headcount.ablation.l0_gates import (
+from headcount.ablation.engine.modes import clean_z
+from headcount.ablation.methods.l0_gates import (
     deterministic_gates,
     expected_open,
     l0_gates_table,
     sample_gates,
     train_l0_gates,
 )
-from headcount.ablation.modes import clean_z
-from headcount.ablation.structural import prune_heads
+from headcount.ablation.methods.structural import prune_heads
 from headcount.config.ablation import KEY, L0GatesConfig, l0_targets, validate_l0_config
 from headcount.errors import ConfigError
 from headcount.metrics import masked_loss_and_accuracy

@@ -7,12 +7,13 @@ import torch
 import torch.nn.functional as F
 from pretrained_helpers import CASES, converted, out_projection
 
-from headcount.ablation.attribution import attribute
-from headcount.ablation.evaluation import task_evaluation_set
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.masks import HeadMask, all_heads, masks_to_gates, single_head_masks
-from headcount.ablation.metrics import METRICS, resolve_metric
-from headcount.ablation.modes import MODES
+from headcount.ablation.engine.evaluation import task_evaluation_set
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.heads import all_heads
+from headcount.ablation.engine.masks import HeadMask, masks_to_gates, single_head_masks
+from headcount.ablation.engine.metrics import METRICS, resolve_metric
+from headcount.ablation.engine.modes import MODES
+from headcount.ablation.methods.attribution import attribute
 from headcount.config.ablation import AblationConfig
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches

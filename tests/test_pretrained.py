@@ -205,12 +205,12 @@ def test_a_missing_package_names_the_extra(package, source, monkeypatch, tmp_pat
 
 
 def test_converted_grouped_model_runs_through_every_ablation_stage(tmp_path):
-    from headcount.ablation.evaluator import MaskEvaluator
-    from headcount.ablation.importance import gradient_importance
-    from headcount.ablation.l0_gates import train_l0_gates
-    from headcount.ablation.masks import masks_to_gates, single_head_masks
+    from headcount.ablation.engine.evaluator import MaskEvaluator
+    from headcount.ablation.engine.masks import masks_to_gates, single_head_masks
+    from headcount.ablation.methods.importance import gradient_importance
+    from headcount.ablation.methods.l0_gates import train_l0_gates
+    from headcount.ablation.methods.structural import save_pruned_checkpoint
     from headcount.ablation.scans.head_scores import head_pattern_scores
-    from headcount.ablation.structural import save_pruned_checkpoint
     from headcount.config.ablation import L0GatesConfig
     from headcount.metrics import masked_loss_and_accuracy
     from headcount.run_dir import load_model

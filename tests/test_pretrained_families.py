@@ -187,8 +187,8 @@ def longrope() -> dict:
 def test_the_evaluator_restarts_mid_block_exactly_on_a_converted_family(case, folders):
     """Prefix caching and finishing a layer from its cached z (post-norms after the heads combine, windows and
     soft-caps in every pass) give each mask's loss as a plain forward pass does."""
-    from headcount.ablation.evaluator import MaskEvaluator
-    from headcount.ablation.masks import masks_to_gates, single_head_masks
+    from headcount.ablation.engine.evaluator import MaskEvaluator
+    from headcount.ablation.engine.masks import masks_to_gates, single_head_masks
     from headcount.metrics import masked_loss_and_accuracy
 
     _, model = both(folders, case, torch.float64)

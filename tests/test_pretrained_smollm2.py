@@ -99,8 +99,8 @@ def test_single_head_scan_on_smollm2_equals_one_forward_per_mask(ours):
     """The fast evaluator's scan of all 270 heads, against one forward pass per mask: in float32 up to float32's
     rounding (SmolLM2's residual stream reaches ~2e4, so float32 losses computed in different orders differ by
     ~1e-4), and exactly (1e-10) in float64."""
-    from headcount.ablation.evaluator import MaskEvaluator
-    from headcount.ablation.masks import masks_to_gates, single_head_masks
+    from headcount.ablation.engine.evaluator import MaskEvaluator
+    from headcount.ablation.engine.masks import masks_to_gates, single_head_masks
     from headcount.metrics import masked_loss_and_accuracy
 
     model, T = ours.model, 12

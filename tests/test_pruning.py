@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 import torch
 
-from headcount.ablation.importance import gradient_importance
-from headcount.ablation.pruning import CURVE_COLUMNS, prunable_fractions, pruning_curves
+from headcount.ablation.methods.importance import gradient_importance
+from headcount.ablation.methods.pruning import CURVE_COLUMNS, prunable_fractions, pruning_curves
 from headcount.config.ablation import PruningConfig
 from headcount.errors import ConfigError
 from headcount.metrics import token_nll_and_correct
@@ -118,11 +118,11 @@ def test_random_is_deterministic_per_seed_and_differs_across_seeds():
 
 
 def test_single_head_without_deltas_is_skipped_with_a_message(caplog):
-    with caplog.at_level(logging.WARNING, logger="headcount.ablation.pruning"):
+    with caplog.at_level(logging.WARNING, logger="headcount.ablation.methods.pruning"):
         curves = curves_for(["single_head", "gradient"], single_head_delta=None)
     assert set(curves["order"]) == {"gradient"}
     assert "single_head skipped" in caplog.text
-    with caplog.at_level(logging.WARNING, logger="headcount.ablation.pruning"):
+    with caplog.at_level(logging.WARNING, logger="headcount.ablation.methods.pruning"):
         assert list(curves_for(["single_head"], single_head_delta=None).columns) == CURVE_COLUMNS
 
 

@@ -13,7 +13,7 @@ import torch
 from sweep_helpers import SMOKE, command_in_process, one_line, train_in_process
 
 from headcount import api
-from headcount.ablation import results as results_module
+from headcount.ablation.records import results as results_module
 from headcount.cli import ablate as ablating
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths

@@ -4,7 +4,7 @@ checkpoint, and refuses what cannot be done (un-pruning, folding a replacement t
 import pytest
 import torch
 
-from headcount.ablation.structural import measure_speed, prune_heads, save_pruned_checkpoint
+from headcount.ablation.methods.structural import measure_speed, prune_heads, save_pruned_checkpoint
 from headcount.errors import ConfigError
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 from headcount.run_dir import load_model

@@ -10,7 +10,7 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from headcount.ablation.summary import read_mode_summary
+from headcount.ablation.records.summary import read_mode_summary
 from headcount.cli.errors import exit_on_config_error
 from headcount.cli.train import run
 from headcount.config.logger import validate_wandb_project

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from headcount.ablation.records.address import ResultAddress
 from headcount.cli.errors import exit_on_config_error
 from headcount.cli.train import ablation_headline, run
 from headcount.config import CONF_DIR, validate_train_config
@@ -235,13 +236,15 @@ def test_the_end_of_run_summary_reads_the_runs_own_mode_from_summary_json():
     }
     mean = {"settings": {"mode": "mean", "split": "test", "n_eval": 8}, "baseline_loss": 5.5, "scans": {"layer": {}}}
     summary = {"format": 2, "modes": {"zero": zero, "mean": mean}, "mode_independent": {"scans": {"head_scores": {}}}}
-    assert ablation_headline(summary, "zero") == (
+    assert ablation_headline(summary, ResultAddress(Path("ablation"), "zero")) == (
         "single_head, pruning, head_scores (zero ablation, 32 val examples); baseline loss 5.2500; "
         "most important head L1H3 (loss +0.1250 without it); "
         "prunable 25% by gradient (arbitrary order), 50% by random"
     )
-    assert ablation_headline(summary, "mean").startswith("layer, head_scores (mean ablation, 8 test examples)")
-    assert ablation_headline({"format": 2, "modes": {}}, "zero") is None
+    assert ablation_headline(summary, ResultAddress(Path("ablation"), "mean")).startswith(
+        "layer, head_scores (mean ablation, 8 test examples)"
+    )
+    assert ablation_headline({"format": 2, "modes": {}}, ResultAddress(Path("ablation"))) is None
 
 
 def test_a_toy_model_trains_with_the_family_features_and_its_checkpoint_rebuilds_them(compose_train, tmp_path):

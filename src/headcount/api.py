@@ -11,7 +11,7 @@
 
 A Run reads everything from the run directory alone, so it opens any run headcount-train wrote (or a sweep's job, or
 a pretrained model's run made by headcount-ablate): `evaluate` builds the evaluator the scans build
-(ablation/evaluation.py) and writes nothing; `scan` runs what `headcount-ablate run_dir=<run> ablation=<name>
+(ablation/engine/evaluation.py) and writes nothing; `scan` runs what `headcount-ablate run_dir=<run> ablation=<name>
 ablation.mode=<mode>` runs, under the run's lock. A task is named as on the command line's task=...: a source
 ("ioi", "kv_retrieval", "needle"), a prompts file's path, or a mapping of task.* keys. This module sits with the
 commands at the top of the import order: it may use every stage below it.
@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from headcount import run_lock
 from headcount.ablation.checks import validate_settings
-from headcount.ablation.evaluation import (
+from headcount.ablation.engine.evaluation import (
     Evaluation,
     EvaluationSet,
     counterpart_baseline,
@@ -36,12 +36,13 @@ from headcount.ablation.evaluation import (
     run_task,
     task_config,
 )
-from headcount.ablation.masks import MaskSpec, masks_to_gates, requested_masks
-from headcount.ablation.metrics import resolve_metric
-from headcount.ablation.results import read_checked, tasks_dir, with_record
+from headcount.ablation.engine.masks import MaskSpec, masks_to_gates, requested_masks
+from headcount.ablation.plan import plan
+from headcount.ablation.records.address import ResultAddress, result_folders
+from headcount.ablation.records.results import read_checked, with_record
+from headcount.ablation.records.summary import read_summary
 from headcount.ablation.scans.mask_scan import scan_table
 from headcount.ablation.session import AblationSession, resolve_device, typed_ablation
-from headcount.ablation.summary import read_summary
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.config.task import TaskConfig
@@ -135,11 +136,8 @@ class Run:
         task: as on the command line (a source such as "ioi", a prompts file, a mapping of task.* keys); default:
         the run's own task, else its data. settings: other ablation.* keys (patch_direction="denoise", ...)."""
         s = self.mode_settings(mode, metric, **settings)
-        task_set = self.task(task)
-        mode_object, _ = validate_settings(s, self.task_settings(task))
-        chosen_metric = resolve_metric(s.metric, task_set and task_set.has_wrong, task=task_set is not None)
-        mode_object.check(s, None if task_set is None else task_set.has_corrupted)
-        positions = [] if task_set is None else list(task_set.positions)
+        planned = plan(s, self.task_settings(task), lambda _: self.task(task), self.ablation_dir)
+        mode_object, chosen_metric, task_set, positions = planned.mode, planned.metric, planned.task, planned.positions
         head_masks = requested_masks(masks, self.model.heads_per_layer, positions=positions)
         if not head_masks:
             raise ConfigError("masks", masks, "give at least one mask")
@@ -165,12 +163,11 @@ class Run:
     def scan(
         self, name: str, mode: str | None = None, metric: Any = None, task: TaskSpec = None, **scan_settings: Any
     ) -> pd.DataFrame:
-        """Run the scan `name` (a kind: single_head, layer, leave_one_in, pairs, custom, importance, pruning,
-        l0_gates, head_scores, attribution, baseline) with the run's settings in `mode` and `metric`, on `task`, as
-        headcount-ablate does: results go to <run>/ablation/ (a task's to ablation/tasks/<name>/) and summary.json,
-        and a rerun with unchanged settings reads them back. A name the run's config lists keeps its settings
-        there; scan_settings set the scan's own keys (top_k=6 for pairs, masks_file="masks.yaml" for custom,
-        verify_top_k=20 for attribution). Returns the scan's table."""
+        """Run the scan `name` (a scan kind: `headcount-ablate --list` lists them) with the run's settings in `mode` and
+        `metric`, on `task`, as headcount-ablate does: results go to <run>/ablation/ (a task's to
+        ablation/tasks/<name>/) and summary.json, and a rerun with unchanged settings reads them back. A name the run's
+        config lists keeps its settings there; scan_settings set the scan's own keys (top_k=6 for pairs,
+        masks_file="masks.yaml" for custom, verify_top_k=20 for attribution). Returns the scan's table."""
         settings = self.mode_settings(mode, metric)
         settings.prune.export = False
         own = OmegaConf.structured(self.scan_settings.get(name, ScanConfig(kind=name)))
@@ -201,7 +198,7 @@ class Run:
             rows = rows[rows["mode"] == mode]
         if metric is not None:
             rows = rows[rows["metric"] == metric]
-        folder = self.ablation_dir if not task else tasks_dir(self.ablation_dir) / task
+        folder = ResultAddress(self.ablation_dir, task=task or "").folder
         paths = [folder / csv for csv in dict.fromkeys(rows["csv"]) if (folder / csv).exists()]
         if not paths:
             done = ", ".join(index["scan"].unique()) or "none"
@@ -216,25 +213,23 @@ class Run:
     def results_index(self) -> pd.DataFrame:
         """One row per scan result of the run: scan, kind, task ("" for the run's data), mode and metric (empty where
         neither changes it), rows, csv (the file's name in its folder)."""
-        folders = [("", self.ablation_dir)]
-        if tasks_dir(self.ablation_dir).is_dir():
-            folders += [(f.name, f) for f in sorted(tasks_dir(self.ablation_dir).iterdir()) if f.is_dir()]
         rows = []
-        for task, folder in folders:
+        for task, folder in result_folders(self.ablation_dir):
             summary = read_summary(folder / "summary.json")
-            sections = [(name, section) for name, section in summary.get("modes", {}).items()]
-            sections.append(("", summary.get("mode_independent", {})))
-            for section_name, section in sections:
-                mode, _, metric = section_name.partition(".")
-                metric = metric or ("loss" if mode else "")
+            sections = [
+                (ResultAddress.of_section(self.ablation_dir, section, name, task).record(), section)
+                for name, section in summary["modes"].items()
+            ]
+            sections.append(({"mode": "", "metric": "", "task": task}, summary.get("mode_independent", {})))
+            for address, section in sections:
                 for name, entry in section.get("scans", {}).items():
                     rows.append(
                         {
                             "scan": name,
                             "kind": entry["kind"],
                             "task": task,
-                            "mode": mode,
-                            "metric": metric,
+                            "mode": address["mode"],
+                            "metric": address["metric"],
                             "rows": entry["rows"],
                             "csv": entry["files"][0],
                         }
@@ -244,9 +239,8 @@ class Run:
     def summary(self, mode: str = "zero", metric: str = "loss", task: str | None = None) -> dict:
         """A section of summary.json: baseline, most important head, prunable fractions of one mode and metric, on the
         run's data or a task's (its folder's name)."""
-        folder = self.ablation_dir if not task else tasks_dir(self.ablation_dir) / task
-        section = mode if metric == "loss" else f"{mode}.{metric}"
-        return read_summary(folder / "summary.json").get("modes", {}).get(section, {})
+        address = ResultAddress(self.ablation_dir, mode, metric, task or "")
+        return read_summary(address.summary_path).get("modes", {}).get(address.section, {})
 
     # --- helpers ----------------------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
-"""Every kind of component, listed from one place: scan kinds, ablation modes, metrics, task sources, data sources
-and findings. Each registers itself where it is defined (headcount/registry.py); importing the packages that define
-them fills the registries. `headcount-train --list` and `headcount-ablate --list` print this."""
+"""Every kind of component, listed from one place: scan kinds, ablation modes, metrics, task sources, data sources,
+findings, pretrained families and pruning orders. Each registers itself where it is defined (headcount/registry.py);
+importing the packages that define them fills the registries. `headcount-train --list` and `headcount-ablate --list`
+print this."""
 
 from rich.console import Console
 from rich.markup import escape
@@ -11,11 +12,13 @@ from headcount.registry import REGISTRIES, Registry
 
 def registries() -> list[Registry]:
     """Every registry, filled."""
-    import headcount.ablation.metrics  # noqa: F401
-    import headcount.ablation.modes  # noqa: F401
+    import headcount.ablation.engine.metrics  # noqa: F401
+    import headcount.ablation.engine.modes  # noqa: F401
+    import headcount.ablation.methods.pruning  # noqa: F401
     import headcount.ablation.scans  # noqa: F401
     import headcount.data.splits  # noqa: F401
     import headcount.findings  # noqa: F401
+    import headcount.pretrained.families  # noqa: F401
     import headcount.tasks  # noqa: F401
 
     return list(REGISTRIES)

@@ -1,7 +1,7 @@
 """Which process of a multi-process job this one is: the first writes the files and talks to the terminal, the others
 only compute.
 
-A distributed scan (ablation/distributed.py) runs the same session in every process, in lockstep: the processes
+A distributed scan (ablation/records/distributed.py) runs the same session in every process, in lockstep: the processes
 Lightning's DDP launcher starts rerun the command, SLURM starts one per task. Rather than guard every write, the
 writing helpers (headcount.io) and the consoles made here do nothing in a process that is not the first; an error
 still reaches the terminal from any process (cli/errors.py prints it).

@@ -1,9 +1,11 @@
-"""Named components, registered one way: scan kinds, metrics, ablation modes, task sources, data sources and findings.
+"""Named components, registered one way: ablation modes, metrics, task sources, scan kinds, data sources, findings
+and pretrained families.
 
 Each kind of component has one `Registry`; a component registers itself where it is defined, with
-`@REGISTRY.register` (or `REGISTRY.add(name, obj)`), so adding one never means editing a list elsewhere. Looking up a
-name that is not there is a one-line ConfigError naming the config key, the allowed names and the closest match.
-`headcount.components` lists every registry from one place (`headcount-ablate --list`).
+`@REGISTRY.register` on a class or function, or `REGISTRY.register(obj)` for an object, keyed on the component's own
+name (`named_by`: `name` unless the registry says otherwise), so adding one never means editing a list elsewhere.
+Looking up a name that is not there is a one-line ConfigError naming the config key, the allowed names and the
+closest match. `headcount.components` lists every registry from one place (`headcount-ablate --list`).
 """
 
 import difflib
@@ -18,16 +20,17 @@ REGISTRIES: list["Registry"] = []  # every registry, in the order the modules th
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, key: str, doc: str):
+    def __init__(self, kind: str, key: str, doc: str, named_by: str = "name"):
         """kind: what one component is ("metric"); key: the config key that names one ("ablation.metric");
-        doc: what the kind is for, one line."""
-        self.kind, self.key, self.doc = kind, key, doc
+        doc: what the kind is for, one line; named_by: the attribute that holds a component's name."""
+        self.kind, self.key, self.doc, self.named_by = kind, key, doc, named_by
         self._items: dict[str, T] = {}
         REGISTRIES.append(self)
 
     def register(self, obj: T) -> T:
-        """Decorator: registers obj under its `name` attribute (a class attribute, or a function's name)."""
-        self.add(getattr(obj, "name", None) or obj.__name__, obj)
+        """Decorator: registers obj under its name (the `named_by` attribute, `name` unless the registry says
+        otherwise: a class attribute, or a function's own name)."""
+        self.add(getattr(obj, self.named_by, None) or obj.__name__, obj)
         return obj
 
     def add(self, name: str, obj: T) -> None:
@@ -58,9 +61,7 @@ class Registry(Generic[T]):
         raise ConfigError(key or self.key, name, self.allowed(str(name)))
 
     def allowed(self, wrong: str = "") -> str:
-        text = f"allowed: {', '.join(self.names())}"
-        close = difflib.get_close_matches(wrong, self.names(), n=1)
-        return f"{text}; did you mean {close[0]}?" if close else text
+        return allowed(self.names(), wrong)
 
     def describe(self) -> list[tuple[str, str]]:
         """(name, what it is in a line) for each component, in the order registered."""
@@ -71,3 +72,10 @@ def describe(obj: object) -> str:
     """A component's line: its `doc`, else its own docstring's first paragraph."""
     doc = getattr(obj, "doc", None) or (vars(obj).get("__doc__") if isinstance(obj, type) else None)
     return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
+def allowed(names: list[str], wrong: str = "") -> str:
+    """The end of every unknown-name error: the allowed names and the one closest to `wrong`, if any is close."""
+    text = f"allowed: {', '.join(names)}"
+    close = difflib.get_close_matches(str(wrong), names, n=1)
+    return f"{text}; did you mean {close[0]}?" if close else text

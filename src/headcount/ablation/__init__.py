@@ -4,9 +4,9 @@
 `run_ablations(cfg, run_dir)` runs a config's scans on a finished run; `MaskEvaluator` is the engine behind them.
 """
 
-from headcount.ablation.evaluator import MaskEvaluator, MaskTotals
-from headcount.ablation.masks import HeadMask, masks_to_gates
-from headcount.ablation.modes import Replacements
+from headcount.ablation.engine.evaluator import MaskEvaluator, MaskTotals
+from headcount.ablation.engine.masks import HeadMask, masks_to_gates
+from headcount.ablation.engine.modes import Replacements
 from headcount.ablation.session import run_ablations
 
 __all__ = ["HeadMask", "MaskEvaluator", "MaskTotals", "Replacements", "masks_to_gates", "run_ablations"]

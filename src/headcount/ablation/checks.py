@@ -2,8 +2,8 @@
 components it names (mode, metric, scans) and how they combine. Every command and the Python API run them before
 any work, so a mistake is one line."""
 
-from headcount.ablation.metrics import Metric, resolve_metric
-from headcount.ablation.modes import MODES, AblationMode
+from headcount.ablation.engine.metrics import Metric, resolve_metric
+from headcount.ablation.engine.modes import MODES, AblationMode
 from headcount.ablation.scans import validate_scans
 from headcount.config.ablation import AblationConfig, validate_ablation_config
 from headcount.config.task import TaskConfig, validate_task_config
@@ -19,13 +19,8 @@ def validate_settings(s: AblationConfig, task: TaskConfig | None) -> tuple[Ablat
     if task is not None:
         validate_task_config(task, list(SOURCES))
     metric = resolve_metric(s.metric, task=task is not None) if s.metric is not None else None
-    if task is None and mode.name == "patch":
-        raise ConfigError(
-            "ablation.mode",
-            "patch",
-            "patches a task's corrupted prompts: name a task (task=ioi, "
-            "task=kv_retrieval, or task=file with a corrupted field)",
-        )
+    if task is None and mode.needs_task:
+        raise ConfigError("ablation.mode", mode.name, mode.needs_task)
     if task is None and s.patch_positions == "each":
         raise ConfigError(
             "ablation.patch_positions",
@@ -35,12 +30,11 @@ def validate_settings(s: AblationConfig, task: TaskConfig | None) -> tuple[Ablat
     if task is None and metric is not None and metric.needs_wrong:
         raise ConfigError("ablation.metric", metric.name, "needs a wrong answer per prompt: only a task has them")
     if s.prune.export and not mode.foldable(s):
-        per_position = " with mean_per_position" if s.mode == "mean" else ""
         raise ConfigError(
             "ablation.prune.export",
             True,
-            "a smaller model can fold only zero or position-averaged "
-            f"mean ablation; mode={s.mode}{per_position} varies with the input",
+            f"a smaller model can fold only zero or position-averaged mean ablation; {mode.described(s)} varies with "
+            "the input",
         )
     validate_scans(s)
     return mode, metric

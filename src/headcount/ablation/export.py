@@ -9,17 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.markup import escape
 from torch import Tensor
 
-from headcount.ablation.context import ScanContext
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.importance import Importance
-from headcount.ablation.masks import HeadMask, check_head_exists, head_name, masks_to_gates
-from headcount.ablation.metrics import METRICS
-from headcount.ablation.results import result_path
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.heads import existing_heads, head_name
+from headcount.ablation.engine.masks import HeadMask, check_head_exists, masks_to_gates
+from headcount.ablation.engine.metrics import METRICS
+from headcount.ablation.methods.importance import Importance
+from headcount.ablation.methods.pruning import PRUNING_ORDERS, Ranking
+from headcount.ablation.scans.context import ScanContext
 from headcount.ablation.scans.l0_gates import l0_keep_gates
 from headcount.ablation.scans.pruning import prunable_fraction
 from headcount.ablation.scans.single_head import single_head_delta
@@ -66,7 +66,7 @@ def export_pruned_model(session: ScanContext) -> None:
         meta = {"chosen_by": f"pruning order {prune.order}", "order": prune.order, "fraction": fraction}
     if not bool(((keep_LH.cpu() == 0) & session.evaluator.exists_LH.cpu()).any()):
         raise nothing_removed(prune, s.pruning.tolerance)
-    path = result_path(session.out, "pruned", session.section, ".ckpt")
+    path = session.address.file("pruned", ".ckpt")
     means = session.replacements.constant_per_head()
     speed_shape = (s.batch_size, session.batches[0]["input_ids"].shape[1])
     evaluator, model = session.evaluator, session.model
@@ -124,31 +124,9 @@ def removal_gates(
 ) -> Tensor:
     """(L, H) keep-gates removing round(fraction * heads) heads the way that order's pruning curve does at that
     fraction (random: the first of its seeds)."""
-    from headcount.ablation.pruning import (
-        existing_heads,
-        iterative_masks,
-        masks_removing_first,
-        random_ranking,
-        rank_ascending,
-        step_fractions,
-    )
-
     exists_LH = existing_heads(heads_per_layer)
-    total = int(exists_LH.sum())
-    n_pruned = round(fraction * total)
-    if order == "gradient_iterative":
-        # The same steps as the curve up to this count, so the mask matches the curve's at a grid fraction.
-        steps = {count for count in (round(f * total) for f in step_fractions(cfg.step)) if count < n_pruned}
-        return iterative_masks(importance_fn, sorted(steps | {n_pruned}), exists_LH)[-1]
-    if order in ("gradient", "gradient_per_example"):
-        per_example = {"per_example": True} if order == "gradient_per_example" else {}
-        scores = importance_fn(torch.ones(exists_LH.shape), **per_example)
-        ranking = rank_ascending(scores.score_LH, exists_LH, scores.raw_LH)
-    elif order == "single_head":
-        ranking = rank_ascending(single_head_delta(), exists_LH)
-    else:
-        ranking = random_ranking(exists_LH, seed * cfg.random_seeds)
-    return masks_removing_first(ranking, [n_pruned], exists_LH)[0]
+    ranking = Ranking(importance_fn, single_head_delta, exists_LH, cfg, seed)
+    return PRUNING_ORDERS.get(order, "ablation.prune.order")().mask_at(ranking, round(fraction * int(exists_LH.sum())))
 
 
 def export_pruned(
@@ -163,7 +141,7 @@ def export_pruned(
     """Write the model without the heads keep_LH switches off; return what summary.json records about it: the masked
     and the pruned model's metric (equal, up to rounding) and their forward throughput on speed_shape (B, T) batches
     (compare_speed: medians, the speedup's range)."""
-    from headcount.ablation.structural import compare_speed, prune_heads, save_pruned_checkpoint
+    from headcount.ablation.methods.structural import compare_speed, prune_heads, save_pruned_checkpoint
 
     exists_LH = evaluator.exists_LH.cpu()
     remove_LH = (keep_LH.cpu() == 0) & exists_LH

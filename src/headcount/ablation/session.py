@@ -9,7 +9,7 @@ kind's name. Before any work, the data is checked against what the run trained o
 Every result carries a fingerprint of what it depends on (the model's weights, the data's or the task's content, the
 ablation settings, the masks): a scan whose CSV is up to date is read back rather than rerun, and an interrupted one
 resumes from its partial file. Each mode and metric keeps its own files and its own section of summary.json
-(ablation/results.py); a task keeps its own folder, ablation/tasks/<task name>/.
+(ablation/records/results.py); a task keeps its own folder, ablation/tasks/<task name>/.
 """
 
 from pathlib import Path
@@ -22,20 +22,21 @@ from torch import Tensor
 
 from headcount.ablation.checks import validate_settings
 from headcount.ablation.data_check import checked_data
-from headcount.ablation.distributed import scan_world
-from headcount.ablation.evaluation import counterpart_baseline, evaluation, evaluation_set, run_task, task_config
-from headcount.ablation.evaluator import MaskEvaluator
+from headcount.ablation.engine.evaluation import counterpart_baseline, evaluation, evaluation_set, run_task, task_config
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.metrics import METRICS, resolve_metric
 from headcount.ablation.export import check_export, export_pruned_model
-from headcount.ablation.importance import Importance, importance_under
-from headcount.ablation.metrics import METRICS, resolve_metric
-from headcount.ablation.results import ResultFiles, fingerprint, model_fingerprint, section_name, tasks_dir
+from headcount.ablation.methods.importance import Importance, importance_under
+from headcount.ablation.plan import plan
+from headcount.ablation.records.distributed import scan_world
+from headcount.ablation.records.results import ResultFiles, fingerprint, model_fingerprint
+from headcount.ablation.records.summary import record_default_metric
 from headcount.ablation.scans import KINDS, Scan
-from headcount.ablation.summary import record_default_metric
+from headcount.captions import describe_run
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.config.train import TrainerConfig
 from headcount.processes import set_first_process
-from headcount.report.captions import describe_run
 from headcount.run_dir import RunPaths, load_run, read_pretrained
 
 
@@ -68,7 +69,7 @@ class AblationSession:
     def __init__(self, cfg: DictConfig, run_dir: Path):
         self.settings = s = typed_ablation(cfg.ablation)
         task_cfg = task_config(cfg)
-        self.mode, _ = validate_settings(s, task_cfg)
+        validate_settings(s, task_cfg)  # before anything is read or written; plan() below goes on from here
         # The processes the trainer section asks for (one: none), before anything is read or written
         self.world = scan_world(typed(cfg.trainer, TrainerConfig), s.device) if "trainer" in cfg else None
         set_first_process(self.world is None or self.world.rank == 0)
@@ -77,16 +78,12 @@ class AblationSession:
         model_key = model_fingerprint(self.run.model)
         self.model = self.run.model.to(self.device, torch.float32).eval()
         self.heads_per_layer = self.model.heads_per_layer
-        self.task = run_task(cfg, self.model, task_cfg)
-        self.positions = [] if self.task is None else list(self.task.positions)
-        has = (lambda what: None) if self.task is None else (lambda what: getattr(self.task, what))  # noqa: E731
-        self.metric = resolve_metric(s.metric, has("has_wrong"), task=self.task is not None)
-        self.mode.check(s, has("has_corrupted"))
-        self.section = section_name(s.mode, self.metric.name)
-        self.out = RunPaths(run_dir).ablation
+        planned = plan(s, task_cfg, lambda c: run_task(cfg, self.model, c), RunPaths(run_dir).ablation)
+        self.mode, self.metric, self.task, self.address = planned.mode, planned.metric, planned.task, planned.address
+        self.positions = planned.positions
+        self.section, self.out = self.address.section, self.address.folder
         self.subject = describe_run(self.run.config, run_dir)
         if self.task is not None:
-            self.out = tasks_dir(self.out) / self.task.name
             self.subject += f", task {self.task.name}"
         # Everything a file or a head list can get wrong is checked before any work starts.
         self.scans = {name: self.new_scan(name, scan) for name, scan in s.scans.items()}
@@ -108,13 +105,13 @@ class AblationSession:
             **({} if reference is None else {"reference_split": eval_set.reference_split}),
             **({} if reference is None else {"n_reference": len(reference["input_ids"])}),
             **self.mode.settings(s),
-            **({} if self.metric.name == "loss" else {"metric": self.metric.describe()}),
+            **({"metric": self.metric.describe()} if self.metric.named_in_results else {}),
             **({} if self.task is None else {"task": self.task.name}),
             **({"patch_positions": "each"} if s.patch_positions == "each" else {}),
         }
         self.key = fingerprint(model_key, data["fingerprint"], settings_record)
         self.eval_key = fingerprint(model_key, data["fingerprint"], {"split": eval_set.split, "n_eval": n_eval})
-        self.files = ResultFiles(self.out, self.section, self.key)
+        self.files = ResultFiles(self.address, self.key)
         evaluated = evaluation(s, self.mode, self.metric, self.model, eval_set, self.files, self.device)
         self.replacements, self.batches, self.evaluator = evaluated.replacements, evaluated.batches, evaluated.evaluator
         self.baseline = self.evaluator.baseline()

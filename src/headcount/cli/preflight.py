@@ -13,11 +13,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from headcount.ablation.checks import validate_settings
-from headcount.ablation.distributed import check_scan_trainer
-from headcount.ablation.evaluation import run_task, task_config
+from headcount.ablation.engine.evaluation import run_task, task_config
 from headcount.ablation.export import check_export
-from headcount.ablation.metrics import resolve_metric
+from headcount.ablation.plan import AblationPlan, plan
+from headcount.ablation.records.distributed import check_scan_trainer
 from headcount.ablation.scans import KINDS
 from headcount.ablation.session import typed_ablation
 from headcount.config import typed, validate_train_config
@@ -136,27 +135,27 @@ def check_fits_in_memory(model: Transformer, trainer: DictConfig) -> None:
 
 
 class ModelShape:
-    """What a scan's `prepare` checks against (ablation/context.py's ScanContext, in part) before any training: the
-    settings, and the model on the meta device with its heads per layer."""
+    """What a scan's `prepare` checks against (ablation/scans/context.py's ScanContext, in part) before any training:
+    the plan (settings, mode, metric, task, address), and the model on the meta device with its heads per layer."""
 
-    def __init__(self, settings: AblationConfig, model: Transformer, task=None):
-        self.settings, self.model, self.task = settings, model, task
+    def __init__(self, planned: AblationPlan, model: Transformer):
+        self.settings, self.model, self.task = planned.settings, model, planned.task
+        self.mode, self.metric, self.address, self.positions = (
+            planned.mode,
+            planned.metric,
+            planned.address,
+            planned.positions,
+        )
         self.heads_per_layer = model.heads_per_layer
-        self.out = Path("ablation")  # where results would go; prepare() writes nothing
-        self.section, self.positions = str(settings.mode), [] if task is None else list(task.positions)
+        self.out, self.section = planned.address.folder, planned.address.section  # prepare() writes nothing
 
 
 def check_ablation(settings: AblationConfig, model: Transformer, cfg: DictConfig | None = None) -> None:
     """The ablation section and each listed scan's checks, those against the model's heads included, and the task
     the config names: its prompts encoded for the model, every prompt checked, the metric and mode against it."""
     task_cfg = task_config(cfg) if cfg is not None else None
-    mode, _ = validate_settings(settings, task_cfg)
-    task = None
-    if task_cfg is not None:
-        task = run_task(cfg, model, task_cfg)
-        resolve_metric(settings.metric, task.has_wrong, task=True)
-        mode.check(settings, task.has_corrupted)
-    shape = ModelShape(settings, model, task)
+    planned = plan(settings, task_cfg, lambda c: run_task(cfg, model, c), Path("ablation"))  # a run not made yet
+    shape = ModelShape(planned, model)
     for name, scan in settings.scans.items():
         KINDS[scan.kind](name, scan, shape).prepare()
     check_export(settings.prune, model.heads_per_layer)

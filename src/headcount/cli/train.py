@@ -12,9 +12,9 @@ from rich.markup import escape
 
 from headcount import run_lock
 from headcount.ablation import run_ablations
-from headcount.ablation.metrics import metric_named
-from headcount.ablation.results import configured_results
-from headcount.ablation.summary import SHARED, mode_summary, read_summary
+from headcount.ablation.engine.metrics import metric_named
+from headcount.ablation.records.address import ResultAddress, run_address
+from headcount.ablation.records.summary import SHARED, mode_summary, read_summary
 from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, print_error, run_hydra_command
 from headcount.cli.preflight import validate_job
 from headcount.cli.sweep import check_launcher_installed, register_resolvers, skipped_finding
@@ -43,7 +43,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     cfg = resolve_pretrained(cfg)  # the model the checkpoint implies (read once per process)
     with closing_wandb_run(), own_gpu_in_a_sweep(cfg), ddp_confined_to_this_job():
         metrics = train(cfg, run_dir)
-        if cfg.ablation.scans:  # over the processes that trained (rank 0 alone writes: ablation/distributed.py)
+        if cfg.ablation.scans:  # over the processes that trained (rank 0 alone writes: ablation/records/distributed.py)
             run_ablations(cfg, run_dir)
         if rank_zero_only.rank != 0:
             return  # DDP's other processes: rank 0 alone logs the results and writes DONE
@@ -68,8 +68,8 @@ def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
     measured = [key for key in ("val/loss", "val/acc", "test/loss", "test/acc") if key in metrics]
     numbers = "  ".join(f"{key} {metrics[key]:.4f}" for key in measured)
     console.print(f"[bold]measured[/bold] {numbers} (per target token)", highlight=False, soft_wrap=True)
-    folder, section = configured_results(run_dir)
-    if said := ablation_headline(read_summary(folder / "summary.json"), section):
+    address = run_address(run_dir)
+    if said := ablation_headline(read_summary(address.summary_path), address):
         console.print(f"[bold]ablated[/bold] {said}", highlight=False, soft_wrap=True)
     console.print(f"[green]wrote[/green] {escape(str(run_dir))}", soft_wrap=True)
     written = (p for p in run_dir.rglob("*") if p.suffix in {".json", ".csv", ".png", ".ckpt"})
@@ -78,16 +78,15 @@ def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
             console.print(f"  {path}")
 
 
-def ablation_headline(summary: dict, mode: str) -> str | None:
-    """The scans of the run's section (its mode, and metric unless loss) and their headline numbers, in one line;
+def ablation_headline(summary: dict, address: ResultAddress) -> str | None:
+    """The scans of the run's section (at the address its config asks for) and their headline numbers, in one line;
     None when no scan ran."""
-    section = mode_summary(summary, mode)
+    section = mode_summary(summary, address.section)
     scans = [*section.get("scans", {}), *summary.get(SHARED, {}).get("scans", {})]
     if not scans:
         return None
     settings = section.get("settings", {})
-    ablation_mode, _, metric = mode.partition(".")
-    metric = metric or "loss"
+    ablation_mode, metric = address.mode, address.metric
     where = f"{settings.get('n_eval')} {settings.get('split')} examples"
     if "task" in settings:
         where = f"{settings.get('n_eval')} prompts of task {settings['task']}"

@@ -98,13 +98,13 @@ class PruneExportConfig:
 
 @dataclass
 class AblationConfig:
-    # What an ablated head's z becomes: zero, mean, resample or patch (headcount.ablation.modes, where each is defined)
+    # What an ablated head's z becomes: zero, mean, resample or patch (ablation/engine/modes.py, where each is defined)
     mode: str = "zero"
     mean_per_position: bool = False  # mean: average z per position instead of over positions too
     # What a mask is measured by: a metric name (loss, accuracy, logit_diff, answer_logprob, answer_prob, top1), or
-    # {_target_: module.function, name: ..., higher_is_better: ...} for your own (ablation/metrics.py). null: loss on
-    # the run's data; on a task, logit_diff when it has wrong answers, else answer_logprob. Any, not a Union: OmegaConf
-    # structured configs take no str-or-dict type.
+    # {_target_: module.function, name: ..., higher_is_better: ...} for your own (ablation/engine/metrics.py). null:
+    # loss on the run's data; on a task, logit_diff when it has wrong answers, else answer_logprob. Any, not a Union:
+    # OmegaConf structured configs take no str-or-dict type.
     metric: Any = None
     patch_direction: PatchDirection = PatchDirection.noise  # mode=patch: noising or denoising
     patch_positions: PatchPositions = PatchPositions.all  # mode=patch and attribution: all positions, or each named one

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from headcount.config.choice import Choice, check_choice
 from headcount.errors import ConfigError
+from headcount.registry import allowed
 
 
 class AnswerTokens(Choice):
@@ -59,7 +60,7 @@ def validate_task_config(cfg: TaskConfig, sources: list[str]) -> None:
     if cfg.source is None:
         return
     if cfg.source not in sources:
-        raise ConfigError("task.source", cfg.source, f"allowed: {', '.join(sorted(sources))} (or ~task: none)")
+        raise ConfigError("task.source", cfg.source, f"{allowed(sorted(sources), cfg.source)} (or ~task: none)")
     check_choice("task.answer_tokens", cfg.answer_tokens, AnswerTokens)
     check_choice("task.align", cfg.align, Align)
     if cfg.n_prompts is not None and cfg.n_prompts < 1:

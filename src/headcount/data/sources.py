@@ -1,5 +1,6 @@
-"""Data sources as components: each `data.source` value is registered in `DATA_SOURCES`, a synthetic task (its checks
-and generator, data/synthetic.py) or a text source (its split builder, data/text.py), with a line saying what it is.
+"""Data sources as components: each `data.source` value is registered in `DATA_SOURCES` where it is defined, a
+synthetic task (its checks and generator, data/synthetic.py) or a text source (its split builder, data/text.py), with a
+line saying what it is.
 `headcount.components` lists them with the other components."""
 
 from collections.abc import Callable
@@ -9,12 +10,14 @@ from headcount.registry import Registry
 
 
 class SyntheticSource(NamedTuple):
+    name: str  # the data.source value
     check: Callable[[Any], None]  # raises ConfigError when the task cannot be built from the DataConfig
     make: Callable[..., Any]  # (rng, n, cfg) -> (input_ids, loss_mask) arrays
     doc: str
 
 
 class TextSource(NamedTuple):
+    name: str  # the data.source value
     build: Callable[..., Any]  # (cfg, tokenizer) -> the train/val/test DatasetDict
     doc: str
 

@@ -2,20 +2,14 @@
 
 from datasets import Dataset
 
+import headcount.data.text  # noqa: F401  (registers the text sources)
 from headcount.config.data import SYNTHETIC_SOURCES, DataConfig, validate_data_section
 from headcount.data.cache import cache_root
 from headcount.data.chunking import SPLITS, split_cap
 from headcount.data.examples import examples_dataset
-from headcount.data.sources import DATA_SOURCES, TextSource
+from headcount.data.sources import DATA_SOURCES
 from headcount.data.synthetic import check_synthetic, synthetic_arrays
-from headcount.data.text import hub_splits, pystdlib_splits, text_splits
 from headcount.data.tokens import TextTokenizer
-
-DATA_SOURCES.add("text", TextSource(text_splits, "your .txt files (data.path): byte-level or a checkpoint's tokenizer"))
-DATA_SOURCES.add("pystdlib", TextSource(pystdlib_splits, "the running Python's standard library source, no download"))
-DATA_SOURCES.add(
-    "hub", TextSource(hub_splits, "a Hugging Face dataset by name (data.hub_name); needs the network once")
-)
 
 
 def validate_data_config(cfg: DataConfig) -> None:

@@ -133,18 +133,20 @@ def _make_copy(rng: np.random.Generator, n: int, cfg: DataConfig) -> Arrays:
     return ids, mask
 
 
-DATA_SOURCES.add(
-    "induction", SyntheticSource(_check_induction, _make_induction, "a random segment repeated: copying by induction")
+DATA_SOURCES.register(
+    SyntheticSource("induction", _check_induction, _make_induction, "a random segment repeated: copying by induction")
 )
-DATA_SOURCES.add(
-    "assoc_recall",
-    SyntheticSource(_check_assoc_recall, _make_assoc_recall, "key-value pairs, then the keys again: recall"),
+DATA_SOURCES.register(
+    SyntheticSource(
+        "assoc_recall", _check_assoc_recall, _make_assoc_recall, "key-value pairs, then the keys again: recall"
+    )
 )
-DATA_SOURCES.add(
-    "offset_diff",
-    SyntheticSource(_check_offset_diff, _make_offset_diff, "y_t = x[t-a] - x[t-b] mod V: one head, two relations"),
+DATA_SOURCES.register(
+    SyntheticSource(
+        "offset_diff", _check_offset_diff, _make_offset_diff, "y_t = x[t-a] - x[t-b] mod V: one head, two relations"
+    )
 )
-DATA_SOURCES.add("copy", SyntheticSource(_check_copy, _make_copy, "a segment, SEP, the segment again"))
+DATA_SOURCES.register(SyntheticSource("copy", _check_copy, _make_copy, "a segment, SEP, the segment again"))
 
 
 def check_synthetic(cfg: DataConfig) -> None:

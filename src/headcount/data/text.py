@@ -16,6 +16,7 @@ from headcount.config.data import DataConfig
 from headcount.data.cache import cache_root, fingerprint, load_or_build
 from headcount.data.chunking import SPLITS, chunks_needed, require_every_split, split_by_fraction, split_cap
 from headcount.data.examples import examples_dataset, language_model_mask
+from headcount.data.sources import DATA_SOURCES, TextSource
 from headcount.data.tokens import TextTokenizer, cache_fields, token_chunks
 from headcount.errors import ConfigError
 from headcount.hub import offline_without_network
@@ -166,3 +167,14 @@ def hub_errors(cfg: DataConfig) -> Iterator[None]:
 def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+DATA_SOURCES.register(
+    TextSource("text", text_splits, "your .txt files (data.path): byte-level or a checkpoint's tokenizer")
+)
+DATA_SOURCES.register(
+    TextSource("pystdlib", pystdlib_splits, "the running Python's standard library source, no download")
+)
+DATA_SOURCES.register(
+    TextSource("hub", hub_splits, "a Hugging Face dataset by name (data.hub_name); needs the network once")
+)

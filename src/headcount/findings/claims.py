@@ -1,14 +1,17 @@
 """A finding as a list of claims, each a paper's sentence beside what we measured and a plain verdict; written as
 findings.json (numbers for tests and tables) and findings.md (for people), and printed as a table."""
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from headcount.io import atomic_write_json, atomic_write_text
+from headcount.registry import Registry
 
 VERDICTS = ("reproduced", "partly", "not reproduced")
 
@@ -32,6 +35,19 @@ class Finding:
     def verdict(self) -> str:
         verdicts = {claim.verdict for claim in self.claims}
         return verdicts.pop() if len(verdicts) == 1 else "partly"
+
+
+class FindingChecker(NamedTuple):
+    """A finding as a component, registered by its checker module: `FINDINGS.register(FindingChecker(...))`."""
+
+    name: str  # what an experiment's `finding:` names
+    check: Callable[[Path, Path], Finding]  # (run or sweep directory, out folder) -> the finding
+    reads: str  # "run": one run directory; "sweep": a sweep's folder
+    scans: tuple[str, ...]  # the scans whose results it reads (in each run): without them it cannot be checked
+    doc: str
+
+
+FINDINGS: Registry[FindingChecker] = Registry("finding", "finding", "a published claim an experiment checks")
 
 
 def verdict(holds: bool, partly: bool = False) -> str:

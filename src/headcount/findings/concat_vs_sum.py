@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.findings import figures
-from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.sweep_runs import finished_runs, mean_over_seeds, seed_noise
 from headcount.report.figures import sweep_subject
 
@@ -69,3 +69,6 @@ def check(sweep_dir: Path, out: Path) -> Finding:
     ]
     figure = figures.combine_bars(loss, prunable, out / "concat_vs_sum.png", sweep_subject(runs, sweep_dir))
     return Finding("concat_vs_sum", PAPER, claims, numbers, [figure])
+
+
+FINDINGS.register(FindingChecker("concat_vs_sum", check, "sweep", ("pruning",), "concatenated against summed heads"))

@@ -10,8 +10,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.masks import all_heads
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.scans.head_scores import head_pattern_scores
 from headcount.model import Transformer
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.ticker import ScalarFormatter
 
+from headcount.ablation.engine.heads import head_name
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure
 
@@ -28,7 +29,7 @@ def scores_against_ablation(heads: pd.DataFrame, path: Path, critical: float, su
         ax = fig.add_subplot(1, 2, i + 1)
         rows = heads[heads.layer == layer]
         ax.scatter(rows[score], rows.delta_loss, color="tab:blue")
-        label_points(ax, rows[score], rows.delta_loss, [f"L{layer}H{h}" for h in rows["head"]])
+        label_points(ax, rows[score], rows.delta_loss, [head_name(layer, h) for h in rows["head"]])
         ax.axhline(critical, color="grey", linestyle="--", linewidth=1, label=f"{critical:g} nat")
         ax.set(
             xlim=(0, 1),

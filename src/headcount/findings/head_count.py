@@ -4,7 +4,7 @@ than 8 at flat cost and too many heads worse again; Michel et al. (2019) asked w
 from pathlib import Path
 
 from headcount.findings import figures
-from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.sweep_runs import finished_runs, mean_over_seeds, seed_noise
 from headcount.report.figures import sweep_subject
 
@@ -74,3 +74,10 @@ def check(sweep_dir: Path, out: Path) -> Finding:
     ]
     figure = figures.loss_against_heads(loss, out / "head_count.png", sweep_subject(runs, sweep_dir))
     return Finding("head_count", PAPER, claims, numbers, [figure])
+
+
+FINDINGS.register(
+    FindingChecker(
+        "head_count", check, "sweep", (), "Vaswani et al. 2017; Michel et al. 2019: how many heads a layer needs"
+    )
+)

@@ -8,11 +8,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.results import read_checked, result_path
+from headcount.ablation.engine.heads import head_name
+from headcount.ablation.records.address import ResultAddress
+from headcount.ablation.records.results import read_checked
 from headcount.ablation.scans.head_scores import SCORES
 from headcount.data import induction_first_part_mask
 from headcount.findings import figures
-from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.run_data import run_evaluator, run_subject
 from headcount.run_dir import RunPaths, load_run
 
@@ -29,9 +31,9 @@ FAR_BELOW = 0.25  # "far below": the repeated part's loss at most this fraction 
 def head_table(run_dir: Path) -> pd.DataFrame:
     """layer, head, prev_token_score, induction_score, delta_loss (single-head zero ablation, whatever mode else the
     run also ran: the claims are about zeroed heads), a row per head."""
-    ablation = RunPaths(run_dir).ablation
-    scores = read_checked(result_path(ablation, "head_scores", None, ".csv"))[["layer", "head", *SCORES]]
-    single = read_checked(result_path(ablation, "single_head", "zero", ".csv"))[["layer", "head", "delta_loss"]]
+    zero = ResultAddress(RunPaths(run_dir).ablation, mode="zero")
+    scores = read_checked(zero.file("head_scores", ".csv", mode_independent=True))[["layer", "head", *SCORES]]
+    single = read_checked(zero.file("single_head", ".csv"))[["layer", "head", "delta_loss"]]
     return scores.merge(single, on=["layer", "head"])
 
 
@@ -61,7 +63,7 @@ def check(run_dir: Path, out: Path) -> Finding:
     little = float((heads.delta_loss < CRITICAL).mean())
 
     def name(row) -> str:
-        return f"L{int(row.layer)}H{int(row['head'])}"
+        return head_name(row.layer, row["head"])
 
     numbers = {
         "first_part_loss": first,
@@ -112,6 +114,17 @@ def check(run_dir: Path, out: Path) -> Finding:
             verdict(len(critical) > 0 and len(explained) == len(critical), partly=len(explained) > 0),
         ),
     ]
-    subject = run_subject(run_dir, "zero")
+    subject = run_subject(run_dir, ResultAddress(RunPaths(run_dir).ablation, mode="zero"))
     figure = figures.scores_against_ablation(heads, out / "induction_heads.png", CRITICAL, subject)
     return Finding("induction_heads", PAPER, claims, numbers, [figure])
+
+
+FINDINGS.register(
+    FindingChecker(
+        "induction_heads",
+        check,
+        "run",
+        ("single_head", "head_scores"),
+        "Olsson et al. 2022: induction heads carry in-context copying",
+    )
+)

@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.ablation.results import read_checked
+from headcount.ablation.engine.heads import head_name
+from headcount.ablation.records.results import read_checked
 from headcount.ablation.scans.top_heads import top_and_random
-from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.run_data import run_subject, scan_file, scan_results
 from headcount.findings.sixteen_heads import copied
 from headcount.io import atomic_savefig
@@ -92,7 +93,7 @@ def name_movers_claim(direct: pd.DataFrame, attention: pd.DataFrame, k: int) -> 
     )
     to_s = heads["attn_to_S1"] + heads["attn_to_S2"]
     prefers_io = heads["attn_to_IO"] > to_s
-    names = [f"L{int(r.layer)}H{int(r.head)}" for r in heads.itertuples()]
+    names = [head_name(r.layer, r.head) for r in heads.itertuples()]
     described = "; ".join(
         f"{name} (direct effect {row.direct_effect:+.2f}, attention to IO {row.attn_to_IO:.2f} vs S {s:.2f})"
         for name, row, s in zip(names, heads.itertuples(), to_s)
@@ -152,10 +153,21 @@ def name_movers_figure(direct: pd.DataFrame, attention: pd.DataFrame, path: Path
     ax.scatter(heads["direct_effect"], preference, s=12, color="tab:blue")
     for i in np.argsort(-np.abs(heads["direct_effect"].to_numpy()))[:6]:
         row = heads.iloc[i]
-        ax.annotate(f"L{int(row.layer)}H{int(row['head'])}", (row.direct_effect, preference.iloc[i]), fontsize=7)
+        ax.annotate(head_name(row.layer, row["head"]), (row.direct_effect, preference.iloc[i]), fontsize=7)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set(xlabel="direct effect on logit(IO) - logit(S) (logits)", ylabel="attention to IO minus to S1 and S2")
     set_title(ax, f"Name movers: direct effect against attention from the end\n{subject}")
     atomic_savefig(fig, path, dpi=120)
     return path
+
+
+FINDINGS.register(
+    FindingChecker(
+        "ioi_heads",
+        check,
+        "run",
+        ("single_head", "attribution", "direct_effect", "position_attention", "top_heads"),
+        "Wang et al. 2022: the heads that name the indirect object",
+    )
+)

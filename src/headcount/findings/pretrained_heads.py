@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.ablation.pruning import prunable_fractions
-from headcount.ablation.results import read_checked
+from headcount.ablation.engine.heads import head_name
+from headcount.ablation.methods.pruning import prunable_fractions
+from headcount.ablation.records.results import read_checked
 from headcount.findings import figures
-from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.copying import CopyingProbe, copying_probe, repeated_random_batches
 from headcount.findings.induction import FAR_BELOW, INDUCTION_PATTERN
 from headcount.findings.run_data import run_subject, scan_file, scan_results
@@ -144,7 +145,7 @@ def copying_claims(probe: CopyingProbe, n_heads: int) -> list[tuple[Claim, dict]
     random_mean = sum(probe.random_k_losses) / len(probe.random_k_losses)
     top_back = (probe.top_k_loss - probe.repeated_loss) / saving if saving > 0 else 0.0
     random_back = (random_mean - probe.repeated_loss) / saving if saving > 0 else 0.0
-    names = [f"L{layer}H{head}" for layer, head in probe.top_k]
+    names = [head_name(layer, head) for layer, head in probe.top_k]
     numbers = {
         "first_half_loss": probe.first_half_loss,
         "repeated_half_loss": probe.repeated_loss,
@@ -272,3 +273,14 @@ def kv_groups_claim(kv: pd.DataFrame, single: pd.DataFrame, baseline: float) -> 
         verdict(holds, partly=partly),
     )
     return claim, numbers
+
+
+FINDINGS.register(
+    FindingChecker(
+        "pretrained_heads",
+        check,
+        "run",
+        ("attribution", "importance", "pruning", "kv_groups"),
+        "Michel et al. 2019; Olsson et al. 2022 on SmolLM2-135M",
+    )
+)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.ablation.results import read_checked
+from headcount.ablation.engine.heads import head_name
+from headcount.ablation.records.results import read_checked
 from headcount.ablation.scans.top_heads import top_and_random
-from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.copying import copying_probe, repeated_random_batches
 from headcount.findings.induction import INDUCTION_PATTERN
 from headcount.findings.run_data import scan_file, scan_results
@@ -74,7 +75,7 @@ def retrieval_heads(scores: pd.DataFrame) -> pd.DataFrame:
 def sparse_claim(scores: pd.DataFrame) -> tuple[Claim, dict]:
     found = retrieval_heads(scores)
     share = len(found) / len(scores)
-    names = ", ".join(f"L{int(r.layer)}H{int(r.head)} {r.retrieval_score:.2f}" for r in found.itertuples())
+    names = ", ".join(f"{head_name(r.layer, r.head)} {r.retrieval_score:.2f}" for r in found.itertuples())
     claim = Claim(
         f"(1) Retrieval heads are sparse: fewer than {SPARSE:.0%} of heads have a retrieval score above {RETRIEVAL:g}",
         f"{len(found)} of {len(scores)} heads ({share:.1%})"
@@ -123,3 +124,14 @@ def induction_claim(scores: pd.DataFrame, induction: pd.DataFrame) -> tuple[Clai
         verdict(n_retrieval > 0 and share >= 0.5, both > 0),
     )
     return claim, {"induction_heads": n_induction, "retrieval_and_induction": both, "score_spearman": corr}
+
+
+FINDINGS.register(
+    FindingChecker(
+        "retrieval_heads",
+        check,
+        "run",
+        ("retrieval_scores", "top_heads"),
+        "Wu et al. 2024: retrieval heads copy from context",
+    )
+)

@@ -1,18 +1,18 @@
-"""What a finding reads from a finished run beyond the model (headcount.run_dir.load_run): its result files, in the
-ablation mode its config asks for (zero unless the experiment says otherwise), the zero-ablation evaluator on its
+"""What a finding reads from a finished run beyond the model (headcount.run_dir.load_run): its result files, at the
+address its config asks for (ablation/records/address.py: its mode, metric and task), the zero-ablation evaluator on its
 evaluation batches, and what its figures say they show."""
 
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import OmegaConf
 from torch import Tensor
 
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.results import configured_results, read_checked, result_path, run_mode
-from headcount.ablation.summary import read_mode_summary
-from headcount.report.captions import describe_model, describe_run
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.records.address import ResultAddress, run_address
+from headcount.ablation.records.results import read_checked
+from headcount.ablation.records.summary import read_mode_summary
+from headcount.captions import describe_model, describe_run
 from headcount.run_dir import FinishedRun, load_run_config
 
 
@@ -26,25 +26,23 @@ def run_evaluator(run: FinishedRun, loss_mask: Callable[[Tensor], Tensor] | None
 
 
 def scan_results(run_dir: Path, scans: list[str]) -> tuple[dict, list[pd.DataFrame]]:
-    """A finished run's summary.json section and the CSVs of the named scans, in the run's ablation mode and metric
-    (on its task, when its config names one)."""
-    folder, section = configured_results(run_dir)
-    return read_mode_summary(folder, section), [read_checked(scan_file(run_dir, scan, ".csv")) for scan in scans]
+    """A finished run's summary.json section and the CSVs of the named scans, at the address its config asks for
+    (its ablation mode and metric, on its task when it names one)."""
+    address = run_address(run_dir)
+    return read_mode_summary(address.folder, address.section), [read_checked(address.file(s, ".csv")) for s in scans]
 
 
 def scan_file(run_dir: Path, scan: str, ext: str, mode_independent: bool = False) -> Path:
-    """A scan's result file in the run's ablation mode and metric (plain names for a mode-independent scan)."""
-    folder, section = configured_results(run_dir)
-    return result_path(folder, scan, None if mode_independent else section, ext)
+    """A scan's result file at the address the run's config asks for (plain names for a mode-independent scan)."""
+    return run_address(run_dir).file(scan, ext, mode_independent)
 
 
-def run_subject(run_dir: Path, mode: str | None = None) -> str:
-    """The second line of a finding figure's title: the model, the data (or the task) and the ablation mode."""
+def run_subject(run_dir: Path, address: ResultAddress | None = None) -> str:
+    """The second line of a finding figure's title: the model, the data (or the task) and the ablation mode of the
+    results at `address` (default: the address the run's config asks for)."""
     config = load_run_config(run_dir)
-    section = mode or run_mode(run_dir)
-    ablation_mode, _, metric = section.partition(".")
-    measured = f"{ablation_mode} ablation" + (f" measured by {metric}" if metric else "")
-    task = OmegaConf.select(config, "task.source", default=None)
-    if task is not None:
-        return f"{describe_model(config, run_dir)}, task {configured_results(run_dir, config)[0].name}, {measured}"
+    address = address or run_address(run_dir, config)
+    measured = f"{address.mode} ablation" + (f" measured by {address.metric}" if address.names_metric else "")
+    if address.task:
+        return f"{describe_model(config, run_dir)}, task {address.task}, {measured}"
     return f"{describe_run(config, run_dir)}, {measured}"

@@ -5,7 +5,7 @@ moves, far more than a random order; (c) in many layers all heads but one can go
 from pathlib import Path
 
 from headcount.findings import figures
-from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.run_data import run_subject, scan_file, scan_results
 
 PAPER = "Michel et al. 2019, Are Sixteen Heads Really Better than One?"
@@ -85,3 +85,14 @@ def copied(figures: list[Path], out: Path) -> list[Path]:
         (out / path.name).write_bytes(path.read_bytes())
         paths.append(out / path.name)
     return paths
+
+
+FINDINGS.register(
+    FindingChecker(
+        "sixteen_heads",
+        check,
+        "run",
+        ("single_head", "leave_one_in", "pruning"),
+        "Michel et al. 2019: most heads can go",
+    )
+)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.findings import figures
-from headcount.findings.claims import Claim, Finding, verdict
+from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.run_data import run_subject, scan_results
 
 PAPER = "Voita et al. 2019, Analyzing Multi-Head Self-Attention"
@@ -84,3 +84,14 @@ def overlap(kept: pd.DataFrame, top: pd.DataFrame) -> float:
     """The share of the kept heads that are among the top heads (as many as kept)."""
     kept_heads = set(zip(kept.layer, kept["head"]))
     return len(kept_heads & set(zip(top.layer, top["head"]))) / max(len(kept_heads), 1)
+
+
+FINDINGS.register(
+    FindingChecker(
+        "voita_gates",
+        check,
+        "run",
+        ("l0_gates", "pruning", "importance"),
+        "Voita et al. 2019: L0 gates keep few heads at little cost",
+    )
+)

@@ -12,38 +12,42 @@ from headcount.errors import ConfigError
 from headcount.pretrained import gemma, gpt2, gpt_neox, llama
 from headcount.pretrained.checks import KEY
 from headcount.pretrained.weights import HFWeights
+from headcount.registry import Registry
 
 
 @dataclass(frozen=True)
 class Family:
+    model_type: str  # transformers' config.model_type
     model_config: Callable[[Any, str], ModelConfig]
     state_dict: Callable[[HFWeights, ModelConfig], dict[str, Tensor]]
 
     @classmethod
-    def of(cls, module: ModuleType) -> "Family":
-        return cls(module.model_config, module.state_dict)
+    def of(cls, model_type: str, module: ModuleType) -> "Family":
+        return cls(model_type, module.model_config, module.state_dict)
 
 
-FAMILIES = {
-    "gemma": Family.of(gemma),
-    "gemma2": Family.of(gemma),
-    "gemma3": Family.of(gemma),
-    "gemma3_text": Family.of(gemma),
-    "gpt2": Family.of(gpt2),
-    "gpt_neox": Family.of(gpt_neox),
-    "llama": Family.of(llama),
-    "mistral": Family.of(llama),
-    "olmo2": Family.of(llama),
-    "phi3": Family.of(llama),
-    "qwen2": Family.of(llama),
-    "qwen3": Family.of(llama),
-}
+FAMILIES: Registry[Family] = Registry(
+    "pretrained family", KEY, "a transformers model_type converted exactly into the model", named_by="model_type"
+)
+FAMILIES.register(Family.of("gemma", gemma))
+FAMILIES.register(Family.of("gemma2", gemma))
+FAMILIES.register(Family.of("gemma3", gemma))
+FAMILIES.register(Family.of("gemma3_text", gemma))
+FAMILIES.register(Family.of("gpt2", gpt2))
+FAMILIES.register(Family.of("gpt_neox", gpt_neox))
+FAMILIES.register(Family.of("llama", llama))
+FAMILIES.register(Family.of("mistral", llama))
+FAMILIES.register(Family.of("olmo2", llama))
+FAMILIES.register(Family.of("phi3", llama))
+FAMILIES.register(Family.of("qwen2", llama))
+FAMILIES.register(Family.of("qwen3", llama))
 SUPPORTED = tuple(sorted(FAMILIES))
 
 
 def family(model_type: str, source: str) -> Family:
     if model_type not in FAMILIES:
+        supported = FAMILIES.allowed(model_type).removeprefix("allowed: ")
         raise ConfigError(
-            KEY, source, f"architecture {model_type!r} is not supported; supported model types: {', '.join(SUPPORTED)}"
+            KEY, source, f"architecture {model_type!r} is not supported; supported model types: {supported}"
         )
     return FAMILIES[model_type]

@@ -16,12 +16,13 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.ticker import FuncFormatter
 from omegaconf import OmegaConf
 
-from headcount.ablation.metrics import table_metric
-from headcount.ablation.results import configured_results, read_checked, result_path
+from headcount.ablation.engine.metrics import table_metric
+from headcount.ablation.records.address import run_address
+from headcount.ablation.records.results import read_checked
 from headcount.ablation.scans.mask_scan import table_metric as scan_figure_value
+from headcount.captions import describe_data, describe_model
 from headcount.io import atomic_savefig
 from headcount.plotting import layer_head_grid, new_figure, set_title
-from headcount.report.captions import describe_data, describe_model
 from headcount.run_dir import RunPaths
 
 PANELS_PER_ROW = 3
@@ -38,7 +39,7 @@ def sweep_subject(runs: pd.DataFrame, sweep_dir: Path) -> str:
     models, datas, modes = set(), set(), set()
     for run in runs["run"]:
         config = run_config(sweep_dir, run)
-        modes.add(configured_results(sweep_dir / run, config)[1])
+        modes.add(run_address(sweep_dir / run, config).section)
         if "model" in config and "data" in config:
             models.add(describe_model(config, sweep_dir / run))
             datas.add(describe_data(config))
@@ -61,8 +62,7 @@ def metric_label(metric: str) -> str:
 
 def ablation_csv(sweep_dir: Path, run: str, scan: str) -> Path:
     """A run's result file for a scan, in the mode and metric (and on the task) its config asks for."""
-    folder, section = configured_results(sweep_dir / run)
-    return result_path(folder, scan, section, ".csv")
+    return run_address(sweep_dir / run).file(scan, ".csv")
 
 
 def x_positions(values: list) -> tuple[np.ndarray, list[str]]:

@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from headcount.ablation.metrics import table_metric
-from headcount.ablation.results import configured_results, read_checked, result_path, tasks_dir
-from headcount.ablation.summary import mode_summary, read_summary
+from headcount.ablation.engine.metrics import table_metric
+from headcount.ablation.records.address import result_folders, run_address
+from headcount.ablation.records.results import read_checked
+from headcount.ablation.records.summary import mode_summary, read_summary
 from headcount.run_dir import RunPaths
 
 
@@ -39,8 +40,8 @@ def read_summary_json(folder: str | Path) -> dict:
 
 def run_headline(run_dir: str | Path) -> dict[str, Any]:
     """summary_headline of a run directory, in the section (and on the task) its config asks for."""
-    folder, section = configured_results(run_dir)
-    return summary_headline(read_summary_json(folder), section)
+    address = run_address(run_dir)
+    return summary_headline(read_summary_json(address.folder), address.section)
 
 
 def log_ablation_results(run_dir: str | Path, wandb_run: Any) -> None:
@@ -52,10 +53,8 @@ def log_ablation_results(run_dir: str | Path, wandb_run: Any) -> None:
     ablation = RunPaths(Path(run_dir)).ablation
     if not ablation.is_dir():
         return
-    configured_folder, configured = configured_results(run_dir)
-    folders = [("ablation", ablation)]
-    if tasks_dir(ablation).is_dir():
-        folders += [(f"ablation/{f.name}", f) for f in sorted(tasks_dir(ablation).iterdir()) if f.is_dir()]
+    configured = run_address(run_dir)
+    folders = [(f"ablation/{task}" if task else "ablation", folder) for task, folder in result_folders(ablation)]
     logged: dict[str, Any] = {}
     headline: dict[str, Any] = {}
     for prefix, folder in folders:
@@ -66,19 +65,20 @@ def log_ablation_results(run_dir: str | Path, wandb_run: Any) -> None:
             logged[f"{prefix}/figure/{png.stem}"] = wandb.Image(str(png))
         summary = read_summary(folder / "summary.json")
         for section in sorted(summary["modes"]):
-            is_headline = folder == configured_folder and section == configured
+            is_headline = folder == configured.folder and section == configured.section
             where = prefix if is_headline else f"{prefix}/{section}"
             headline |= {f"{where}/{key}": value for key, value in summary_headline(summary, section).items()}
-    if (pruning := result_path(configured_folder, "pruning", configured, ".csv")).exists():
+    if (pruning := configured.file("pruning", ".csv")).exists():
         curves = read_checked(pruning)
         metric = table_metric(curves)
         mean = curves.groupby(["order", "fraction"], sort=False)[metric.primary].mean()
+        section = configured.section
         orders = list(mean.index.unique("order"))
         logged["ablation/pruning_curves"] = wandb.plot.line_series(
             xs=[mean[order].index.tolist() for order in orders],
             ys=[mean[order].tolist() for order in orders],
             keys=orders,
-            title=f"{metric.name} ({metric.unit}) against the fraction of heads pruned, {configured} (mean over seeds)",
+            title=f"{metric.name} ({metric.unit}) against the fraction of heads pruned, {section} (mean over seeds)",
             xname="fraction of heads pruned",
         )
     if logged:

@@ -1,5 +1,5 @@
 """Tasks: prompts with a right answer (and a wrong one), and corrupted counterparts, that ablation scans measure a
-behaviour on (headcount.ablation.metrics: logit_diff, answer_logprob, ...) instead of next-token loss.
+behaviour on (headcount.ablation.engine.metrics: logit_diff, answer_logprob, ...) instead of next-token loss.
 
 `build_task(cfg, tokenizer, n_ctx)` makes the prompts of task.source (a registered `TaskSource`: ioi, kv_retrieval,
 needle, file) and encodes them for the model (tasks/encode.py). Adding a source is one module here with a registered

@@ -1,6 +1,7 @@
-"""`attribution`: every head's effect on the metric estimated at once by attribution patching (ablation/attribution.py:
-one forward and one backward pass per batch, in the session's mode and metric; per head and named position with
-ablation.patch_positions=each), then the `verify_top_k` largest estimates evaluated exactly by the evaluator.
+"""`attribution`: every head's effect on the metric estimated at once by attribution patching
+(ablation/methods/attribution.py: one forward and one backward pass per batch, in the session's mode and metric; per
+head and named position with ablation.patch_positions=each), then the `verify_top_k` largest estimates evaluated exactly
+by the evaluator.
 
 Columns: layer, head, [position], attribution (the estimated change of the metric, in its unit), rank (by
 |attribution|, 1 first), exact (the exact change of the verified heads), verified. When an exact single_head scan of
@@ -15,19 +16,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.ablation.attribution import attribute
-from headcount.ablation.masks import single_head_masks
-from headcount.ablation.metrics import require_differentiable
-from headcount.ablation.scans.base import Scan, register
+from headcount.ablation.engine.masks import single_head_masks
+from headcount.ablation.engine.metrics import require_differentiable
+from headcount.ablation.methods.attribution import attribute
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
 
 
-@register
+@KINDS.register
 class AttributionScan(Scan):
     kind = "attribution"
+    ranks_heads = True
     doc = "every head's effect estimated at once (attribution patching), the top k verified exactly"
 
     @classmethod

@@ -1,6 +1,6 @@
 """What every scan kind shares: the registry of kinds, and the cached-result step.
 
-A scan kind is a subclass of `Scan` registered in `KINDS` (`@register`): it names its fingerprint inputs, computes its
+A scan kind is a `Scan` subclass registered with `@KINDS.register`: it names its fingerprint inputs, computes its
 table, draws its figures and says what follows from its table. `Scan.run` does the rest, the same way for every kind:
 read the table back when summary.json holds the same fingerprint and the CSV is there (announcing it), otherwise
 compute it, append the record columns (mode, metric, splits, sizes), write `<name>.csv` (`<name>.<section>.csv` for
@@ -17,27 +17,26 @@ from typing import ClassVar
 
 import pandas as pd
 
-from headcount.ablation.context import ScanContext
-from headcount.ablation.evaluator import MaskTotals
-from headcount.ablation.masks import HeadMask
-from headcount.ablation.results import fingerprint, result_path, with_record, write_csv
-from headcount.ablation.resumable import discard_partials, evaluate_resumably
+from headcount.ablation.engine.evaluator import MaskTotals
+from headcount.ablation.engine.masks import HeadMask
+from headcount.ablation.records.distributed import evaluate_resumably
+from headcount.ablation.records.results import fingerprint, with_record, write_csv
+from headcount.ablation.records.resumable import discard_partials
+from headcount.ablation.scans.context import ScanContext
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 from headcount.registry import Registry
 
-KINDS: Registry[type[Scan]] = Registry("scan kind", "ablation.scans.<name>.kind", "what a scan switches off or reads")
-
-
-def register(cls: type[Scan]) -> type[Scan]:
-    KINDS.add(cls.kind, cls)
-    return cls
+KINDS: Registry[type[Scan]] = Registry(
+    "scan kind", "ablation.scans.<name>.kind", "what a scan switches off or reads", named_by="kind"
+)
 
 
 class Scan:
     kind: ClassVar[str]
     doc: ClassVar[str]  # what the kind does, in a line (headcount-ablate --list)
     mode_independent: ClassVar[bool] = False
+    ranks_heads: ClassVar[bool] = False  # hands other scans an (L, H) score per head (top_heads ranks by it)
 
     def __init__(self, name: str, cfg: ScanConfig, session: ScanContext):
         self.name, self.cfg, self.session = name, cfg, session
@@ -48,7 +47,7 @@ class Scan:
 
     def path(self, ext: str, detail: str = "") -> Path:
         """<run>/ablation/<name><detail><section tag><ext>: this scan's files, named for its mode and metric."""
-        return result_path(self.session.out, f"{self.name}{detail}", self.section, ext)
+        return self.session.address.file(f"{self.name}{detail}", ext, self.mode_independent)
 
     def title(self, what: str) -> str:
         """A figure title: the scan, what it shows (with its unit), the mode, then the model and the data."""
@@ -120,7 +119,7 @@ class Scan:
 
     def evaluate(self, masks: list[HeadMask], key: str) -> MaskTotals:
         """The masks' metric sums on the session's evaluator, resumable from this scan's partial files; shared out
-        over the session's processes when it has several (ablation/distributed.py)."""
+        over the session's processes when it has several (ablation/records/distributed.py)."""
         session, world = self.session, self.session.world
         label, progress = f"{self.name} ({session.section})", session.settings.progress
         positions = session.positions

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.ablation.masks import HeadMask, load_custom_masks
-from headcount.ablation.scans.base import register
+from headcount.ablation.engine.masks import HeadMask, load_custom_masks
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
@@ -15,7 +15,7 @@ from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
 
 
-@register
+@KINDS.register
 class CustomScan(MaskScan):
     kind = "custom"
     doc = "your masks, from a YAML or JSON file"

@@ -1,5 +1,6 @@
-"""`direct_effect`: each head's direct effect on the metric through the residual stream (ablation/direct_effect.py),
-in the metric's unit (logits for a logit difference), the mean over the score points of the clean run.
+"""`direct_effect`: each head's direct effect on the metric through the residual stream
+(ablation/methods/direct_effect.py), in the metric's unit (logits for a logit difference), the mean over the score
+points of the clean run.
 
 With `backup_top_k` = k > 0 it also measures self-repair (Wang et al. 2022's backup name movers): the k heads of
 largest direct effect are mean-ablated together (means over the evaluation set's own inputs, whatever the session's
@@ -12,19 +13,21 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.direct_effect import direct_effects
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.masks import HeadMask, all_heads, head_name, masks_to_gates
-from headcount.ablation.modes import Mean, Replacements, mean_z
-from headcount.ablation.scans.base import Scan, register
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.heads import all_heads, head_name, top_heads
+from headcount.ablation.engine.masks import HeadMask, masks_to_gates
+from headcount.ablation.engine.modes import Mean, Replacements, mean_z
+from headcount.ablation.methods.direct_effect import direct_effects
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 from headcount.plotting import head_heatmap
 
 
-@register
+@KINDS.register
 class DirectEffectScan(Scan):
     kind = "direct_effect"
+    ranks_heads = True
     doc = "each head's direct effect on the metric through the residual stream; with backup_top_k, self-repair"
 
     @classmethod
@@ -49,8 +52,7 @@ class DirectEffectScan(Scan):
         """Mean-ablate the top k heads together; record the joint and single changes; direct effects after."""
         session, hpl = self.session, self.session.heads_per_layer
         model, metric = session.model, session.metric
-        top = [(i // effect_LH.shape[1], i % effect_LH.shape[1]) for i in effect_LH.flatten().argsort(descending=True)]
-        top = [h for h in top if h[1] < hpl[h[0]]][:k]
+        top = top_heads(effect_LH, hpl, k)
         means = Replacements(Mean(), mean_z(model, session.batches, per_position=False))
         masks = [HeadMask("together", tuple(top))] + [HeadMask(head_name(*h), (h,)) for h in top]
         gates = masks_to_gates(masks, hpl).to(session.device)

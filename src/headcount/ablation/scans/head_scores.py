@@ -13,14 +13,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.scans.base import Scan, register
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.model import Transformer
 from headcount.plotting import head_heatmap
 
 SCORES = ("prev_token_score", "induction_score")
 
 
-@register
+@KINDS.register
 class HeadScoresScan(Scan):
     kind = "head_scores"
     doc = "each head's previous-token and induction score, from its attention pattern"

@@ -1,5 +1,5 @@
 """`importance`: gradient head importance of the metric (Michel et al.), from the attribution pass
-(ablation/attribution.py): `grad_importance` as the pruning orders rank it (normalised per layer with
+(ablation/methods/attribution.py): `grad_importance` as the pruning orders rank it (normalised per layer with
 ablation.normalize_importance, except in layers of one head), `grad_importance_raw` (E_batches |dL/dg|, in the
 metric's unit per unit of gate), and the paper's own form, the expectation over examples, as
 `grad_importance_per_example` (normalised likewise) and `grad_importance_per_example_raw`; with each head's
@@ -9,19 +9,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.ablation.attribution import attribute
-from headcount.ablation.importance import normalize_per_layer
-from headcount.ablation.masks import all_heads
-from headcount.ablation.metrics import require_differentiable
-from headcount.ablation.scans.base import Scan, register
+from headcount.ablation.engine.heads import all_heads
+from headcount.ablation.engine.metrics import require_differentiable
+from headcount.ablation.methods.attribution import attribute
+from headcount.ablation.methods.importance import normalize_per_layer
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.plotting import head_heatmap
 
 
-@register
+@KINDS.register
 class ImportanceScan(Scan):
     kind = "importance"
+    ranks_heads = True
     doc = "gradient importance E|dL/dg| (Michel et al.), per batch and per example"
 
     @classmethod
@@ -60,6 +61,6 @@ class ImportanceScan(Scan):
             what, unit = "gradient importance, l2-normalised per layer", "E|dL/dg| / layer norm (unitless)"
         else:
             what, unit = "gradient importance E|dL/dg|", f"E|dL/dg| ({metric.unit} per unit of gate)"
-        if metric.name != "loss":
+        if metric.named_in_results:
             what = f"{what} of {metric.name}"
         return [head_heatmap(table, self.path(".png"), "grad_importance", self.title(what), unit)]

@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.ablation.masks import HeadMask, kv_group_masks
-from headcount.ablation.scans.base import register
+from headcount.ablation.engine.masks import HeadMask, kv_group_masks
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.plotting import heatmap
 
 KV_NAME_PREFIX = "KV"
 
 
-@register
+@KINDS.register
 class KvGroupsScan(MaskScan):
     kind = "kv_groups"
     doc = "each key/value head off with every query head that reads it"

@@ -1,6 +1,6 @@
-"""`l0_gates`: Voita et al.'s learned hard-concrete gates (ablation/l0_gates.py), trained on reference_split, their
-binary masks evaluated exactly on the eval split like every other mask. Its figure: the share of runs that keep each
-head. The structural export with order=l0_gates removes the heads a run's mask closes."""
+"""`l0_gates`: Voita et al.'s learned hard-concrete gates (ablation/methods/l0_gates.py), trained on reference_split,
+their binary masks evaluated exactly on the eval split like every other mask. Its figure: the share of runs that keep
+each head. The structural export with order=l0_gates removes the heads a run's mask closes."""
 
 from dataclasses import asdict
 from pathlib import Path
@@ -8,16 +8,16 @@ from pathlib import Path
 import pandas as pd
 from torch import Tensor
 
-from headcount.ablation.l0_gates import l0_gates_table, train_l0_gates
-from headcount.ablation.metrics import require_differentiable
-from headcount.ablation.modes import resample_sources
-from headcount.ablation.scans.base import Scan, register
+from headcount.ablation.engine.metrics import require_differentiable
+from headcount.ablation.engine.modes import resample_sources
+from headcount.ablation.methods.l0_gates import l0_gates_table, train_l0_gates
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.config.ablation import AblationConfig, ScanConfig, l0_targets, validate_l0_config
 from headcount.data.examples import to_batches
 from headcount.plotting import head_heatmap
 
 
-@register
+@KINDS.register
 class L0GatesScan(Scan):
     kind = "l0_gates"
     doc = "Voita et al.'s learned hard-concrete gates, their masks evaluated exactly"
@@ -32,7 +32,7 @@ class L0GatesScan(Scan):
 
     def fingerprint_parts(self) -> tuple:
         s = self.session.settings
-        resampled = ("resample paired within the reference split",) if s.mode == "resample" else ()
+        resampled = ("resample paired within the reference split",) if self.session.mode.pairs_examples else ()
         return (self.kind, asdict(self.cfg.l0), self.reference_split(), s.n_reference, *resampled)
 
     def compute(self, key: str) -> pd.DataFrame:
@@ -62,7 +62,7 @@ class L0GatesScan(Scan):
         if session.task is not None:
             return session.batches
         reference = session.run.examples(self.reference_split(), s.n_reference, "ablation.reference_split")
-        if session.mode.name == "resample":
+        if session.mode.pairs_examples:
             n = len(reference["input_ids"])
             reference["source_ids"] = reference["input_ids"][resample_sources(n, n, s.seed, same_split=True)]
         return to_batches(reference, s.batch_size, session.device)

@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.ablation.masks import HeadMask, layer_masks
-from headcount.ablation.scans.base import register
+from headcount.ablation.engine.masks import HeadMask, layer_masks
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.plotting import heatmap
 
 
-@register
+@KINDS.register
 class LayerScan(MaskScan):
     kind = "layer"
     doc = "all heads of one layer off"

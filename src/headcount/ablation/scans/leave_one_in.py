@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.ablation.masks import HeadMask, leave_one_in_masks
-from headcount.ablation.scans.base import register
+from headcount.ablation.engine.masks import HeadMask, leave_one_in_masks
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.mask_scan import MaskScan, head_figure
 
 
-@register
+@KINDS.register
 class LeaveOneInScan(MaskScan):
     kind = "leave_one_in"
     doc = "in one layer only one head stays on (Michel et al.'s all but one)"

@@ -2,8 +2,8 @@
 metric's values and their deltas against the unmasked model, and draws the metric's delta as its figure.
 
 Columns: scan, mask, layer, head, [position], mode, each metric column (loss and acc for loss), delta_<column> for
-each, [gap_fraction], n_heads_off, then how the table was computed (ablation/results.py). gap_fraction, on a task
-with corrupted prompts: the mask's delta as a share of the gap between the prompts and their counterparts, delta /
+each, [gap_fraction], n_heads_off, then how the table was computed (ablation/records/results.py). gap_fraction, on a
+task with corrupted prompts: the mask's delta as a share of the gap between the prompts and their counterparts, delta /
 (counterpart - baseline) of the metric: the fraction of the clean-to-corrupted gap a mask removes (noising) or
 restores (denoising, where the baseline is the corrupted run).
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.ablation.evaluator import MaskTotals
-from headcount.ablation.masks import HeadMask
-from headcount.ablation.metrics import Metric
-from headcount.ablation.metrics import table_metric as metric_of
+from headcount.ablation.engine.evaluator import MaskTotals
+from headcount.ablation.engine.masks import HeadMask
+from headcount.ablation.engine.metrics import Metric
+from headcount.ablation.engine.metrics import table_metric as metric_of
 from headcount.ablation.scans.base import Scan
 from headcount.plotting import head_heatmap, heatmap
 
@@ -57,8 +57,8 @@ class MaskScan(Scan):
 def table_metric(table: pd.DataFrame) -> tuple[str, str]:
     """A scan table's figure value, the delta of its metric, and that value's label with its unit."""
     metric = metric_of(table)
-    if metric.name == "loss":
-        return "delta_loss", "loss increase (nats)"
+    if not metric.named_in_results:
+        return f"delta_{metric.primary}", f"{metric.primary} increase ({metric.unit})"
     return f"delta_{metric.primary}", f"change in {metric.name} ({metric.unit})"
 
 

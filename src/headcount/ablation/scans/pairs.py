@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.ablation.masks import HeadMask, all_heads, most_important_heads, pair_masks
-from headcount.ablation.scans.base import register
+from headcount.ablation.engine.heads import all_heads, head_name
+from headcount.ablation.engine.masks import HeadMask, most_important_heads, pair_masks
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig, ScanConfig
@@ -18,7 +19,7 @@ from headcount.plotting import heatmap
 HEAD_NAME = re.compile(r"L(\d+)H(\d+)")
 
 
-@register
+@KINDS.register
 class PairsScan(MaskScan):
     kind = "pairs"
     doc = "two heads off together: all pairs, or pairs among the top k"
@@ -45,5 +46,5 @@ class PairsScan(MaskScan):
         grid = np.full((len(heads), len(heads)), np.nan)
         for (a, b), v in zip(pairs, table[table_metric(table)[0]].to_numpy(float)):
             grid[index[a], index[b]] = grid[index[b], index[a]] = v
-        labels = [f"L{layer}H{head}" for layer, head in heads]
+        labels = [head_name(layer, head) for layer, head in heads]
         return heatmap(grid, path, figure_title(table, subject), labels, labels, "head", "head", table_metric(table)[1])

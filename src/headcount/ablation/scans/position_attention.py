@@ -8,14 +8,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.masks import all_heads
-from headcount.ablation.metrics import Targets
-from headcount.ablation.scans.base import Scan, register
+from headcount.ablation.engine.heads import all_heads
+from headcount.ablation.engine.metrics import Targets
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.errors import ConfigError
 from headcount.plotting import head_heatmap
 
 
-@register
+@KINDS.register
 class PositionAttentionScan(Scan):
     kind = "position_attention"
     doc = "attention from each scored position to each of a task's named positions, per head"

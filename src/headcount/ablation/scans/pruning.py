@@ -1,4 +1,4 @@
-"""`pruning`: masked pruning curves for every order in ablation.pruning.orders (ablation/pruning.py), resumable
+"""`pruning`: masked pruning curves for every order in ablation.pruning.orders (ablation/methods/pruning.py), resumable
 like a mask scan, and each order's prunable fraction in summary.json (with the orders that came out arbitrary), which
 the structural export can use. Its figure shows the loss relative to the baseline, in %, on an axis linear within
 the tolerance and logarithmic beyond, so that the tolerance line stays visible next to losses many times larger."""
@@ -10,10 +10,10 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter
 from torch import Tensor
 
-from headcount.ablation.masks import gates_to_masks
-from headcount.ablation.metrics import Loss, Metric, require_differentiable
-from headcount.ablation.pruning import prunable_fractions, pruning_curves
-from headcount.ablation.scans.base import Scan, register
+from headcount.ablation.engine.masks import gates_to_masks
+from headcount.ablation.engine.metrics import Loss, Metric, require_differentiable
+from headcount.ablation.methods.pruning import PRUNING_ORDERS, prunable_fractions, pruning_curves
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig, ScanConfig, validate_pruning_config
 from headcount.errors import ConfigError
@@ -21,7 +21,7 @@ from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
 
 
-@register
+@KINDS.register
 class PruningScan(Scan):
     kind = "pruning"
     doc = "heads removed step by step in gradient, single-head and random orders"
@@ -29,9 +29,7 @@ class PruningScan(Scan):
     @classmethod
     def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
         validate_pruning_config(settings.pruning)
-        if {"gradient", "gradient_per_example", "gradient_iterative"} & {
-            str(order) for order in settings.pruning.orders
-        }:
+        if any(PRUNING_ORDERS.get(str(order)).follows_gradient for order in settings.pruning.orders):
             require_differentiable(settings.metric, "the gradient pruning orders (ablation.pruning.orders)")
 
     def fingerprint_parts(self) -> tuple:
@@ -50,7 +48,7 @@ class PruningScan(Scan):
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         metric = self.session.metric
-        worse = "loss increase over" if metric.name == "loss" else f"{metric.name} worse than"
+        worse = f"{metric.name} increase over" if not metric.named_in_results else f"{metric.name} worse than"
         title = self.title(f"{worse} the baseline (%) against heads pruned")
         tolerance = self.session.settings.pruning.tolerance
         baseline = self.session.baseline[metric.primary]
@@ -119,7 +117,8 @@ def pruning_figure(
     # Below the baseline only as far as a curve goes: no empty decades of "better than the full model".
     ax.set_ylim(bottom=min(1.2 * float(relative.min()), -0.5 * linthresh))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}%"))
-    ylabel = "loss / baseline - 1 (%)" if metric.name == "loss" else f"{metric.name}: worse than baseline (% of it)"
+    named = metric.named_in_results
+    ylabel = f"{metric.name}: worse than baseline (% of it)" if named else f"{metric.name} / baseline - 1 (%)"
     ax.set(xlabel="fraction of heads pruned", ylabel=ylabel)
     ax.set_xlim(-0.02, 1.02)
     set_title(ax, title)

@@ -8,16 +8,17 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.masks import all_heads
-from headcount.ablation.metrics import Targets
-from headcount.ablation.scans.base import Scan, register
+from headcount.ablation.engine.heads import all_heads
+from headcount.ablation.engine.metrics import Targets
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.errors import ConfigError
 from headcount.plotting import head_heatmap
 
 
-@register
+@KINDS.register
 class RetrievalScoresScan(Scan):
     kind = "retrieval_scores"
+    ranks_heads = True
     doc = "Wu et al.'s retrieval score: how often a head's strongest attention lands on the token the model copies"
     mode_independent = True
 

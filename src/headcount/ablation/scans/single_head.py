@@ -8,14 +8,15 @@ from pathlib import Path
 import pandas as pd
 from torch import Tensor
 
-from headcount.ablation.masks import HeadMask, single_head_masks
-from headcount.ablation.scans.base import register
+from headcount.ablation.engine.masks import HeadMask, single_head_masks
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.mask_scan import MaskScan, head_figure
 
 
-@register
+@KINDS.register
 class SingleHeadScan(MaskScan):
     kind = "single_head"
+    ranks_heads = True
     doc = "each head off alone (or each head at each named position of a task)"
 
     def masks(self) -> list[HeadMask]:

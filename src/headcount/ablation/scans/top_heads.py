@@ -9,17 +9,16 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.masks import HeadMask, all_heads, joined_name
-from headcount.ablation.scans.base import register
+from headcount.ablation.engine.heads import all_heads, top_heads
+from headcount.ablation.engine.masks import HeadMask, joined_name
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.custom import CustomScan
 from headcount.ablation.scans.mask_scan import MaskScan
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 
-RANKERS = ("single_head", "direct_effect", "retrieval_scores", "attribution", "importance")
 
-
-@register
+@KINDS.register
 class TopHeadsScan(MaskScan):
     kind = "top_heads"
     doc = "the top fraction of heads by another scan, off together, beside random sets of as many"
@@ -27,8 +26,9 @@ class TopHeadsScan(MaskScan):
     @classmethod
     def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
         key = f"ablation.scans.{name}"
-        if cfg.rank_by not in RANKERS:
-            raise ConfigError(f"{key}.rank_by", cfg.rank_by, f"allowed: {', '.join(RANKERS)}")
+        if not KINDS.get(cfg.rank_by, f"{key}.rank_by").ranks_heads:
+            rankers = ", ".join(kind for kind in KINDS if KINDS[kind].ranks_heads)
+            raise ConfigError(f"{key}.rank_by", cfg.rank_by, f"ranks no heads; allowed: {rankers}")
         if not 0 < cfg.top_fraction <= 1:
             raise ConfigError(f"{key}.top_fraction", cfg.top_fraction, "must be in (0, 1]: a share of all heads")
         if cfg.random_sets < 0:
@@ -42,8 +42,7 @@ class TopHeadsScan(MaskScan):
         heads = all_heads(hpl)
         k = max(1, round(self.cfg.top_fraction * len(heads)))
         score_LH = session.provided(self.cfg.rank_by)
-        order = torch.tensor([float(score_LH[h]) for h in heads], dtype=torch.float64).argsort(descending=True)
-        top = tuple(sorted(heads[i] for i in order[:k].tolist()))
+        top = tuple(sorted(top_heads(score_LH, hpl, k)))
         masks = [HeadMask(f"top {k} by {self.cfg.rank_by}: {joined_name(top)}", top)]
         for s in range(self.cfg.random_sets):
             pick = torch.randperm(len(heads), generator=torch.Generator().manual_seed(session.settings.seed + s))

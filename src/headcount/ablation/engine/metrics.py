@@ -86,6 +86,9 @@ class Metric:
     needs_wrong: ClassVar[bool] = False  # reads a wrong answer per point
     reads_vocab: ClassVar[bool] = True  # needs the whole vocabulary's logits (a softmax, an argmax)
     differentiable: ClassVar[bool] = True  # gradients (importance, attribution, L0 gates) can follow it
+    # Whether results name the metric (titles, labels, the settings they record); loss, the one metric results had
+    # before the others, goes unnamed so that its results read as they always did.
+    named_in_results: ClassVar[bool] = True
 
     def values(self, readout: Readout) -> Tensor:
         raise NotImplementedError
@@ -111,6 +114,7 @@ class Loss(Metric):
     """next-token cross-entropy of the answer (nats), with top-1 accuracy beside it"""
 
     name, columns, higher_is_better, unit = "loss", ("loss", "acc"), False, "nats"
+    named_in_results = False
 
     def values(self, readout: Readout) -> Tensor:
         logits_NV = readout.logits_NV
@@ -235,8 +239,8 @@ def resolve_metric(spec: Any, has_wrong: bool | None = None, task: bool = False)
         raise ConfigError(
             KEY,
             metric.name,
-            "needs a wrong answer per prompt, and the task has none (task fields: "
-            "wrong); allowed without one: loss, accuracy, answer_logprob, answer_prob, top1",
+            "needs a wrong answer per prompt, and the task has none (task fields: wrong); allowed without one: "
+            + ", ".join(name for name in METRICS if not METRICS[name].needs_wrong),
         )
     return metric
 
@@ -281,10 +285,11 @@ def point_values(model: Transformer, final_XTC: Tensor, targets: Targets, metric
 def require_differentiable(spec: Any, what: str) -> None:
     """ConfigError naming ablation.metric when the metric has no useful gradient (an argmax) and `what` needs one."""
     metric = resolve_metric(spec) if spec is not None else None
+    with_gradient = [name for name in METRICS if METRICS[name].differentiable]
     if metric is not None and not metric.differentiable:
         raise ConfigError(
             KEY,
             metric.name,
-            f"{what} follows the metric's gradient, and {metric.name} has none (an "
-            "argmax): use loss, logit_diff, answer_logprob or answer_prob",
+            f"{what} follows the metric's gradient, and {metric.name} has none (an argmax): use "
+            + " or ".join(", ".join(with_gradient).rsplit(", ", 1)),
         )

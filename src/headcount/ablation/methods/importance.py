@@ -1,8 +1,8 @@
 """Gradient head importance (Michel, Levy, Neubig 2019): I_{l,h} = E |dL/dg_{l,h}|, from the attribution pass.
 
-The gates are the model's own head gates (docs/DESIGN.md: z_h <- g z_h + (1 - g) r_h), so the gradient says how fast
-the metric moves as a head slides toward its replacement: zero, mean, resample or patch, whichever `replacements`
-holds. It is attribution patching with |.| (ablation/attribution.py, one implementation): the expectation runs over
+The gates are the model's own head gates (docs/DESIGN.md: z_h <- g z_h + (1 - g) r_h), so the gradient says how fast the
+metric moves as a head slides toward its replacement: zero, mean, resample or patch, whichever `replacements` holds. It
+is attribution patching with |.| (ablation/methods/attribution.py, one implementation): the expectation runs over
 batches (|dL_batch/dg| averaged over batches, headcount's form before) or, as the paper defines it, over examples
 (`per_example=True`: |dL_x/dg| averaged over examples).
 
@@ -17,9 +17,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from headcount.ablation.attribution import attribute
-from headcount.ablation.metrics import Loss, Metric
-from headcount.ablation.modes import Mean, Replacements, Zero
+from headcount.ablation.engine.metrics import Loss, Metric
+from headcount.ablation.engine.modes import Mean, Replacements, Zero
+from headcount.ablation.methods.attribution import attribute
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 

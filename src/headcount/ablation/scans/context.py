@@ -8,11 +8,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.importance import Importance
-from headcount.ablation.metrics import Metric
-from headcount.ablation.modes import AblationMode, Replacements
-from headcount.ablation.results import ResultFiles
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.metrics import Metric
+from headcount.ablation.engine.modes import AblationMode, Replacements
+from headcount.ablation.methods.importance import Importance
+from headcount.ablation.records.address import ResultAddress
+from headcount.ablation.records.distributed import ScanWorld
+from headcount.ablation.records.results import ResultFiles
 from headcount.config.ablation import AblationConfig
 from headcount.model import Transformer
 from headcount.run_dir import FinishedRun
@@ -23,6 +25,7 @@ class ScanContext(Protocol):
     settings: AblationConfig
     mode: AblationMode  # what an ablated head's z becomes
     metric: Metric  # what a mask is measured by
+    address: ResultAddress  # where the results live: folder, file names, section (ablation/records/address.py)
     section: str  # the mode and metric: the results' section of summary.json and the tag in their file names
     run: FinishedRun  # the finished run: its config, checkpoint, model and data splits
     task: TaskSet | None  # the task masks are evaluated on, None for the run's own data
@@ -42,6 +45,8 @@ class ScanContext(Protocol):
     baseline: dict[str, float]  # each metric column of the unmasked model, and n_targets
     counterpart: dict[str, float] | None  # the same on a task's counterpart prompts (the gap's other end), or None
     shared: dict[str, Any]  # scan kind -> what its last run in this session handed to other scans
+    scans: dict[str, Any]  # the session's scans by name (Scan objects: one reads another's result back)
+    world: ScanWorld | None  # the processes mask evaluations are shared out over; None for this one alone
 
     def provided(self, kind: str, compute: bool = True) -> Any:
         """What a scan of this kind hands to others: from this session, from its up-to-date results, or computed."""

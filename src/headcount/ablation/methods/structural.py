@@ -21,6 +21,7 @@ import lightning
 import torch
 from torch import Tensor
 
+from headcount.ablation.engine.heads import existing_heads
 from headcount.config import plain
 from headcount.config.train import OptimConfig, TrainerConfig
 from headcount.errors import ConfigError
@@ -57,7 +58,7 @@ def check_remove_mask(model: Transformer, remove_LH: Tensor) -> None:
             f"needs shape {shape} for heads per layer {hpl}; a pruned checkpoint cannot be un-pruned, "
             "so a mask indexes the heads it has left",
         )
-    exists_LH = torch.arange(shape[1]) < torch.tensor(hpl).unsqueeze(1)
+    exists_LH = existing_heads(hpl, shape[1])
     missing = (remove_LH.cpu() & ~exists_LH).nonzero()
     if len(missing):
         layer, head = missing[0].tolist()

@@ -39,9 +39,9 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from headcount.ablation.evaluator import MaskEvaluator, MaskSet, MaskTotals
-from headcount.ablation.masks import HeadMask
-from headcount.ablation.resumable import PartialSaver, load_partials, rank_partial
+from headcount.ablation.engine.evaluator import MaskEvaluator, MaskSet, MaskTotals
+from headcount.ablation.engine.masks import HeadMask, masks_to_gates
+from headcount.ablation.records.resumable import PartialSaver, load_partials, mask_positions, partial_key, rank_partial
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
 from headcount.processes import first_process
@@ -49,6 +49,34 @@ from headcount.train.quiet import quiet_third_party
 
 SCAN_STRATEGIES = ("auto", "ddp")  # a scan's processes run the command in lockstep: DDP's launchers, not spawn
 SCAN_ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
+
+
+def evaluate_resumably(
+    evaluator: MaskEvaluator,
+    masks: list[HeadMask],
+    partial: Path,
+    key: str,
+    label: str,
+    show_progress: bool,
+    positions: list[str] = (),
+    world: "ScanWorld | None" = None,
+) -> MaskTotals:
+    """Evaluate the masks, starting from the partial files saved under the same key if there are any, and keeping
+    the partial file up to date as passes finish. positions: the named positions masks may name (the columns of
+    named_pos). world: the processes to share the masks out over (below), None for this one. The
+    caller writes the final results and deletes the partial files."""
+    key = partial_key(evaluator, masks, key)
+    gates_MLH = masks_to_gates(masks, evaluator.model.heads_per_layer)
+    mask_set = evaluator.mask_set(gates_MLH, mask_positions(masks, positions))
+    if world is not None:
+        return world.evaluate(evaluator, masks, mask_set, partial, key, label, show_progress)
+    totals = load_partials(partial, key, masks, evaluator.columns) or MaskTotals.empty(len(masks), evaluator.columns)
+    n_batches = len(evaluator.batches)
+    with PartialSaver(partial, key, masks, f"{label}: {len(masks)} masks", n_batches, show_progress) as saver:
+        saver.begin(totals)
+        for b in range(n_batches):
+            evaluator.accumulate_batch(b, mask_set, totals, saver)
+    return totals
 
 
 @dataclass

@@ -1,11 +1,6 @@
-"""Result files in <run>/ablation/: names that carry the ablation mode, tables that record how they were computed, and
-fingerprints, hashed from content, of what every result depends on. Every write is atomic; a scan's CSV appears only
-once it is complete.
-
-Names: zero ablation keeps the plain names (`single_head.csv`, `single_head.png`, `pruned.ckpt`); mean and resample
-put the mode before the extension (`single_head.mean.csv`, `pruning.resample.png`, `pruned.mean.ckpt`,
-`single_head.mean.partial.csv`), so the modes' results sit side by side. Results no mode changes (head_scores) keep
-plain names. summary.json holds one section per mode (ablation/summary.py).
+"""Result files in <run>/ablation/: tables that record how they were computed, and fingerprints, hashed from content,
+of what every result depends on. Every write is atomic; a scan's CSV appears only once it is complete. Where each
+result lives (its folder, file names and section of summary.json) is its address (ablation/records/address.py).
 
 Fingerprints hash the model's weights and config (not the checkpoint file, whose bytes embed absolute paths), the
 data's token content, the settings and the masks: a run directory copied or moved elsewhere reads its results back.
@@ -17,16 +12,15 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
-from headcount.ablation import summary as summary_file
+from headcount.ablation.records import summary as summary_file
+from headcount.ablation.records.address import ResultAddress
 from headcount.config import plain
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text, writable
 from headcount.model.transformer import Transformer
 from headcount.processes import console, first_process
-from headcount.run_dir import RunPaths
 
 # Constant columns every result table ends with (where a scan has them), so that a CSV says how it was computed.
 RECORD_COLUMNS = ("mode", "metric", "split", "n_eval", "n_targets", "reference_split", "n_reference")
@@ -46,72 +40,6 @@ def model_fingerprint(model: Transformer) -> str:
         digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)}".encode())
         digest.update(flat.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
-
-
-def section_name(mode: str, metric: str = "loss") -> str:
-    """The results of one mode and metric: their section of summary.json and the tag in their file names. The mode
-    alone for loss (zero, mean, resample: as results were named before other metrics), else mode.metric
-    (patch.logit_diff, zero.answer_prob)."""
-    return mode if metric == "loss" else f"{mode}.{metric}"
-
-
-def mode_tag(section: str | None) -> str:
-    """What a result file's name carries for its section: nothing for zero-mode loss (and mode-independent results)."""
-    return "" if section in (None, "zero") else f".{section}"
-
-
-def result_path(ablation_dir: Path, stem: str, section: str | None, ext: str) -> Path:
-    """<ablation_dir>/<stem><section tag><ext>, e.g. single_head.mean.csv, single_head.patch.logit_diff.csv."""
-    return Path(ablation_dir) / f"{stem}{mode_tag(section)}{ext}"
-
-
-def metric_name(spec) -> str:
-    """The name of the metric ablation.metric gives (None: loss; a mapping: its name or its function's)."""
-    if spec is None:
-        return "loss"
-    if hasattr(spec, "keys"):
-        return str(spec.get("name") or str(spec["_target_"]).rsplit(".", 1)[-1])
-    return str(spec)
-
-
-def tasks_dir(ablation_dir: Path) -> Path:
-    """Where the results of tasks go: <run>/ablation/tasks/<task name>/, one folder (and summary.json) per task."""
-    return Path(ablation_dir) / "tasks"
-
-
-def configured_results(run_dir: str | Path, config: DictConfig | None = None) -> tuple[Path, str]:
-    """The folder and section of the results a run's own config asks for (its ablation mode and metric, on its task
-    or its data): what its report and its finding read. A task's default metric is the one its folder recorded."""
-    paths = RunPaths(Path(run_dir))
-    if config is None:
-        config = OmegaConf.load(paths.config) if paths.config.exists() else OmegaConf.create({})
-    mode = str(OmegaConf.select(config, "ablation.mode", default="zero"))
-    spec = OmegaConf.select(config, "ablation.metric", default=None)
-    task = OmegaConf.select(config, "task.source", default=None)
-    if task is None:
-        return paths.ablation, section_name(mode, metric_name(spec))
-    from headcount.config import typed
-    from headcount.config.task import TaskConfig
-    from headcount.tasks import task_name  # tasks load their sources only when a run has one
-
-    folder = tasks_dir(paths.ablation) / task_name(typed(config.task, TaskConfig))
-    metric = (
-        metric_name(spec)
-        if spec is not None
-        else summary_file.read_summary(folder / "summary.json").get("default_metric", "loss")
-    )
-    return folder, section_name(mode, metric)
-
-
-def configured_mode(config: DictConfig) -> str:
-    """The section (mode, and metric unless loss) a run's own config asks for on its data."""
-    mode = str(OmegaConf.select(config, "ablation.mode", default="zero"))
-    return section_name(mode, metric_name(OmegaConf.select(config, "ablation.metric", default=None)))
-
-
-def run_mode(run_dir: str | Path) -> str:
-    """The section of the results a run directory's config asks for; zero for a folder without a config."""
-    return configured_results(run_dir)[1]
 
 
 def file_digest(path: Path) -> str:
@@ -152,19 +80,24 @@ def read_csv(path: Path) -> pd.DataFrame:
 
 
 class ResultFiles:
-    """One session's <run>/ablation/ folder: its mode's section of summary.json, what is up to date, and every file
-    the session wrote. `shared=True` addresses the mode-independent section instead."""
+    """One session's results at its address: its section of summary.json, what is up to date, and every file the
+    session wrote. `shared=True` addresses the mode-independent section instead."""
 
-    def __init__(self, out: Path, mode: str, key: str):
-        self.out, self.mode, self.key = out, mode, key
-        self.summary_path = out / "summary.json"
+    def __init__(self, address: ResultAddress, key: str):
+        self.address, self.key = address, key
+        self.out, self.mode = address.folder, address.section
+        self.summary_path = address.summary_path
         self.written: list[Path] = []
         self.console = console()  # silent in a distributed scan's other processes
+
+    def replacements_file(self) -> Path:
+        return self.address.replacements_file()
 
     def open(self, header: dict) -> None:
         """Record the session's fingerprint, inputs and baseline; earlier results of this mode under another
         fingerprint move to summary.json's `superseded`, with a notice."""
-        reason, changed = summary_file.open_mode(self.summary_path, self.mode, {"fingerprint": self.key, **header})
+        header = {"fingerprint": self.key, "address": self.address.record(), **header}
+        reason, changed = summary_file.open_mode(self.summary_path, self.mode, header)
         if changed:
             self.note_written(self.summary_path)
         if reason is not None:

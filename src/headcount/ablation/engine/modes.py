@@ -20,18 +20,29 @@ saved as ablation/replacements_<mode>.pt with a fingerprint of what they depend 
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 from torch import Tensor
 
-from headcount.ablation.results import ResultFiles
 from headcount.config.ablation import AblationConfig
 from headcount.data.examples import to_batches
 from headcount.errors import ConfigError
 from headcount.io import atomic_write
 from headcount.model.transformer import Transformer
 from headcount.registry import Registry
+
+
+class ReplacementStore(Protocol):
+    """Where a mode keeps what it prepared (a session's results, records/results.py's ResultFiles): the file at the
+    results' address, the fingerprint the saved data must match, and the list of files the session wrote."""
+
+    key: str
+
+    def replacements_file(self) -> Path: ...
+
+    def note_written(self, path: Path) -> None: ...
+
 
 MODES: Registry["AblationMode"] = Registry("ablation mode", "ablation.mode", "what an ablated head's z becomes")
 
@@ -57,13 +68,15 @@ class Replacements:
 
     def constant_per_head(self) -> list[Tensor] | None:
         """A constant z per head that structural pruning can fold into the output bias (None: zero ablation)."""
-        return self.means if self.mode.name == "mean" else None
+        return self.mode.constant(self)
 
 
 class AblationMode:
     name: ClassVar[str]
     per_example: ClassVar[bool] = False  # replacements differ per example (the memory budget counts them)
     uses_reference: ClassVar[bool] = False  # needs the reference set (mean, resample)
+    pairs_examples: ClassVar[bool] = False  # each example takes another's z (L0 gates pair the reference with itself)
+    needs_task: ClassVar[str | None] = None  # why the mode needs a task, when it does (a ConfigError's last part)
 
     def check(self, s: AblationConfig, has_corrupted: bool | None) -> None:
         """ConfigError for settings this mode cannot use; has_corrupted: whether the data has corrupted prompts (None:
@@ -73,11 +86,23 @@ class AblationMode:
         """Whether a structural export can fold the replacement into the model (a constant per head)."""
         return False
 
+    def described(self, s: AblationConfig) -> str:
+        """The mode with the settings that decide what it does, for messages: mode=mean with mean_per_position."""
+        return f"mode={self.name}"
+
+    def evaluates_corrupted(self, s: AblationConfig) -> bool:
+        """Whether masks are evaluated on a task's corrupted prompts rather than its clean ones (denoising)."""
+        return False
+
+    def constant(self, prepared: Replacements) -> list[Tensor] | None:
+        """The constant z per head a structural export folds into the output bias; None: zero (nothing to fold)."""
+        return None
+
     def settings(self, s: AblationConfig) -> dict:
         """What the results record about the mode's own settings (part of their fingerprint)."""
         return {}
 
-    def prepare(self, s: AblationConfig, model: Transformer, data, files: ResultFiles | None) -> Replacements:
+    def prepare(self, s: AblationConfig, model: Transformer, data, files: ReplacementStore | None) -> Replacements:
         """The session's replacements from the evaluation set `data` (adding the sources to data.examples where the
         mode reads other inputs), saved in and read back from `files` (None: in memory only)."""
         return Replacements(self)
@@ -102,14 +127,20 @@ class Mean(AblationMode):
 
     name, uses_reference = "mean", True
 
+    def described(self, s: AblationConfig) -> str:
+        return "mode=mean with mean_per_position" if s.mean_per_position else "mode=mean"
+
+    def constant(self, prepared: Replacements) -> list[Tensor] | None:
+        return prepared.means
+
     def foldable(self, s: AblationConfig) -> bool:
         return not s.mean_per_position
 
     def settings(self, s: AblationConfig) -> dict:
         return {"mean_per_position": s.mean_per_position}
 
-    def prepare(self, s: AblationConfig, model: Transformer, data, files: ResultFiles | None) -> Replacements:
-        path, device = saved_path(files, self.name), next(model.parameters()).device
+    def prepare(self, s: AblationConfig, model: Transformer, data, files: ReplacementStore | None) -> Replacements:
+        path, device = saved_path(files), next(model.parameters()).device
         saved = load_saved(path, files.key) if path is not None else None
         if saved is None:
             batches = to_batches(data.reference, s.batch_size, device)
@@ -126,13 +157,13 @@ class Mean(AblationMode):
 class Resample(AblationMode):
     """the head's z on another input of the reference set, paired by a seeded permutation"""
 
-    name, per_example, uses_reference = "resample", True, True
+    name, per_example, uses_reference, pairs_examples = "resample", True, True, True
 
     def settings(self, s: AblationConfig) -> dict:
         return {"seed": s.seed}
 
-    def prepare(self, s: AblationConfig, model: Transformer, data, files: ResultFiles | None) -> Replacements:
-        path = saved_path(files, self.name)
+    def prepare(self, s: AblationConfig, model: Transformer, data, files: ReplacementStore | None) -> Replacements:
+        path = saved_path(files)
         saved = load_saved(path, files.key) if path is not None else None
         if saved is None:
             same_set = data.split == data.reference_split
@@ -157,6 +188,13 @@ class Patch(AblationMode):
     """the head's z on the example's own counterpart: its corrupted prompt (noise), or the clean one (denoise)"""
 
     name, per_example = "patch", True
+    needs_task = (
+        "patches a task's corrupted prompts: name a task (task=ioi, task=kv_retrieval, or task=file with a corrupted "
+        "field)"
+    )
+
+    def evaluates_corrupted(self, s: AblationConfig) -> bool:
+        return s.patch_direction == "denoise"
 
     def check(self, s: AblationConfig, has_corrupted: bool | None) -> None:
         if has_corrupted is False:
@@ -170,7 +208,7 @@ class Patch(AblationMode):
     def settings(self, s: AblationConfig) -> dict:
         return {"patch_direction": s.patch_direction}
 
-    def prepare(self, s: AblationConfig, model: Transformer, data, files: ResultFiles | None) -> Replacements:
+    def prepare(self, s: AblationConfig, model: Transformer, data, files: ReplacementStore | None) -> Replacements:
         task, denoise = data.task, s.patch_direction == "denoise"
         counterpart = task.examples(corrupted=not denoise)
         data.examples["source_ids"] = counterpart["input_ids"]
@@ -265,8 +303,8 @@ def same_length_sources(lengths_N: Tensor, reference_lengths_R: Tensor, seed: in
     return source
 
 
-def saved_path(files: ResultFiles | None, mode: str) -> Path | None:
-    return None if files is None else files.out / f"replacements_{mode}.pt"
+def saved_path(files: ReplacementStore | None) -> Path | None:
+    return None if files is None else files.replacements_file()
 
 
 def load_saved(path: Path, fingerprint: str) -> dict | None:
@@ -277,7 +315,7 @@ def load_saved(path: Path, fingerprint: str) -> dict | None:
     return saved if saved.get("fingerprint") == fingerprint else None
 
 
-def save(path: Path | None, files: ResultFiles | None, payload: dict) -> None:
+def save(path: Path | None, files: ReplacementStore | None, payload: dict) -> None:
     if path is None:
         return
     atomic_write(path, lambda f: torch.save({"fingerprint": files.key, **payload}, f), binary=True)

@@ -15,15 +15,19 @@ order whose heads all score the same is arbitrary (index order): it is logged as
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pandas as pd
 import torch
 from torch import Tensor
 
-from headcount.ablation.importance import Importance
-from headcount.ablation.metrics import Loss, Metric
+from headcount.ablation.engine.heads import existing_heads
+from headcount.ablation.engine.metrics import Loss, Metric
+from headcount.ablation.methods.importance import Importance
 from headcount.config.ablation import PruningConfig, validate_pruning_config
 from headcount.errors import ConfigError
+from headcount.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -56,32 +60,12 @@ def pruning_curves(
     n_pruned = [round(f * int(exists_LH.sum())) for f in fractions]
     curves: list[tuple[str, int, Tensor]] = []  # (order, seed, masks (F, L, H), one per fraction)
     arbitrary: set[str] = set()
+    ranking = Ranking(importance_fn, single_head_delta, exists_LH, cfg, seed)
     for order in cfg.orders:
-        if order in ("gradient", "gradient_per_example"):
-            per_example = {"per_example": True} if order == "gradient_per_example" else {}
-            scores = as_importance(importance_fn(torch.ones(exists_LH.shape), **per_example))
-            arbitrary |= {order} if warn_if_arbitrary(order, scores, exists_LH) else set()
-            ranking = rank_ascending(scores.score_LH, exists_LH, scores.raw_LH)
-            curves.append((order, seed, masks_removing_first(ranking, n_pruned, exists_LH)))
-        elif order == "gradient_iterative":
-            remembering = FirstScores(importance_fn)
-            curves.append((order, seed, iterative_masks(remembering, n_pruned, exists_LH)))
-            first = remembering.first
-            arbitrary |= {order} if first is not None and warn_if_arbitrary(order, first, exists_LH) else set()
-        elif order == "single_head" and single_head_delta is None:
-            log.warning("pruning order single_head skipped: it needs the single-head scan's loss deltas")
-        elif order == "single_head":
-            if tuple(single_head_delta.shape) != tuple(exists_LH.shape):
-                raise ValueError(f"single_head_delta has shape {tuple(single_head_delta.shape)}, not (L, H)")
-            scores = as_importance(single_head_delta)
-            arbitrary |= {order} if warn_if_arbitrary(order, scores, exists_LH) else set()
-            ranking = rank_ascending(scores.score_LH, exists_LH)
-            curves.append((order, seed, masks_removing_first(ranking, n_pruned, exists_LH)))
-        else:
-            for replicate in range(cfg.random_seeds):
-                random_seed = seed * cfg.random_seeds + replicate  # distinct across replicates and across run seeds
-                ranking = random_ranking(exists_LH, random_seed)
-                curves.append((order, random_seed, masks_removing_first(ranking, n_pruned, exists_LH)))
+        kind = PRUNING_ORDERS.get(str(order), "ablation.pruning.orders")()
+        drawn, is_arbitrary_order = kind.curves(ranking, n_pruned)
+        curves += [(str(order), order_seed, masks) for order_seed, masks in drawn]
+        arbitrary |= {str(order)} if is_arbitrary_order else set()
     if not curves:
         return pd.DataFrame(columns=columns)
     # Fraction 0 and 1.0 give the same mask in every order, and small models repeat counts: evaluate each mask once.
@@ -98,6 +82,124 @@ def pruning_curves(
     table[f"delta_{metric.primary}"] = table[metric.primary] - float(baseline[metric.primary])
     table["arbitrary_order"] = table["order"].isin(arbitrary)
     return table
+
+
+@dataclass
+class Ranking:
+    """What a pruning order ranks heads by: gradient importance at a mask (`importance_fn`), each head's single-head
+    damage (`single_head_delta`: an (L, H) tensor, a function giving one, or None when there is none), the head slots
+    that exist, the pruning settings and the run's seed."""
+
+    importance_fn: Callable[..., Scores]
+    single_head_delta: Tensor | Callable[[], Tensor] | None
+    exists_LH: Tensor
+    cfg: PruningConfig
+    seed: int
+
+    def single_head(self) -> Tensor | None:
+        delta = self.single_head_delta
+        return delta() if callable(delta) else delta
+
+
+PRUNING_ORDERS: Registry[type["PruningOrder"]] = Registry(
+    "pruning order", "ablation.pruning.orders", "the order a pruning curve removes heads in"
+)
+
+
+class PruningOrder:
+    """How heads are ranked for removal: `curves` gives the masks of a pruning curve at each count of heads removed
+    (one curve, or one per seed) and whether the ranking was arbitrary; `mask_at` the keep-gates at one count, as the
+    curve has them (what a structural export at that fraction removes)."""
+
+    name: ClassVar[str]
+    follows_gradient: ClassVar[bool] = False  # ranks by the metric's gradient (the metric must have one)
+
+    def ranking(self, r: Ranking) -> tuple[Tensor, Scores | None]:
+        """(L, H) removal ranking, and the scores it came from (None: no scores to call arbitrary)."""
+        raise NotImplementedError
+
+    def curves(self, r: Ranking, n_pruned: list[int]) -> tuple[list[tuple[int, Tensor]], bool]:
+        ranking, scores = self.ranking(r)
+        arbitrary = scores is not None and warn_if_arbitrary(self.name, as_importance(scores), r.exists_LH)
+        return [(r.seed, masks_removing_first(ranking, n_pruned, r.exists_LH))], arbitrary
+
+    def mask_at(self, r: Ranking, n_pruned: int) -> Tensor:
+        return masks_removing_first(self.ranking(r)[0], [n_pruned], r.exists_LH)[0]
+
+
+@PRUNING_ORDERS.register
+class Gradient(PruningOrder):
+    """once by gradient importance at the full model, averaged over batches"""
+
+    name, follows_gradient = "gradient", True
+    per_example: ClassVar[dict] = {}
+
+    def ranking(self, r: Ranking) -> tuple[Tensor, Scores]:
+        scores = as_importance(r.importance_fn(torch.ones(r.exists_LH.shape), **self.per_example))
+        return rank_ascending(scores.score_LH, r.exists_LH, scores.raw_LH), scores
+
+
+@PRUNING_ORDERS.register
+class GradientPerExample(Gradient):
+    """the same with Michel et al.'s own definition: the expectation over examples"""
+
+    name, per_example = "gradient_per_example", {"per_example": True}
+
+
+@PRUNING_ORDERS.register
+class GradientIterative(PruningOrder):
+    """re-ranks the surviving heads by gradient importance under the current mask after every step"""
+
+    name, follows_gradient = "gradient_iterative", True
+
+    def curves(self, r: Ranking, n_pruned: list[int]) -> tuple[list[tuple[int, Tensor]], bool]:
+        remembering = FirstScores(r.importance_fn)
+        masks = iterative_masks(remembering, n_pruned, r.exists_LH)
+        first = remembering.first
+        return [(r.seed, masks)], first is not None and warn_if_arbitrary(self.name, first, r.exists_LH)
+
+    def mask_at(self, r: Ranking, n_pruned: int) -> Tensor:
+        # The same steps as the curve up to this count, so the mask matches the curve's at a grid fraction.
+        total = int(r.exists_LH.sum())
+        steps = {count for count in (round(f * total) for f in step_fractions(r.cfg.step)) if count < n_pruned}
+        return iterative_masks(r.importance_fn, sorted(steps | {n_pruned}), r.exists_LH)[-1]
+
+
+@PRUNING_ORDERS.register
+class SingleHead(PruningOrder):
+    """first the heads whose removal alone raised the metric least (the single_head scan's deltas)"""
+
+    name = "single_head"
+
+    def ranking(self, r: Ranking) -> tuple[Tensor, Scores]:
+        delta_LH = r.single_head()
+        if tuple(delta_LH.shape) != tuple(r.exists_LH.shape):
+            raise ValueError(f"single_head_delta has shape {tuple(delta_LH.shape)}, not (L, H)")
+        return rank_ascending(as_importance(delta_LH).score_LH, r.exists_LH), delta_LH
+
+    def curves(self, r: Ranking, n_pruned: list[int]) -> tuple[list[tuple[int, Tensor]], bool]:
+        if r.single_head() is None:
+            log.warning("pruning order single_head skipped: it needs the single-head scan's loss deltas")
+            return [], False
+        return super().curves(r, n_pruned)
+
+
+@PRUNING_ORDERS.register
+class Random(PruningOrder):
+    """random_seeds random permutations"""
+
+    name = "random"
+
+    def curves(self, r: Ranking, n_pruned: list[int]) -> tuple[list[tuple[int, Tensor]], bool]:
+        drawn = []
+        for replicate in range(r.cfg.random_seeds):
+            random_seed = r.seed * r.cfg.random_seeds + replicate  # distinct across replicates and across run seeds
+            ranking = random_ranking(r.exists_LH, random_seed)
+            drawn.append((random_seed, masks_removing_first(ranking, n_pruned, r.exists_LH)))
+        return drawn, False
+
+    def ranking(self, r: Ranking) -> tuple[Tensor, None]:
+        return random_ranking(r.exists_LH, r.seed * r.cfg.random_seeds), None  # the first of its seeds
 
 
 def as_importance(scores: Scores) -> Importance:
@@ -168,12 +270,6 @@ def step_fractions(step: float) -> list[float]:
     """0, step, 2*step, ... and always 1.0, rounded so that 0.1 * 3 prints as 0.3."""
     n_steps = math.ceil(1 / step - 1e-9)
     return [round(min(k * step, 1.0), 12) for k in range(n_steps + 1)]
-
-
-def existing_heads(n_heads_per_layer: list[int]) -> Tensor:
-    """(L, H) bool: which head slots exist; a pruned layer has fewer heads than the largest one."""
-    H = max(max(n_heads_per_layer), 1)
-    return torch.arange(H) < torch.tensor(n_heads_per_layer).unsqueeze(1)
 
 
 def rank_ascending(score_LH: Tensor, candidates_LH: Tensor, tiebreak_LH: Tensor | None = None) -> Tensor:

@@ -2,7 +2,7 @@
 
 Every scan, the pruning curves and the baseline run through `MaskEvaluator`. Each mask's result equals one plain
 forward pass per mask, `model(x, gates=mask, replacements=r)`, read by the metric at the evaluation set's score points
-(ablation/metrics.py), up to float rounding. Three kinds of reuse make it cheaper, all exact:
+(ablation/engine/metrics.py), up to float rounding. Three kinds of reuse make it cheaper, all exact:
 
 - Prefix caching: one clean forward pass per eval batch caches the residual stream before every layer. A mask whose
   first touched layer is f runs only layers f..L-1 from the cached stream; a mask that touches nothing costs nothing.
@@ -22,7 +22,7 @@ logit difference, not the vocabulary). A mask may name a position (a task's name
 masks): its heads are then replaced at that position only. Batches are the outer loop, so the clean pass is computed
 once per batch for all masks, and `MaskTotals` (per-mask sums over the batches done) is all an interrupted scan needs
 to resume. One batch for a set of masks (`accumulate_batch`) is also the step a distributed scan's processes take,
-each for its share of the masks (ablation/distributed.py).
+each for its share of the masks (ablation/records/distributed.py).
 
 The module runs about 300 lines on purpose: the three reuses and the memory sizing that decides how many masks
 share a pass are one algorithm, and its exactness argument is easiest to check when it reads in one place.
@@ -34,8 +34,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from headcount.ablation.metrics import Loss, Metric, Targets, batch_sums
-from headcount.ablation.modes import BatchReplacement, Replacements, Zero
+from headcount.ablation.engine.heads import existing_heads
+from headcount.ablation.engine.metrics import Loss, Metric, Targets, batch_sums
+from headcount.ablation.engine.modes import BatchReplacement, Replacements, Zero
 from headcount.model.transformer import Transformer
 
 CPU_MEMORY_BUDGET = 64 * 2**20  # bytes of activations per pass, at least (see default_memory_budget)
@@ -138,9 +139,7 @@ class MaskEvaluator:
             for i in range(0, len(batch["input_ids"]), B)
         ]
         hpl = model.heads_per_layer
-        self.exists_LH = (
-            torch.arange(model.max_heads, device=self.device) < torch.tensor(hpl, device=self.device)[:, None]
-        )
+        self.exists_LH = existing_heads(hpl, model.max_heads, self.device)
 
     @property
     def gates_shape(self) -> tuple[int, int]:
@@ -189,7 +188,8 @@ class MaskEvaluator:
         on_pass: Callable[[MaskTotals, int], None] | None = None,
     ) -> None:
         """Eval batch b for every mask that has seen batches 0..b-1 and not b: one clean pass, then the masked
-        passes (a distributed scan's processes each run this for their share of the masks, ablation/distributed.py)."""
+        passes (a distributed scan's processes each run this for their share of the masks,
+        ablation/records/distributed.py)."""
         todo = (totals.batches_done == b).nonzero().squeeze(1)
         if not len(todo):
             return

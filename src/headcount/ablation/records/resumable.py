@@ -1,5 +1,6 @@
-"""Resumable mask evaluation: an interrupted scan picks up from its partial file `<scan>.partial.csv` (and, after a
-distributed run, from its processes' `<scan>.partial.rank<r>.csv`, merged, whatever the number of processes now).
+"""Partial results of a mask evaluation: an interrupted scan picks up from its partial file `<scan>.partial.csv` (and,
+after a distributed run, from its processes' `<scan>.partial.rank<r>.csv`, merged, whatever the number of processes
+now).
 
 The partial file starts with a `# fingerprint=...` line (what the numbers depend on: checkpoint, data, settings, masks,
 batching, metric); a partial file with another fingerprint is ignored and overwritten. Its rows hold each mask's
@@ -11,57 +12,25 @@ import csv
 import io
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from headcount.ablation.evaluator import MaskEvaluator, MaskTotals
-from headcount.ablation.masks import HeadMask, masks_to_gates
-from headcount.ablation.results import fingerprint
+from headcount.ablation.engine.evaluator import MaskEvaluator, MaskTotals
+from headcount.ablation.engine.masks import HeadMask
+from headcount.ablation.records.results import fingerprint
 from headcount.io import atomic_write_text
 from headcount.processes import console, first_process
 
-if TYPE_CHECKING:  # the distributed path imports this module
-    from headcount.ablation.distributed import ScanWorld
-
 SAVE_INTERVAL_S = 5.0  # the partial file is rewritten after a pass at most this often (and always at the end)
-
-
-def evaluate_resumably(
-    evaluator: MaskEvaluator,
-    masks: list[HeadMask],
-    partial: Path,
-    key: str,
-    label: str,
-    show_progress: bool,
-    positions: list[str] = (),
-    world: "ScanWorld | None" = None,
-) -> MaskTotals:
-    """Evaluate the masks, starting from the partial files saved under the same key if there are any, and keeping
-    the partial file up to date as passes finish. positions: the named positions masks may name (the columns of
-    named_pos). world: the processes to share the masks out over (ablation/distributed.py), None for this one. The
-    caller writes the final results and deletes the partial files."""
-    key = partial_key(evaluator, masks, key)
-    gates_MLH = masks_to_gates(masks, evaluator.model.heads_per_layer)
-    mask_set = evaluator.mask_set(gates_MLH, mask_positions(masks, positions))
-    if world is not None:
-        return world.evaluate(evaluator, masks, mask_set, partial, key, label, show_progress)
-    totals = load_partials(partial, key, masks, evaluator.columns) or MaskTotals.empty(len(masks), evaluator.columns)
-    n_batches = len(evaluator.batches)
-    with PartialSaver(partial, key, masks, f"{label}: {len(masks)} masks", n_batches, show_progress) as saver:
-        saver.begin(totals)
-        for b in range(n_batches):
-            evaluator.accumulate_batch(b, mask_set, totals, saver)
-    return totals
 
 
 def partial_key(evaluator: MaskEvaluator, masks: list[HeadMask], key: str) -> str:
     """What a partial file's sums depend on: the scan's key, the masks, the batching and the metric's columns."""
     columns = evaluator.columns
     masks_key = [(m.name, m.heads_off, m.position) if m.position else (m.name, m.heads_off) for m in masks]
-    extra = [columns] if columns != ("loss", "acc") else []
+    extra = [columns] if evaluator.metric.named_in_results else []  # loss's partial files predate other metrics
     return fingerprint(key, masks_key, evaluator.batch_size, len(evaluator.batches), *extra)
 
 

@@ -33,8 +33,9 @@ import torch
 from rich.progress import track
 from torch import Tensor
 
-from headcount.ablation.metrics import Loss, Metric, Targets, point_values
-from headcount.ablation.modes import Replacements
+from headcount.ablation.engine.heads import existing_heads
+from headcount.ablation.engine.metrics import Loss, Metric, Targets, point_values
+from headcount.ablation.engine.modes import Replacements
 from headcount.config.ablation import KEY, L0GatesConfig, validate_l0_config
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
@@ -93,11 +94,7 @@ def train_l0_gates(
     if not batches:
         raise ConfigError(f"{KEY}.n_batches", 0, "L0 gate training needs at least one batch")
     param = next(model.parameters())
-    # Which head slots exist: a pruned layer has fewer heads than model.max_heads.
-    exists_LH = (
-        torch.arange(model.max_heads, device=param.device)
-        < torch.tensor(model.heads_per_layer).to(param.device)[:, None]
-    )
+    exists_LH = existing_heads(model.heads_per_layer, model.max_heads, param.device)
     # At least float32: half-precision log_alpha would round Adam's small steps away.
     dtype = torch.promote_types(param.dtype, torch.float32)
     log_alpha_LH = torch.full(exists_LH.shape, cfg.log_alpha_init, dtype=dtype, device=param.device)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from headcount.ablation.metrics import Metric, Targets, point_values
-from headcount.ablation.modes import Replacements
+from headcount.ablation.engine.metrics import Metric, Targets, point_values
+from headcount.ablation.engine.modes import Replacements
 from headcount.model.transformer import Transformer
 
 

@@ -13,10 +13,9 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from torch import Tensor
 
-from headcount.ablation.evaluator import MaskEvaluator
-from headcount.ablation.metrics import Metric
-from headcount.ablation.modes import AblationMode, Replacements
-from headcount.ablation.results import ResultFiles
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.ablation.engine.metrics import Metric
+from headcount.ablation.engine.modes import AblationMode, Replacements, ReplacementStore
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig
 from headcount.config.task import TaskConfig
@@ -81,7 +80,7 @@ def task_evaluation_set(task: TaskSet, s: AblationConfig, mode: AblationMode) ->
     if s.n_eval is not None and len(task) < s.n_eval:
         said_fewer(f"task {task.name} holds", s.n_eval, len(task))
     task = task.first(s.n_eval)
-    denoise = mode.name == "patch" and s.patch_direction == "denoise"
+    denoise = mode.evaluates_corrupted(s)
     examples = task.examples(corrupted=denoise)
     reference = None
     if mode.uses_reference:
@@ -114,7 +113,7 @@ def evaluation(
     metric: Metric,
     model: Transformer,
     data: EvaluationSet,
-    files: ResultFiles | None,
+    files: ReplacementStore | None,
     device: torch.device,
 ) -> Evaluation:
     """The mode's replacements (saved in and read back from `files`; files=None keeps them in memory), the eval

@@ -8,8 +8,8 @@ through later layers (Wang et al. 2022's "direct logit attribution")."""
 import torch
 from torch import Tensor
 
-from headcount.ablation.metrics import Metric, Targets
-from headcount.ablation.modes import Replacements
+from headcount.ablation.engine.metrics import Metric, Targets
+from headcount.ablation.engine.modes import Replacements
 from headcount.model.norm import frozen_norm
 from headcount.model.transformer import Transformer
 

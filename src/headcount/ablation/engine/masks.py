@@ -20,9 +20,8 @@ import torch
 import yaml
 from torch import Tensor
 
+from headcount.ablation.engine.heads import Head, all_heads, existing_heads, head_name, max_heads, top_heads
 from headcount.errors import ConfigError
-
-Head = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -34,16 +33,8 @@ class HeadMask:
     position: str = ""  # a task's named position the heads are replaced at alone ("": every position)
 
 
-def head_name(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
-
-
 def joined_name(heads: tuple[Head, ...]) -> str:
     return "+".join(head_name(*h) for h in heads) or "none"
-
-
-def all_heads(heads_per_layer: list[int]) -> list[Head]:
-    return [(layer, head) for layer, n in enumerate(heads_per_layer) for head in range(n)]
 
 
 def baseline_masks() -> list[HeadMask]:
@@ -93,10 +84,7 @@ def pair_masks(heads: list[Head]) -> list[HeadMask]:
 
 def most_important_heads(delta_LH: Tensor, heads_per_layer: list[int], k: int) -> list[Head]:
     """The k heads whose single-head ablation raised the loss most; ties go to the lower (layer, head)."""
-    heads = all_heads(heads_per_layer)
-    deltas = torch.tensor([float(delta_LH[h]) for h in heads], dtype=torch.float64)
-    order = torch.sort(-deltas, stable=True).indices[:k]
-    return [heads[i] for i in order.tolist()]
+    return top_heads(delta_LH, heads_per_layer, k)
 
 
 def load_custom_masks(path: str | Path, heads_per_layer: list[int], key: str) -> list[HeadMask]:
@@ -205,7 +193,7 @@ def check_head_exists(layer: int, head: int, heads_per_layer: list[int], key: st
 
 def masks_to_gates(masks: list[HeadMask], heads_per_layer: list[int], dtype: torch.dtype = torch.float32) -> Tensor:
     """(M, L, H) gates: 0 for each head a mask switches off, 1 elsewhere (H is the largest head count)."""
-    gates_MLH = torch.ones(len(masks), len(heads_per_layer), max(heads_per_layer), dtype=dtype)
+    gates_MLH = torch.ones(len(masks), len(heads_per_layer), max_heads(heads_per_layer), dtype=dtype)
     for i, mask in enumerate(masks):
         for layer, head in mask.heads_off:
             gates_MLH[i, layer, head] = 0
@@ -214,7 +202,7 @@ def masks_to_gates(masks: list[HeadMask], heads_per_layer: list[int], dtype: tor
 
 def gates_to_masks(gates_MLH: Tensor, heads_per_layer: list[int]) -> list[HeadMask]:
     """The named masks behind 0/1 gates (what pruning hands over), so their results can be saved by name."""
-    exists_LH = torch.arange(gates_MLH.shape[2]) < torch.tensor(heads_per_layer).unsqueeze(1)
+    exists_LH = existing_heads(heads_per_layer, gates_MLH.shape[2])
     masks = []
     for gates_LH in gates_MLH.cpu():
         heads = tuple((int(layer), int(head)) for layer, head in ((gates_LH == 0) & exists_LH).nonzero())

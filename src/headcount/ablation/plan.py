@@ -1,0 +1,51 @@
+"""The one setup path of an ablation, in two steps: `plan` (the settings checked, the task built, the metric resolved,
+the mode checked against the task, the results' address) needs only the model's shape; the session then prepares
+the rest with the model itself (replacements, evaluator, baseline: ablation/session.py). headcount-ablate, the
+training command, the Python API's evaluate and scan, and the pre-flight check all plan here."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from headcount.ablation.checks import validate_settings
+from headcount.ablation.engine.metrics import Metric, resolve_metric
+from headcount.ablation.engine.modes import AblationMode
+from headcount.ablation.records.address import ResultAddress
+from headcount.config.ablation import AblationConfig
+from headcount.config.task import TaskConfig
+from headcount.tasks import TaskSet
+
+
+@dataclass
+class AblationPlan:
+    """What an ablation does, decided before any evaluation: settings, mode, metric, task (None: the run's own
+    data) and where its results live."""
+
+    settings: AblationConfig
+    mode: AblationMode
+    metric: Metric
+    task: TaskSet | None
+    address: ResultAddress
+
+    @property
+    def positions(self) -> list[str]:
+        """The task's named positions (the columns of a batch's named_pos); none on the run's data."""
+        return [] if self.task is None else list(self.task.positions)
+
+
+def plan(
+    settings: AblationConfig,
+    task_cfg: TaskConfig | None,
+    make_task: Callable[[TaskConfig], TaskSet],
+    ablation_dir: Path,
+) -> AblationPlan:
+    """Check the settings (ConfigError for the first thing wrong), build the task `task_cfg` names with `make_task`
+    (its prompts encoded for the model's tokenizer), resolve the metric (a task's default: logit_diff when it has
+    wrong answers) and check the mode against the task. ablation_dir: the run's <run>/ablation/."""
+    mode, _ = validate_settings(settings, task_cfg)
+    task = None if task_cfg is None else make_task(task_cfg)
+    metric = resolve_metric(settings.metric, None if task is None else task.has_wrong, task=task is not None)
+    mode.check(settings, None if task is None else task.has_corrupted)
+    variant = ()  # settings that should name their results apart (`("denoise",)` for denoising would be one)
+    address = ResultAddress(Path(ablation_dir), settings.mode, metric.name, "" if task is None else task.name, variant)
+    return AblationPlan(settings, mode, metric, task, address)
