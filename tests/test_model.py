@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from headcount.config.model import RopeScalingConfig
 from headcount.errors import ConfigError
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 
@@ -310,6 +311,40 @@ FEATURES = {
         "tie_embeddings": True,
         "attn": {"n_kv_heads": 2, "qkv_bias": False, "out_bias": False},
     },
+    # Gemma 3's parts: sandwich norms of Gemma's (1 + w) form, per-head q/k norms, GeGLU, embeddings scaled by
+    # sqrt(d_model), the query scale, a sliding window shorter than the sequence on alternate layers, a local rotary
+    # base on the sliding layers and a linear scaling on the full ones
+    "gemma3_like": {
+        "positions": "rotary",
+        "norm": "rmsnorm_plus_one",
+        "post_norm": True,
+        "qk_norm": "head",
+        "mlp_act": "geglu_tanh",
+        "embed_scale": True,
+        "sliding_window": 5,
+        "layer_types": ["sliding", "full"],
+        "rotary_theta_local": 50.0,
+        "rope_scaling": RopeScalingConfig(type="linear", factor=4.0),
+        "attn": {"n_kv_heads": 2, "query_pre_attn_scalar": 20.0},
+    },
+    "softcaps_window_everywhere": {"attn": {"softcap": 1.5}, "final_softcap": 2.0, "sliding_window": 3},
+    "olmo2_like": {
+        "positions": "rotary",
+        "norm": "rmsnorm",
+        "pre_norm": False,
+        "post_norm": True,
+        "qk_norm": "projection",
+    },
+    "rope_llama3": {
+        "positions": "rotary",
+        "rope_scaling": RopeScalingConfig(type="llama3", factor=4.0, original_n_ctx=8),
+    },
+    "rope_yarn": {"positions": "rotary", "rope_scaling": RopeScalingConfig(type="yarn", factor=4.0, original_n_ctx=8)},
+    # dynamic NTK acts on sequences longer than original_n_ctx: the tests' 12 positions
+    "rope_dynamic": {
+        "positions": "rotary",
+        "rope_scaling": RopeScalingConfig(type="dynamic", factor=2.0, original_n_ctx=8),
+    },
 }
 
 
@@ -336,6 +371,9 @@ def test_families_keep_the_invariants(feature, dtype):
     for layer in range(2):
         torch.testing.assert_close(fast["z", layer], slow["z", layer], rtol=0, atol=TOL[dtype])
         assert torch.all(slow["pattern", layer].triu(1) == 0)
+        window = model.blocks[layer].attn.features.window
+        if window is not None:  # nothing window or more steps back
+            assert torch.all(slow["pattern", layer].tril(-window) == 0) and window < x.shape[1]
     layer, head, D = 1, 2, model.head_dim
     gates = torch.ones(2, 4, dtype=dtype)
     gates[layer, head] = 0
@@ -504,4 +542,96 @@ def test_family_settings_compose_from_the_command_line(compose_train):
     assert model.blocks[0].attn.n_kv_heads == 2 and model.blocks[0].mlp.gate.out_features == 48
     with pytest.raises(ConfigCompositionException) as err:  # refused when composed, naming the allowed values
         compose_train(["model.norm=batchnorm"])
-    assert "expected one of [layernorm, rmsnorm]" in str(err.value.__cause__)
+    assert "expected one of [layernorm, rmsnorm, rmsnorm_plus_one]" in str(err.value.__cause__)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("feature", ["gemma3_like", "softcaps_window_everywhere", "rope_dynamic"])
+def test_families_select_heads_equals_masking_and_rebuilds_from_its_config(feature, dtype):
+    model = family_model(feature, dtype)
+    keep_LH = torch.tensor([[False, True, True, True], [True, False, False, True]])
+    pruned = model.select_heads(keep_LH)
+    torch.testing.assert_close(pruned(tokens()), model(tokens(), gates=keep_LH.to(dtype)), rtol=0, atol=TOL[dtype])
+    rebuilt = Transformer(pruned.cfg).to(dtype).eval()
+    rebuilt.load_state_dict(pruned.state_dict())
+    assert torch.equal(rebuilt(tokens()), pruned(tokens()))
+
+
+def test_a_norm_over_the_whole_projection_cannot_be_pruned_structurally():
+    model = family_model("olmo2_like")
+    with pytest.raises(ConfigError, match="model.qk_norm='projection': cannot be pruned structurally") as err:
+        model.select_heads(torch.tensor([[True, True, True, False], [True] * 4]))
+    assert "\n" not in str(err.value)
+    assert model.select_heads(torch.ones(2, 4, dtype=torch.bool)).cfg.heads_per_layer == [4, 4]  # nothing removed
+
+
+def test_new_keys_default_to_the_old_model():
+    """A checkpoint from before these keys (its hyperparameters lack them) rebuilds the same model: every default is
+    the old behaviour, and the parameter names are the old ones."""
+    from dataclasses import asdict
+
+    from headcount.run_dir import model_config_from_dict
+
+    new_keys = ["rope_scaling", "rotary_theta_local", "sliding_window", "layer_types", "qk_norm", "pre_norm"]
+    new_keys += ["post_norm", "embed_scale", "final_softcap"]
+    old = asdict(ModelConfig(n_layers=2, d_model=32, n_ctx=16, vocab_size=50, mlp=True, positions="rotary"))
+    for key in new_keys:
+        del old[key]
+    del old["attn"]["query_pre_attn_scalar"], old["attn"]["softcap"]
+    cfg = model_config_from_dict(old)
+    assert cfg == ModelConfig(n_layers=2, d_model=32, n_ctx=16, vocab_size=50, mlp=True, positions="rotary")
+    torch.manual_seed(0)
+    model = Transformer(cfg).double().eval()
+    assert list(model.state_dict()) == list(family_model("rotary_partial").state_dict())
+    assert (cfg.sliding_window, cfg.layer_types, cfg.qk_norm, cfg.rope_scaling.type) == (None, None, "none", "default")
+    assert cfg.pre_norm and not (cfg.post_norm or cfg.embed_scale) and cfg.final_softcap is None
+
+
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"sliding_window": 0}, "model.sliding_window=0"),
+        ({"layer_types": ["full", "local"]}, r"model.layer_types=\['full', 'local'\]: needs 2 entries.*full, sliding"),
+        ({"layer_types": ["full", "sliding"]}, "model.sliding_window=None: must be set"),
+        ({"qk_norm": "head"}, "model.qk_norm='head': needs an RMS norm"),
+        ({"qk_norm": "layer"}, "model.qk_norm='layer'"),
+        ({"rope_scaling": RopeScalingConfig(type="ntk")}, "model.rope_scaling.type='ntk'"),
+        ({"rope_scaling": RopeScalingConfig(type="linear")}, "model.rope_scaling.type='linear': needs model.positions"),
+        (
+            {"positions": "rotary", "rope_scaling": RopeScalingConfig(type="linear", factor=0.5)},
+            "model.rope_scaling.factor=0.5",
+        ),
+        (
+            {"positions": "rotary", "rope_scaling": RopeScalingConfig(type="llama3", low_freq_factor=4.0)},
+            "model.rope_scaling.low_freq_factor=4.0",
+        ),
+        ({"rotary_theta_local": -1.0}, "model.rotary_theta_local=-1.0"),
+        ({"attn": AttentionConfig(n_heads=4, softcap=0.0)}, "model.attn.softcap=0.0"),
+        ({"attn": AttentionConfig(n_heads=4, query_pre_attn_scalar=-2.0)}, "model.attn.query_pre_attn_scalar=-2.0"),
+        ({"final_softcap": -1.0}, "model.final_softcap=-1.0"),
+    ],
+)
+def test_bad_feature_settings_name_key_and_value(settings, key):
+    with pytest.raises(ConfigError, match=key) as err:
+        Transformer(ModelConfig(d_model=32, **{"attn": AttentionConfig(n_heads=4), **settings}))
+    assert "\n" not in str(err.value)
+
+
+def test_feature_settings_compose_from_the_command_line(compose_train):
+    from omegaconf import OmegaConf
+
+    from headcount.config import validate_train_config
+
+    overrides = ["model=tiny", "model.positions=rotary", "model.norm=rmsnorm_plus_one", "model.mlp_act=geglu_tanh"]
+    overrides += ["model.sliding_window=4", "model.layer_types=[sliding,full]", "model.qk_norm=head"]
+    overrides += [
+        "model.rope_scaling.type=llama3",
+        "model.rope_scaling.factor=8",
+        "model.rope_scaling.original_n_ctx=16",
+    ]
+    overrides += ["model.post_norm=true", "model.embed_scale=true", "model.attn.softcap=20", "model.final_softcap=30"]
+    cfg = compose_train(overrides)
+    validate_train_config(cfg)
+    model = Transformer(OmegaConf.to_object(cfg.model))
+    assert [b.attn.features.window for b in model.blocks] == [4, None]
+    assert model.blocks[0].attn.rotary.scaling.type == "llama3" and model.lm_head.softcap == 30.0

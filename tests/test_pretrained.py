@@ -119,13 +119,11 @@ def test_unknown_architecture_names_the_supported_ones():
 @pytest.mark.parametrize(
     "hf_config, words",
     [
-        (lambda: tf.Qwen2Config(**CASES_KW(), use_sliding_window=True, sliding_window=8, max_window_layers=0), "slid"),
-        (lambda: tf.LlamaConfig(**CASES_KW(), rope_parameters={"rope_type": "linear", "factor": 2.0}), "rope_type"),
         (lambda: tf.LlamaConfig(**CASES_KW(), hidden_act="gelu"), "hidden_act='gelu'"),
         (lambda: tf.GPT2Config(n_layer=1, n_embd=32, n_head=4, scale_attn_by_inverse_layer_idx=True), "inverse"),
         (lambda: tf.GPT2Config(n_layer=1, n_embd=32, n_head=4, activation_function="relu"), "relu"),
     ],
-    ids=["sliding_window", "rope_scaling", "llama_gelu", "gpt2_layer_scaling", "gpt2_relu"],
+    ids=["llama_gelu", "gpt2_layer_scaling", "gpt2_relu"],
 )
 def test_unsupported_features_are_refused_naming_the_model_type(hf_config, words):
     cfg = hf_config()

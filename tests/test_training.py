@@ -242,3 +242,20 @@ def test_the_end_of_run_summary_reads_the_runs_own_mode_from_summary_json():
     )
     assert ablation_headline(summary, "mean").startswith("layer, head_scores (mean ablation, 8 test examples)")
     assert ablation_headline({"format": 2, "modes": {}}, "zero") is None
+
+
+def test_a_toy_model_trains_with_the_family_features_and_its_checkpoint_rebuilds_them(compose_train, tmp_path):
+    features = ["model.positions=rotary", "model.norm=rmsnorm_plus_one", "model.mlp_act=geglu_tanh"]
+    features += ["model.sliding_window=3", "model.layer_types=[sliding,full]", "model.qk_norm=head"]
+    features += ["model.post_norm=true", "model.embed_scale=true", "model.attn.softcap=20", "model.final_softcap=30"]
+    features += ["model.rotary_theta_local=100", "model.rope_scaling.type=linear", "model.rope_scaling.factor=2"]
+    cfg = compose_train(SMOKE + features + ["trainer.max_steps=4", "trainer.val_check_interval=4"])
+    metrics = train(cfg, tmp_path)
+    assert math.isfinite(metrics["val/loss"])
+    model = load_model(tmp_path / "checkpoints" / "last.ckpt").eval()
+    assert (model.cfg.sliding_window, model.cfg.layer_types, model.cfg.rope_scaling.type) == (
+        3,
+        ["sliding", "full"],
+        "linear",
+    )
+    assert model.blocks[0].attn.q_norm is not None and model.lm_head.softcap == 30.0

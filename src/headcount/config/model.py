@@ -3,8 +3,11 @@
 The defaults are the default model, `model=attn_only_2l`: Olsson et al.'s two attention-only layers of 8 heads, with
 GPT-2's parts (learned positions, LayerNorm, exact GELU, biases everywhere, sequential residual). The other settings
 describe the families headcount imports (headcount.pretrained) and train from scratch alike: rotary positions
-(Llama, GPT-NeoX), RMSNorm and SwiGLU (Llama), grouped-query attention (Llama 2 70B, SmolLM2, Qwen2), parallel
-residual (GPT-NeoX).
+(Llama, GPT-NeoX) and their scalings (Llama 3, Qwen2.5 long-context, Gemma 3's global layers), RMSNorm and SwiGLU
+(Llama), grouped-query attention (Llama 2 70B, SmolLM2, Qwen2), parallel residual (GPT-NeoX), sliding-window attention
+on every layer or a pattern of layers (Mistral, Qwen2, Gemma 2/3), q/k norms (Qwen3, Gemma 3, OLMo 2), sandwich and
+post norms (Gemma 2/3, OLMo 2), Gemma's (1 + w) RMSNorm, embedding scaling and GeGLU, and soft-capped logits (Gemma 2).
+Every key's default is the behaviour before it existed, so older checkpoints rebuild the same model.
 """
 
 from dataclasses import dataclass, field
@@ -26,12 +29,53 @@ class Positions(Choice):
 class Norm(Choice):
     layernorm = "layernorm"  # (x - mean) / std * weight + bias
     rmsnorm = "rmsnorm"  # x / rms(x) * weight, computed in at least float32 (Llama)
+    # x / rms(x) * (1 + weight), the weight applied in at least float32 before the cast back (Gemma 1/2/3)
+    rmsnorm_plus_one = "rmsnorm_plus_one"
 
 
 class Activation(Choice):
     gelu = "gelu"  # exact GELU
     gelu_tanh = "gelu_tanh"  # GELU's tanh approximation (GPT-2's gelu_new)
     swiglu = "swiglu"  # proj(silu(gate x) * fc x): a third, gating projection (Llama)
+    geglu_tanh = "geglu_tanh"  # proj(gelu_tanh(gate x) * fc x): GeGLU with GELU's tanh approximation (Gemma)
+
+
+class QKNorm(Choice):
+    none = "none"
+    # An RMSNorm (model.norm's form) over each head's D dimensions of q and of k, one weight each shared by the heads,
+    # before rotary positions (Qwen3, Gemma 3)
+    head = "head"
+    # An RMSNorm over the whole q projection (H * D) and the whole k projection (H_kv * D), before the split into
+    # heads (OLMo 2): every head's q depends on every other head's
+    projection = "projection"
+
+
+class RopeType(Choice):
+    # transformers' modeling_rope_utils names; each changes the rotary frequencies (and yarn the cos/sin scale)
+    default = "default"  # theta^(-2i / dims)
+    linear = "linear"  # the default frequencies / factor (position interpolation)
+    dynamic = "dynamic"  # NTK: a larger base when a sequence is longer than rope_scaling.original_n_ctx
+    yarn = "yarn"  # YaRN: interpolated low and extrapolated high frequencies, cos and sin scaled by attention_factor
+    llama3 = "llama3"  # Llama 3.1: low frequencies / factor, high ones kept, a smooth ramp between
+
+
+class LayerType(Choice):
+    full = "full"  # causal attention over every earlier position
+    sliding = "sliding"  # causal attention over the last model.sliding_window positions (itself included)
+
+
+@dataclass
+class RopeScalingConfig:
+    type: RopeType = RopeType.default
+    factor: float = 1.0  # linear, dynamic, yarn, llama3: how much longer the context it was scaled for
+    # The context it was pretrained for: llama3's and yarn's wavelength bounds, dynamic's threshold; null: model.n_ctx
+    original_n_ctx: int | None = None
+    low_freq_factor: float = 1.0  # llama3: wavelengths above original_n_ctx / low_freq_factor are divided by factor
+    high_freq_factor: float = 4.0  # llama3: wavelengths below original_n_ctx / high_freq_factor are kept
+    beta_fast: float = 32.0  # yarn: the ramp's bounds, in rotations over original_n_ctx
+    beta_slow: float = 1.0
+    attention_factor: float | None = None  # yarn: the cos/sin scale; null: 0.1 ln(factor) + 1
+    truncate: bool = True  # yarn: round the ramp's bounds to whole dimensions
 
 
 @dataclass
@@ -44,6 +88,12 @@ class AttentionConfig:
     # Key/value heads, each shared by n_heads / n_kv_heads query heads (grouped-query attention); None: one per
     # query head; 1: multi-query. A head is still a query head: gates, masks and scans do not change.
     n_kv_heads: int | None = None
+    # Scores are (q . k) * query_pre_attn_scalar^(-1/2) (Gemma's query_pre_attn_scalar); null: head_dim, the usual
+    # 1 / sqrt(head_dim)
+    query_pre_attn_scalar: float | None = None
+    # Soft-capped scores, cap * tanh(scores / cap), before the causal mask (Gemma 2); null: none. A capped model runs
+    # the explicit attention path (SDPA cannot cap).
+    softcap: float | None = None
 
 
 @dataclass
@@ -59,9 +109,26 @@ class ModelConfig:
     positions: Positions = Positions.learned
     rotary_theta: float = 10000.0  # the rotary base: dimension pair i turns by position * theta^(-2i / rotary dims)
     rotary_fraction: float = 1.0  # the leading share of each head's dimensions that rotate (GPT-NeoX's rotary_pct)
+    # Rotary scaling (transformers' rope_type) on every layer, or only on full-attention layers when
+    # rotary_theta_local is set
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    # The sliding-window layers' own rotary base, unscaled (Gemma 3's rope_local_base_freq); null: as the full layers
+    rotary_theta_local: float | None = None
+    # Sliding-window attention: a position attends to itself and the sliding_window - 1 positions before it, on the
+    # layers layer_types marks "sliding"; null: every layer attends to every earlier position
+    sliding_window: int | None = None
+    # Per layer, "full" or "sliding"; null: every layer "sliding" when sliding_window is set (Mistral), else "full"
+    layer_types: list[str] | None = None
+    qk_norm: QKNorm = QKNorm.none
     norm: Norm = Norm.layernorm
     norm_eps: float = 1e-5
     parallel_residual: bool = False  # x + attn(ln(x)) + mlp(ln'(x)) rather than one after the other (GPT-NeoX)
+    pre_norm: bool = True  # normalise attention's and the MLP's inputs (ln_attn, ln_mlp); false: OLMo 2
+    # Normalise attention's output (after the heads combine, so gating z means the same) and the MLP's output before
+    # each is added to the stream (ln_attn_out, ln_mlp_out): Gemma 2/3's sandwich with pre_norm, OLMo 2's without
+    post_norm: bool = False
+    embed_scale: bool = False  # token embeddings times sqrt(d_model), the factor rounded to the model's dtype (Gemma)
+    final_softcap: float | None = None  # logits capped to cap * tanh(logits / cap) (Gemma 2); null: none
     mlp: bool = False
     mlp_ratio: int = 4
     mlp_hidden: int | None = None  # the MLP's hidden width; None: mlp_ratio * d_model
@@ -97,6 +164,13 @@ def resolve_head_dim(d_model: int, attn: AttentionConfig, key: str = "model.attn
 def rotary_dims(cfg: ModelConfig) -> int:
     """How many of each head's dimensions rotate (GPT-NeoX's rule: int(head_dim * rotary_fraction))."""
     return int(resolve_head_dim(cfg.d_model, cfg.attn) * cfg.rotary_fraction)
+
+
+def resolve_layer_types(cfg: ModelConfig) -> list[str]:
+    """Per layer, "full" or "sliding" (model.layer_types, or its default)."""
+    if cfg.layer_types is not None:
+        return [str(t) for t in cfg.layer_types]
+    return [LayerType.sliding if cfg.sliding_window is not None else LayerType.full] * cfg.n_layers
 
 
 def resolve_kv_groups(cfg: ModelConfig) -> list[list[int]]:
@@ -150,6 +224,8 @@ def validate_model_config(cfg: ModelConfig) -> None:
                 f"must be in (0, 1] and rotate an even number (2 or more) of the {head_dim} head dimensions "
                 f"(int(head_dim * fraction) = {dims})",
             )
+    validate_rotary_scaling(cfg)
+    validate_attention_features(cfg)
     if not cfg.norm_eps > 0:
         raise ConfigError("model.norm_eps", cfg.norm_eps, "must be positive")
     if cfg.mlp_hidden is not None and cfg.mlp_hidden < 1:
@@ -162,3 +238,46 @@ def validate_model_config(cfg: ModelConfig) -> None:
                 "model.heads_per_layer", hpl, f"needs {cfg.n_layers} non-negative integers (one per layer) or null"
             )
     resolve_kv_groups(cfg)
+
+
+def validate_rotary_scaling(cfg: ModelConfig) -> None:
+    rs = cfg.rope_scaling
+    check_choice("model.rope_scaling.type", rs.type, RopeType)
+    if rs.type == RopeType.default:
+        return
+    if cfg.positions != Positions.rotary:
+        raise ConfigError("model.rope_scaling.type", rs.type, "needs model.positions=rotary (or type=default)")
+    if not rs.factor > 0 or (rs.type in (RopeType.linear, RopeType.dynamic) and rs.factor < 1):
+        raise ConfigError("model.rope_scaling.factor", rs.factor, "must be positive (1 or more for linear and dynamic)")
+    if rs.original_n_ctx is not None and rs.original_n_ctx < 1:
+        raise ConfigError("model.rope_scaling.original_n_ctx", rs.original_n_ctx, "must be a positive integer or null")
+    if rs.type == RopeType.llama3 and not 0 < rs.low_freq_factor < rs.high_freq_factor:
+        allowed = f"must be positive and below model.rope_scaling.high_freq_factor={rs.high_freq_factor}"
+        raise ConfigError("model.rope_scaling.low_freq_factor", rs.low_freq_factor, allowed)
+    if rs.type == RopeType.yarn and rs.attention_factor is not None and not rs.attention_factor > 0:
+        raise ConfigError("model.rope_scaling.attention_factor", rs.attention_factor, "must be positive or null")
+
+
+def validate_attention_features(cfg: ModelConfig) -> None:
+    """Sliding windows and their layer pattern, q/k norms, the score scale and the soft-caps."""
+    if cfg.sliding_window is not None and cfg.sliding_window < 1:
+        raise ConfigError("model.sliding_window", cfg.sliding_window, "must be a positive integer or null")
+    if cfg.layer_types is not None:
+        types = list(cfg.layer_types)
+        allowed = f"needs {cfg.n_layers} entries (one per layer), each one of: {', '.join(LayerType)}"
+        if len(types) != cfg.n_layers or any(t not in LayerType.__members__ for t in types):
+            raise ConfigError("model.layer_types", types, allowed)
+        if LayerType.sliding in types and cfg.sliding_window is None:
+            raise ConfigError("model.sliding_window", None, "must be set when model.layer_types has sliding layers")
+    if cfg.rotary_theta_local is not None and not cfg.rotary_theta_local > 0:
+        raise ConfigError("model.rotary_theta_local", cfg.rotary_theta_local, "must be positive or null")
+    check_choice("model.qk_norm", cfg.qk_norm, QKNorm)
+    if cfg.qk_norm != QKNorm.none and cfg.norm == Norm.layernorm:
+        raise ConfigError("model.qk_norm", cfg.qk_norm, "needs an RMS norm: model.norm=rmsnorm or rmsnorm_plus_one")
+    for key, value in (
+        ("model.attn.query_pre_attn_scalar", cfg.attn.query_pre_attn_scalar),
+        ("model.attn.softcap", cfg.attn.softcap),
+        ("model.final_softcap", cfg.final_softcap),
+    ):
+        if value is not None and not value > 0:
+            raise ConfigError(key, value, "must be positive or null")

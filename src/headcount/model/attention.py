@@ -3,9 +3,11 @@
 Every operation on heads lives here, and everything else (the block, the ablation evaluator, structural pruning)
 calls these rather than re-deriving the weight layout:
 
-- `heads`: project to q, k, v (`project`, which also applies rotary positions), share each key/value head with its
-  group of query heads, then attend, z_h = softmax(q_h k_h^T / sqrt(head_dim) + causal) v_h, by SDPA or, when the
-  attention pattern is wanted, by the explicit reference path (`reference_attention`).
+- `heads`: project to q, k, v (`project`, which also applies q/k norms and rotary positions), share each key/value
+  head with its group of query heads, then attend, z_h = softmax(cap(q_h k_h^T * scale) + mask) v_h, by SDPA or, when
+  the attention pattern is wanted or the scores are soft-capped (SDPA cannot cap), by the explicit reference path
+  (`reference_attention`). The scale is 1 / sqrt(head_dim) or Gemma's query_pre_attn_scalar^(-1/2); the mask is
+  causal, and on a sliding-window layer also hides positions `window` or more steps back (`AttentionFeatures`).
 - `gate_z`: a gate g and a replacement r act on z before heads combine, z_h <- g z_h + (1 - g) r_h.
 - `combine_heads`: concatenation (one W_o slice per head) or summation (one W_o shared by all heads, as in the first
   Transformer), then the output projection.
@@ -27,12 +29,35 @@ names. Tensor names carry their shape: B batch, T positions, C model width, H he
 """
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from headcount.errors import ConfigError
+from headcount.model.norm import RMSNorm
 from headcount.model.rotary import Rotary
+
+
+@dataclass(frozen=True)
+class AttentionFeatures:
+    """What a layer's attention does beyond softmax(q k^T / sqrt(D) + causal) v (config/model.py's keys)."""
+
+    window: int | None = None  # sliding window: attend to the last `window` positions, itself included
+    scale: float | None = None  # the scores' factor; None: head_dim ** -0.5
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap)
+    qk_norm: str = "none"  # "head": RMSNorm over each head's q and k; "projection": over the whole q and k projections
+    qk_norm_plus_one: bool = False  # the q/k norms' form: Gemma's (1 + w)
+    norm_eps: float = 1e-5
+
+
+def allowed_keys(T: int, window: int | None, device: torch.device) -> Tensor:
+    """(T, T) bool: query t may attend to key s (causal, and within the window when there is one)."""
+    pos_T = torch.arange(T, device=device)
+    distance_TT = pos_T[:, None] - pos_T[None, :]
+    allowed_TT = distance_TT >= 0
+    return allowed_TT if window is None else allowed_TT & (distance_TT < window)
 
 
 class MultiHeadAttention(nn.Module):
@@ -47,10 +72,13 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         kv_groups: list[int] | None = None,
         rotary: Rotary | None = None,
+        features: AttentionFeatures | None = None,
     ):
         """kv_groups: query heads per key/value head, in order, adding up to n_heads; None: one key/value head per
-        query head. rotary: rotary positions applied to q and k, or None (positions enter elsewhere)."""
+        query head. rotary: rotary positions applied to q and k, or None (positions enter elsewhere). features:
+        sliding window, score scale, soft-cap and q/k norms (None: none of them)."""
         super().__init__()
+        self.features = features or AttentionFeatures()
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.combine, self.dropout = combine, dropout
         self.kv_groups = list(kv_groups) if kv_groups is not None else [1] * n_heads
@@ -68,6 +96,11 @@ class MultiHeadAttention(nn.Module):
             self.qkv = nn.Linear(d_model, (n_heads + 2 * self.n_kv_heads) * head_dim, bias=qkv_bias)
             # concat: W_o is (H*D) x C, head h owns rows h*D:(h+1)*D. sum: W_o is D x C, shared by every head.
             self.out = nn.Linear(n_heads * head_dim if combine == "concat" else head_dim, d_model, bias=out_bias)
+            f = self.features
+            widths = {"head": (head_dim, head_dim), "projection": (n_heads * head_dim, self.n_kv_heads * head_dim)}
+            q_width, k_width = widths.get(f.qk_norm, (0, 0))
+            self.q_norm = RMSNorm(q_width, f.norm_eps, f.qk_norm_plus_one) if q_width else None
+            self.k_norm = RMSNorm(k_width, f.norm_eps, f.qk_norm_plus_one) if k_width else None
 
     def forward(
         self,
@@ -84,14 +117,23 @@ class MultiHeadAttention(nn.Module):
         """z (B, T, H, D). cache: if given, receives "z" and, with need_pattern, "pattern" (B, H, T, T)."""
         q_BHTD, k_BGTD, v_BGTD = self.project(x_BTC)
         k_BHTD, v_BHTD = self.per_query_head(k_BGTD), self.per_query_head(v_BGTD)
-        if need_pattern:
+        if need_pattern or (self.features.softcap is not None and self.n_heads > 0):
             z_BHTD, pattern_BHTT = self.reference_attention(q_BHTD, k_BHTD, v_BHTD)
-            cache["pattern"] = pattern_BHTT
+            if need_pattern:
+                cache["pattern"] = pattern_BHTT
         elif self.n_heads == 0:  # pruned to no heads: z is empty, and SDPA's fused kernels refuse zero-size inputs
             z_BHTD = q_BHTD
         else:
+            window, T = self.features.window, q_BHTD.shape[2]
+            mask_TT = allowed_keys(T, window, q_BHTD.device) if window is not None and window < T else None
             z_BHTD = F.scaled_dot_product_attention(
-                q_BHTD, k_BHTD, v_BHTD, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+                q_BHTD,
+                k_BHTD,
+                v_BHTD,
+                attn_mask=mask_TT,
+                is_causal=mask_TT is None,
+                dropout_p=self.dropout if self.training else 0.0,
+                scale=self.score_scale,
             )
         z_BTHD = z_BHTD.transpose(1, 2)
         if cache is not None:
@@ -99,13 +141,19 @@ class MultiHeadAttention(nn.Module):
         return z_BTHD
 
     def project(self, x_BTC: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q (B, H, T, D), and k and v (B, H_kv, T, D) per key/value head, from one fused projection; q and k rotated
+        """q (B, H, T, D), and k and v (B, H_kv, T, D) per key/value head, from one fused projection; q and k
+        normalised when the model has q/k norms (over the projection before the head split, or per head), then rotated
         by their positions when the model uses rotary positions."""
         B, T, _ = x_BTC.shape
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q_BTX, k_BTX, v_BTX = self.qkv(x_BTC).split([H * D, G * D, G * D], dim=-1)
-        q_BHTD = q_BTX.view(B, T, H, D).transpose(1, 2)
-        k_BGTD, v_BGTD = (t.view(B, T, G, D).transpose(1, 2) for t in (k_BTX, v_BTX))
+        if self.features.qk_norm == "projection" and self.q_norm is not None:  # (a layer pruned to no heads has none)
+            q_BTX, k_BTX = self.q_norm(q_BTX), self.k_norm(k_BTX)
+        q_BTHD, k_BTGD = q_BTX.view(B, T, H, D), k_BTX.view(B, T, G, D)
+        if self.features.qk_norm == "head":
+            q_BTHD, k_BTGD = self.q_norm(q_BTHD), self.k_norm(k_BTGD)
+        q_BHTD, k_BGTD = q_BTHD.transpose(1, 2), k_BTGD.transpose(1, 2)
+        v_BGTD = v_BTX.view(B, T, G, D).transpose(1, 2)
         if self.rotary is not None:
             q_BHTD, k_BGTD = self.rotary(q_BHTD, k_BGTD)
         return q_BHTD, k_BGTD, v_BGTD
@@ -116,12 +164,18 @@ class MultiHeadAttention(nn.Module):
 
     def reference_attention(self, q_BHTD: Tensor, k_BHTD: Tensor, v_BHTD: Tensor) -> tuple[Tensor, Tensor]:
         """The explicit softmax path: slower than SDPA, but it returns the attention pattern for analysis."""
-        T = q_BHTD.shape[2]
-        scores_BHTT = (q_BHTD @ k_BHTD.transpose(-2, -1)) * self.head_dim**-0.5
-        causal_TT = torch.ones(T, T, dtype=torch.bool, device=q_BHTD.device).tril()
-        pattern_BHTT = scores_BHTT.masked_fill(~causal_TT, float("-inf")).softmax(dim=-1)
+        T, cap = q_BHTD.shape[2], self.features.softcap
+        scores_BHTT = (q_BHTD @ k_BHTD.transpose(-2, -1)) * self.score_scale
+        if cap is not None:
+            scores_BHTT = torch.tanh(scores_BHTT / cap) * cap
+        allowed_TT = allowed_keys(T, self.features.window, q_BHTD.device)
+        pattern_BHTT = scores_BHTT.masked_fill(~allowed_TT, float("-inf")).softmax(dim=-1)
         dropped_BHTT = F.dropout(pattern_BHTT, self.dropout, self.training)
         return dropped_BHTT @ v_BHTD, pattern_BHTT
+
+    @property
+    def score_scale(self) -> float:
+        return self.features.scale if self.features.scale is not None else self.head_dim**-0.5
 
     @staticmethod
     def gate_z(
@@ -153,6 +207,9 @@ class MultiHeadAttention(nn.Module):
         head of its group stays. The new module has an output bias when this one has, when a replacement folds, or
         when add_out_bias asks for one (a zero bias, for a model whose layers share one out_bias setting)."""
         H, G, D, C = self.n_heads, self.n_kv_heads, self.head_dim, self.d_model
+        if self.features.qk_norm == "projection" and not keep_H.all():
+            allowed = "cannot be pruned structurally: a q/k norm over the whole projection mixes every head's q and k"
+            raise ConfigError("model.qk_norm", "projection", allowed)
         W_XC = self.qkv.weight.detach()
         keep_H = keep_H.to(W_XC.device)
         kv_of_H = self.kv_head_of.to(W_XC.device)
@@ -166,6 +223,7 @@ class MultiHeadAttention(nn.Module):
         has_out_bias = self.out.bias is not None
         out_bias = has_out_bias or fold_C is not None or add_out_bias
         state = {"qkv.weight": self._select_qkv_rows(W_XC, keep_H, keep_G)}
+        state |= {name: t for name, t in self.state_dict().items() if name.startswith(("q_norm.", "k_norm."))}
         if self.qkv.bias is not None:
             state["qkv.bias"] = self._select_qkv_rows(self.qkv.bias.detach(), keep_H, keep_G)
         W_CX = self.out.weight.detach()
@@ -177,7 +235,16 @@ class MultiHeadAttention(nn.Module):
         with torch.random.fork_rng(devices=[]):
             qkv_bias = self.qkv.bias is not None
             selected = MultiHeadAttention(
-                C, sum(kept_groups), D, self.combine, qkv_bias, out_bias, self.dropout, kept_groups, self.rotary
+                C,
+                sum(kept_groups),
+                D,
+                self.combine,
+                qkv_bias,
+                out_bias,
+                self.dropout,
+                kept_groups,
+                self.rotary,
+                self.features,
             )
         selected.to(device=W_XC.device, dtype=W_XC.dtype).load_state_dict(state)
         return selected.train(self.training)

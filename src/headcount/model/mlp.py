@@ -1,5 +1,6 @@
-"""The position-wise MLP: fc -> activation -> proj, or SwiGLU's proj(silu(gate x) * fc x) (Llama), with any hidden
-width. Parameter names (fc, proj, gate) are those checkpoints store."""
+"""The position-wise MLP: fc -> activation -> proj, or a gated one, SwiGLU's proj(silu(gate x) * fc x) (Llama) or
+GeGLU's proj(gelu_tanh(gate x) * fc x) (Gemma), with any hidden width. Parameter names (fc, proj, gate) are those
+checkpoints store."""
 
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -13,11 +14,14 @@ class MLP(nn.Module):
         d, hidden, bias = cfg.d_model, cfg.mlp_hidden or cfg.mlp_ratio * cfg.d_model, cfg.mlp_bias
         self.act = cfg.mlp_act
         self.fc, self.proj, self.drop = nn.Linear(d, hidden, bias), nn.Linear(hidden, d, bias), nn.Dropout(cfg.dropout)
-        self.gate = nn.Linear(d, hidden, bias) if self.act == Activation.swiglu else None
+        gated = self.act in (Activation.swiglu, Activation.geglu_tanh)
+        self.gate = nn.Linear(d, hidden, bias) if gated else None
 
     def forward(self, x_BTC: Tensor) -> Tensor:
         if self.gate is not None:
-            return self.drop(self.proj(F.silu(self.gate(x_BTC)) * self.fc(x_BTC)))
+            gate = self.gate(x_BTC)
+            act = F.silu(gate) if self.act == Activation.swiglu else F.gelu(gate, approximate="tanh")
+            return self.drop(self.proj(act * self.fc(x_BTC)))
         approximate = "tanh" if self.act == Activation.gelu_tanh else "none"
         return self.drop(self.proj(F.gelu(self.fc(x_BTC), approximate=approximate)))
 

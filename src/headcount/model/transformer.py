@@ -1,8 +1,10 @@
 """A decoder-only transformer whose attention heads can be gated, replaced, counted and removed.
 
-Pre-norm blocks (model/block.py; LayerNorm or RMSNorm, sequential or parallel residual), learned or rotary positions,
-optional MLP (attention-only models are `mlp: false`; GELU or SwiGLU), tied or untied unembedding: GPT-2, Llama and
-GPT-NeoX are settings of one model (config/model.py), and headcount.pretrained converts their checkpoints into it.
+Blocks (model/block.py; LayerNorm or RMSNorm, pre-, post- or sandwich norms, sequential or parallel residual), learned
+or rotary positions (scaled or not), optional MLP (attention-only models are `mlp: false`; GELU, SwiGLU or GeGLU),
+embeddings scaled by sqrt(d_model) or not, tied or untied unembedding, soft-capped logits or not: GPT-2, Llama,
+GPT-NeoX, Mistral, Qwen2/3, Gemma 1/2/3, OLMo 2 and Phi-3 are settings of one model (config/model.py), and
+headcount.pretrained converts their checkpoints into it.
 The forward pass is split in three (`embed`, `forward_layers`, `unembed`): `forward_layers(resid, start)` starts at
 any layer from the residual stream before it, which the ablation evaluator uses to reuse the stream before the first
 layer a mask touches. `select_heads` is structural pruning: a smaller
@@ -20,6 +22,19 @@ from headcount.config.model import ModelConfig, Positions, resolve_head_dim, res
 from headcount.errors import ConfigError
 from headcount.model.block import Block
 from headcount.model.norm import make_norm
+
+
+class Unembedding(nn.Linear):
+    """The unembedding, bias-free, its logits soft-capped to cap * tanh(logits / cap) when softcap is set (Gemma 2).
+    Its weight is `lm_head.weight` either way, so checkpoints keep their names."""
+
+    def __init__(self, d_model: int, vocab_size: int, softcap: float | None = None):
+        super().__init__(d_model, vocab_size, bias=False)
+        self.softcap = softcap
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = super().forward(x)
+        return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
 
 
 @dataclass(frozen=True)
@@ -43,9 +58,11 @@ class Transformer(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positions == Positions.learned else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, h, self.head_dim, g) for h, g in zip(self.heads_per_layer, kv_groups))
+        self.blocks = nn.ModuleList(
+            Block(cfg, h, self.head_dim, g, layer) for layer, (h, g) in enumerate(zip(self.heads_per_layer, kv_groups))
+        )
         self.ln_f = make_norm(cfg)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Unembedding(cfg.d_model, cfg.vocab_size, cfg.final_softcap)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
@@ -94,10 +111,13 @@ class Transformer(nn.Module):
         T = idx_BT.shape[1]
         if T > self.cfg.n_ctx:
             raise ConfigError("data.seq_len", T, f"must be at most model.n_ctx={self.cfg.n_ctx}")
+        tok_BTC = self.tok_emb(idx_BT)
+        if self.cfg.embed_scale:  # sqrt(d_model) rounded to the model's dtype, as Gemma's code does
+            tok_BTC = tok_BTC * torch.tensor(math.sqrt(self.cfg.d_model), dtype=torch.float64).to(tok_BTC.dtype)
         if self.pos_emb is None:  # rotary positions enter in every layer's attention
-            return self.drop(self.tok_emb(idx_BT))
+            return self.drop(tok_BTC)
         pos_T = torch.arange(T, device=idx_BT.device)
-        return self.drop(self.tok_emb(idx_BT) + self.pos_emb(pos_T))
+        return self.drop(tok_BTC + self.pos_emb(pos_T))
 
     def forward_layers(
         self,

@@ -1,8 +1,9 @@
 """What a Hugging Face config must say for headcount to reproduce it exactly; everything else is refused by name."""
 
+import math
 from typing import Any
 
-from headcount.config.model import Activation
+from headcount.config.model import Activation, RopeScalingConfig, RopeType
 from headcount.errors import ConfigError
 
 KEY = "model.pretrained"
@@ -31,12 +32,75 @@ def gelu_activation(hf: Any, name: str, source: str) -> Activation:
     return GELU_ACTIVATIONS[act]
 
 
-def rope(hf: Any, source: str) -> tuple[float, float]:
-    """(theta, partial_rotary_factor) of a config with plain rotary positions; scaled variants are refused."""
-    params = dict(getattr(hf, "rope_parameters", None) or {})
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+
+
+def rope(hf: Any, source: str, params: dict | None = None) -> tuple[float, float, RopeScalingConfig]:
+    """(theta, partial_rotary_factor, scaling) of a config's rotary positions (or of `params`, one layer type's
+    rope_parameters): rope_type default, linear, dynamic, yarn or llama3; any other (longrope, ...) is refused."""
+    if params is None:
+        params = getattr(hf, "rope_parameters", None) or {}
+    params = dict(params)
     rope_type = params.get("rope_type", params.get("type", "default"))
-    refuse_if(rope_type != "default", source, hf.model_type, f"rotary scaling rope_type={rope_type!r}")
-    return float(params.get("rope_theta", 10000.0)), float(params.get("partial_rotary_factor", 1.0))
+    if rope_type not in ROPE_TYPES:
+        what = f"rotary scaling rope_type={rope_type!r} (supported: {', '.join(ROPE_TYPES)})"
+        raise unsupported(source, hf.model_type, what)
+    theta, fraction = float(params.get("rope_theta", 10000.0)), float(params.get("partial_rotary_factor", 1.0))
+    if rope_type == "default":
+        return theta, fraction, RopeScalingConfig()
+    original = params.get("original_max_position_embeddings")
+    if rope_type == "dynamic":  # transformers' dynamic NTK counts from max_position_embeddings
+        original = hf.max_position_embeddings
+    factor = params.get("factor")
+    if factor is None and rope_type == "yarn":
+        factor = hf.max_position_embeddings / original
+    scaling = RopeScalingConfig(
+        type=RopeType(rope_type),
+        factor=float(factor),
+        original_n_ctx=None if original is None else int(original),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        attention_factor=yarn_attention_factor(params, float(factor)) if rope_type == "yarn" else None,
+        truncate=bool(params.get("truncate", True)),
+    )
+    return theta, fraction, scaling
+
+
+def yarn_attention_factor(params: dict, factor: float) -> float | None:
+    """YaRN's cos/sin scale as transformers infers it: attention_factor, else from mscale and mscale_all_dim, else
+    null (headcount's default, 0.1 ln(factor) + 1)."""
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    if not (mscale and mscale_all_dim) or factor <= 1:
+        return None
+    return float((0.1 * mscale * math.log(factor) + 1.0) / (0.1 * mscale_all_dim * math.log(factor) + 1.0))
+
+
+def rope_n_ctx(hf: Any, scaling: RopeScalingConfig) -> int:
+    """headcount's n_ctx: max_position_embeddings, or for dynamic NTK (which only acts beyond it) factor times it."""
+    if scaling.type == RopeType.dynamic:
+        return int(hf.max_position_embeddings * scaling.factor)
+    return hf.max_position_embeddings
+
+
+def layer_types_setting(hf: Any, source: str) -> tuple[int | None, list[str] | None]:
+    """headcount's (sliding_window, layer_types) from transformers' sliding_window and layer_types: no window when
+    every layer is full, layer_types null when every layer is alike (Mistral: every layer slides)."""
+    window = getattr(hf, "sliding_window", None)
+    types = list(getattr(hf, "layer_types", None) or [])
+    if not types:
+        types = ["sliding_attention" if window is not None else "full_attention"] * hf.num_hidden_layers
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    refuse_if(
+        bool(unknown), source, hf.model_type, f"with layer types {unknown} (supported: full and sliding attention)"
+    )
+    ours = ["sliding" if t == "sliding_attention" else "full" for t in types]
+    if "sliding" not in ours:
+        return None, None
+    return int(window), None if set(ours) == {"sliding"} else ours
 
 
 def head_dim_setting(d_model: int, n_heads: int, head_dim: int) -> int | None:

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
-from headcount.pretrained import gpt2, gpt_neox, llama
+from headcount.pretrained import gemma, gpt2, gpt_neox, llama
 from headcount.pretrained.checks import KEY
 from headcount.pretrained.weights import HFWeights
 
@@ -25,10 +25,18 @@ class Family:
 
 
 FAMILIES = {
+    "gemma": Family.of(gemma),
+    "gemma2": Family.of(gemma),
+    "gemma3": Family.of(gemma),
+    "gemma3_text": Family.of(gemma),
     "gpt2": Family.of(gpt2),
     "gpt_neox": Family.of(gpt_neox),
     "llama": Family.of(llama),
+    "mistral": Family.of(llama),
+    "olmo2": Family.of(llama),
+    "phi3": Family.of(llama),
     "qwen2": Family.of(llama),
+    "qwen3": Family.of(llama),
 }
 SUPPORTED = tuple(sorted(FAMILIES))
 

@@ -10,21 +10,22 @@ from torch import Tensor
 
 from headcount.config.model import AttentionConfig, ModelConfig, Norm, Positions
 from headcount.model.attention import fuse_qkv
-from headcount.pretrained.checks import gelu_activation, rope
+from headcount.pretrained.checks import gelu_activation, rope, rope_n_ctx
 from headcount.pretrained.weights import HFWeights, put_linear, put_norm
 
 
 def model_config(hf: Any, source: str) -> ModelConfig:
-    theta, fraction = rope(hf, source)
+    theta, fraction, scaling = rope(hf, source)
     return ModelConfig(
         n_layers=hf.num_hidden_layers,
         d_model=hf.hidden_size,
-        n_ctx=hf.max_position_embeddings,
+        n_ctx=rope_n_ctx(hf, scaling),
         vocab_size=hf.vocab_size,
         attn=AttentionConfig(n_heads=hf.num_attention_heads, qkv_bias=hf.attention_bias, out_bias=hf.attention_bias),
         positions=Positions.rotary,
         rotary_theta=theta,
         rotary_fraction=fraction,
+        rope_scaling=scaling,
         norm=Norm.layernorm,
         norm_eps=hf.layer_norm_eps,
         parallel_residual=hf.use_parallel_residual,
