@@ -127,15 +127,15 @@ def read_entry(entry: Path) -> tuple[Converted | None, str | None]:
             if file_sha256(entry / name) != expected:
                 return None, f"{name} is not the file written there"
         cfg = typed(record["model_config"], ModelConfig)
+        import transformers
         from safetensors.torch import load_file
 
         from headcount.pretrained.convert import model_from_state
 
+        # The tokenizer first: what it needs only while it loads is then not added to the weights' memory.
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(entry / TOKENIZER))
         # pread: each tensor read into memory of its own, not through a mapping of the whole file
         model = model_from_state(cfg, load_file(entry / WEIGHTS, backend="pread"))
-        import transformers
-
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(entry / TOKENIZER))
     except Exception as err:  # any unreadable part: a missing file, bad JSON, a safetensors or tokenizer error
         return None, f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
     return Converted(model, tokenizer, record["hf"]), None

@@ -8,6 +8,7 @@ the peak stays near one copy of the converted weights. What transformers checks 
 another shape) is checked before the first tensor is de-quantised, with integrity.py's messages.
 """
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,21 +52,29 @@ class StreamedWeights(HFWeights):
         return tensor
 
 
-def read_gguf(transformers: Any, where: Source, hf_config: Any, verbose: bool) -> StreamedWeights:
-    """The weights of the GGUF file `where` under transformers' names for hf_config's model (made when taken), after
-    the checks transformers' loading info allows (check_loaded: a ConfigError naming what is missing, left over or of
-    another shape)."""
+def architecture_only(reader: Any) -> str:
+    """The architecture a GGUF file's metadata names; the reader (gguf's GGUFReader) keeps its tensor table and drops
+    the rest of the metadata, a vocabulary among it, which takes hundreds of MB parsed and which transformers reads
+    itself for the config and the tokenizer."""
+    architecture = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+    reader.fields.clear()
+    return architecture
+
+
+def read_gguf(
+    transformers: Any, where: Source, reader: Any, architecture: str, hf_config: Any, verbose: bool
+) -> StreamedWeights:
+    """The weights of the GGUF file `where` (its tensor table read by reader, of architecture_only's architecture)
+    under transformers' names for hf_config's model (made when taken), after the checks transformers' loading info
+    allows (check_loaded: a ConfigError naming what is missing, left over or of another shape)."""
     from accelerate import init_empty_weights
-    from gguf import GGUFReader
     from tqdm.auto import tqdm
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-    reader = GGUFReader(str(Path(where.location) / where.gguf_file))
     with init_empty_weights():  # the model only names the tensors and gives their shapes: no memory
         hf_model = transformers.AutoModelForCausalLM.from_config(hf_config)
     hf_model.tie_weights()  # as from_pretrained does: a tied unembedding is the embedding's parameter
-    architecture = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
-    reader.fields.clear()  # the metadata (a vocabulary among it) is read already: only the tensors are needed here
+    path = Path(where.location) / where.gguf_file
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=hf_config.to_dict())
     mapping = get_gguf_hf_weights_map(hf_model, processor)
     makers, found, unread = {}, {}, []
@@ -77,7 +86,7 @@ def read_gguf(transformers: Any, where: Source, hf_config: Any, verbose: bool) -
         unread += [] if made else [tensor.name]
         for name, array in made:
             found[name] = tuple(array.shape)
-            makers[name] = tensor_maker(tensor, processor, mapping, name)
+            makers[name] = tensor_maker(tensor, processor, mapping, name, path)
     needed = dict(hf_model.named_parameters(remove_duplicate=False))
     first_of = {}
     for name, param in needed.items():
@@ -103,9 +112,9 @@ def processed(processor: Any, mapping: dict, gguf_name: str, weights: np.ndarray
     return out
 
 
-def tensor_maker(tensor: Any, processor: Any, mapping: dict, name: str) -> Callable[[], Tensor]:
+def tensor_maker(tensor: Any, processor: Any, mapping: dict, name: str, path: Path) -> Callable[[], Tensor]:
     def make() -> Tensor:
-        array = dict(processed(processor, mapping, tensor.name, dequantized(tensor)))[name]
+        array = dict(processed(processor, mapping, tensor.name, dequantized(tensor, path)))[name]
         if isinstance(array, Tensor):
             return array.float()
         return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
@@ -113,16 +122,24 @@ def tensor_maker(tensor: Any, processor: Any, mapping: dict, name: str) -> Calla
     return make
 
 
-def dequantized(tensor: Any) -> np.ndarray:
-    """A GGUF tensor in float32 in numpy's row order, in memory of its own (the file's mapping stays read-only);
-    large tensors a slice of rows at a time, so the de-quantiser's temporaries stay small."""
+def dequantized(tensor: Any, path: Path) -> np.ndarray:
+    """A GGUF tensor in float32 in numpy's row order, a slice of rows at a time (so the de-quantiser's temporaries
+    stay small), each slice's bytes read from the file rather than through the reader's mapping of it: pages of a
+    mapping that were read count in the process's memory for as long as it is mapped, as much as the file again."""
     from gguf import dequantize
 
-    data, kind = tensor.data, tensor.tensor_type
-    if data.ndim < 2 or data.shape[0] <= ROWS_PER_SLICE:
-        return np.array(dequantize(data, kind), dtype=np.float32)
-    first = dequantize(data[:1], kind)
-    out = np.empty((data.shape[0], *first.shape[1:]), dtype=np.float32)
-    for start in range(0, data.shape[0], ROWS_PER_SLICE):
-        out[start : start + ROWS_PER_SLICE] = dequantize(data[start : start + ROWS_PER_SLICE], kind)
-    return out
+    shape, kind = tensor.data.shape, tensor.tensor_type  # the stored layout (blocks of bytes for a quantised type)
+    rows = shape[0] if len(shape) > 1 else 1
+    row_shape = shape[1:] if len(shape) > 1 else shape
+    row_bytes = tensor.n_bytes // rows
+    out = None
+    with open(path, "rb", buffering=0) as f:
+        for start in range(0, rows, ROWS_PER_SLICE):
+            n = min(ROWS_PER_SLICE, rows - start)
+            raw = os.pread(f.fileno(), n * row_bytes, tensor.data_offset + start * row_bytes)
+            stored = np.frombuffer(raw, dtype=tensor.data.dtype).reshape(n, *row_shape)
+            values = dequantize(stored, kind)
+            if out is None:
+                out = np.empty((rows, *values.shape[1:]), dtype=np.float32)
+            out[start : start + n] = values
+    return out if len(shape) > 1 else out.reshape(out.shape[1:])

@@ -55,11 +55,12 @@ def check_weight_files(where: Source) -> None:
             ) from None
 
 
-def check_gguf_file(where: Source) -> None:
+def check_gguf_file(where: Source) -> Any:
+    """The GGUF file's reader, or a ConfigError naming the file when its header or tensor table does not read."""
     from gguf import GGUFReader
 
     try:
-        GGUFReader(str(Path(where.location) / where.gguf_file))
+        return GGUFReader(str(Path(where.location) / where.gguf_file))
     except Exception as err:  # the reader raises ValueError, struct.error, IndexError ... for a damaged file
         reason = f"{type(err).__name__}: {first_line(err)}"
         raise ConfigError(KEY, where.given, f"{where.gguf_file} is damaged or not a GGUF file ({reason})") from None

@@ -24,8 +24,8 @@ from headcount.pretrained.converted_cache import (
     file_sha256,
     load_or_convert,
 )
-from headcount.pretrained.gguf_stream import read_gguf
-from headcount.pretrained.integrity import check_loaded, check_weight_files, first_line, read_errors
+from headcount.pretrained.gguf_stream import architecture_only, read_gguf
+from headcount.pretrained.integrity import check_gguf_file, check_loaded, check_weight_files, first_line, read_errors
 from headcount.pretrained.source import Source, hub_errors, locate, require
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -87,14 +87,19 @@ def gguf_key(where: Source) -> str:
 
 def convert_gguf(transformers: Any, where: Source, verbose: bool) -> Converted:
     """A GGUF file converted tensor by tensor (gguf_stream.py), with its tokenizer: what the cache keeps."""
-    check_weight_files(where)
+    reader = check_gguf_file(where)
+    architecture = architecture_only(reader)
     hf_config = _hf_config(transformers, where)
     hf_model_config(hf_config, where.given)  # refuse what cannot be converted before de-quantising anything
     with quiet_loading(verbose):
         with read_errors(where):
-            weights = read_gguf(transformers, where, hf_config, verbose)
-            model = convert_weights(hf_config, weights, where.given)
+            weights = read_gguf(
+                transformers, where, reader, architecture, hf_config, verbose
+            )  # checked; nothing de-quantised yet
+        # The tokenizer before the weights: what reading it needs for a while is then not added to their memory.
         tokenizer = _tokenizer(transformers, where)
+        with read_errors(where):
+            model = convert_weights(hf_config, weights, where.given)
     return Converted(model, tokenizer, hf_record(hf_config))
 
 
