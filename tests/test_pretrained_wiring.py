@@ -115,6 +115,7 @@ def test_a_tokenizer_that_puts_its_bos_first_gets_it_for_data_and_tasks_unless_t
     text = ["data=text", f"data.path={text_file}", *DATA]
     cfg = resolve_pretrained(compose_train([f"model.pretrained={bos_model}", *text]))
     assert cfg.data.add_bos is True and cfg.task.add_special_tokens is True
+
     def all_ids(config) -> torch.Tensor:
         splits = FinishedRun(config, None, None).splits
         return torch.cat([torch.as_tensor(splits[name][:]["input_ids"]) for name in ("train", "val", "test")])
