@@ -32,7 +32,7 @@ from headcount.ablation.results import ResultFiles, fingerprint, model_fingerpri
 from headcount.ablation.scans import KINDS, Scan
 from headcount.ablation.summary import record_default_metric
 from headcount.config import typed
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig, ScanConfig, ScanDtype
 from headcount.config.train import TrainerConfig
 from headcount.processes import set_first_process
 from headcount.report.captions import describe_run
@@ -60,6 +60,11 @@ def typed_ablation(section: DictConfig) -> AblationConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AblationConfig), section))
 
 
+def low_precision(s: AblationConfig) -> dict:
+    """What results record of ablation.dtype: nothing for float32 (earlier results stay up to date), else the dtype."""
+    return {} if s.dtype == ScanDtype.float32 else {"dtype": ScanDtype(s.dtype).value}
+
+
 class AblationSession:
     """What every scan of one run shares: the settings, the mode and the metric, the model and its evaluator on the
     eval batches, the replacements, the baseline, the result files, what scans have handed to others (`shared`), and
@@ -75,7 +80,7 @@ class AblationSession:
         self.run = load_run(run_dir, cfg)
         self.device = resolve_device(s.device) if self.world is None else self.world.device
         model_key = model_fingerprint(self.run.model)
-        self.model = self.run.model.to(self.device, torch.float32).eval()
+        self.model = self.run.model.to(self.device, ScanDtype(s.dtype).torch).eval()
         self.heads_per_layer = self.model.heads_per_layer
         self.task = run_task(cfg, self.model, task_cfg)
         self.positions = [] if self.task is None else list(self.task.positions)
@@ -111,6 +116,7 @@ class AblationSession:
             **({} if self.metric.name == "loss" else {"metric": self.metric.describe()}),
             **({} if self.task is None else {"task": self.task.name}),
             **({"patch_positions": "each"} if s.patch_positions == "each" else {}),
+            **low_precision(s),
         }
         self.key = fingerprint(model_key, data["fingerprint"], settings_record)
         self.eval_key = fingerprint(model_key, data["fingerprint"], {"split": eval_set.split, "n_eval": n_eval})
@@ -128,6 +134,7 @@ class AblationSession:
             "n_targets": self.baseline["n_targets"],
             "reference_split": settings_record.get("reference_split"),
             "n_reference": settings_record.get("n_reference"),
+            **low_precision(s),
         }
         baselines = {f"baseline_{column}": self.baseline[column] for column in self.metric.columns}
         if self.task is not None:  # whether the model does the task at all, whatever the metric
