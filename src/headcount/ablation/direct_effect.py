@@ -2,9 +2,10 @@
 norm's scale taken from the run itself, onto the unembedding direction the metric reads (the correct answer's row
 minus the wrong answer's for a logit difference; the correct answer's row otherwise: its direct logit). In a block
 that normalises its attention output before adding it (post_norm: Gemma 2/3), a head's output passes that norm too,
-its scale frozen at the layer's whole output. With the norms' scales frozen the final stream is a sum of components (the embedding, each head, each MLP, the biases), so the
-direct effects of every component add up to the logit read, exactly; a head's direct effect ignores what it does
-through later layers (Wang et al. 2022's "direct logit attribution")."""
+its scale frozen at the layer's whole output. With the norms' scales frozen the final stream is a sum of components
+(the embedding, each head, each MLP, the biases), so the direct effects of every component add up to the logit read,
+exactly; a head's direct effect ignores what it does through later layers (Wang et al. 2022's "direct logit
+attribution")."""
 
 import torch
 from torch import Tensor
