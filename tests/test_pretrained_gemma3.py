@@ -45,7 +45,7 @@ def test_gemma3_converts_to_its_published_shape(ours):
     cfg = ours.model.cfg
     assert (cfg.n_layers, cfg.attn.n_heads, cfg.attn.n_kv_heads, cfg.d_model, cfg.vocab_size) == (18, 4, 1, 640, 262144)
     assert ours.model.head_dim == 256 and cfg.sliding_window == 512
-    assert [t == "full_attention" for t in cfg.layer_types] == [(layer + 1) % 6 == 0 for layer in range(18)]
+    assert [str(t) == "full" for t in cfg.layer_types] == [(layer + 1) % 6 == 0 for layer in range(18)]
     assert ours.provenance["model_type"] == "gemma3_text" and ours.provenance["files"] == {
         "gemma-3-270m-q4_k_m.gguf": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
     }
