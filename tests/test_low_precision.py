@@ -89,3 +89,19 @@ def test_the_memory_budget_counts_the_dtype(trained_run):
     f32 = MaskEvaluator(model, batches, memory_budget=budget).masks_per_pass
     bf16 = MaskEvaluator(model.to(torch.bfloat16), batches, memory_budget=budget).masks_per_pass
     assert f32 > 1 and bf16 in (2 * f32, 2 * f32 + 1)
+
+
+def test_a_precision_the_activations_overflow_is_refused_in_one_line(trained_run, tmp_path, monkeypatch):
+    """Gemma-3-270M's activations overflow float16 (its scan gave NaN, docs/BENCHMARKS.md): here a model whose
+    embeddings are scaled past float16's range. Refused before any table is written; float32 measures it."""
+    from headcount.model.transformer import Transformer
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    embed = Transformer.embed
+    monkeypatch.setattr(Transformer, "embed", lambda self, ids: embed(self, ids) * 1e6)
+    with pytest.raises(ConfigError, match="ablation.dtype='float16': the model's baseline is (nan|inf)") as err:
+        ablate_with(run_dir, "ablation=single_head", "ablation.dtype=float16")
+    assert "\n" not in str(err.value) and not (RunPaths(run_dir).ablation / "single_head.csv").exists()
+    ablate_with(run_dir, "ablation=single_head")
+    assert (RunPaths(run_dir).ablation / "single_head.csv").exists()

@@ -12,6 +12,7 @@ resumes from its partial file. Each mode and metric keeps its own files and its 
 (ablation/results.py); a task keeps its own folder, ablation/tasks/<task name>/.
 """
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from headcount.ablation.summary import record_default_metric
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig, ScanDtype
 from headcount.config.train import TrainerConfig
+from headcount.errors import ConfigError
 from headcount.processes import set_first_process
 from headcount.report.captions import describe_run
 from headcount.run_dir import RunPaths, load_run, read_pretrained
@@ -63,6 +65,17 @@ def typed_ablation(section: DictConfig) -> AblationConfig:
 def low_precision(s: AblationConfig) -> dict:
     """What results record of ablation.dtype: nothing for float32 (earlier results stay up to date), else the dtype."""
     return {} if s.dtype == ScanDtype.float32 else {"dtype": ScanDtype(s.dtype).value}
+
+
+def refuse_overflow(s: AblationConfig, baseline: float) -> None:
+    """A low-precision model whose activations overflow (Gemma's do in float16) gives no numbers: one line, no table."""
+    if s.dtype != ScanDtype.float32 and not math.isfinite(baseline):
+        raise ConfigError(
+            "ablation.dtype",
+            ScanDtype(s.dtype).value,
+            f"the model's baseline is {baseline} in this precision (its activations overflow it): use bfloat16 or "
+            "float32",
+        )
 
 
 class AblationSession:
@@ -124,6 +137,7 @@ class AblationSession:
         evaluated = evaluation(s, self.mode, self.metric, self.model, eval_set, self.files, self.device)
         self.replacements, self.batches, self.evaluator = evaluated.replacements, evaluated.batches, evaluated.evaluator
         self.baseline = self.evaluator.baseline()
+        refuse_overflow(s, self.baseline[self.metric.columns[0]])
         self.counterpart = counterpart_baseline(s, self.metric, self.model, eval_set, self.device)
         self.record = {
             "mode": s.mode,
