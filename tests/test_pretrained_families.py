@@ -201,3 +201,78 @@ def test_the_evaluator_restarts_mid_block_exactly_on_a_converted_family(case, fo
             for b in batches
         ]
         torch.testing.assert_close(fast["loss"][m], torch.stack(losses).mean(), rtol=0, atol=1e-10)
+
+
+GEMMA3_GGUF_NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gemma3_gguf(path, hf: torch.nn.Module):
+    """The tiny Gemma 3 as a float32 GGUF file the way llama.cpp writes one: norm weights stored as 1 + w, no q/k
+    permutation, tied unembedding; a byte-level tokenizer of the first VOCAB bytes."""
+    import gguf
+
+    from headcount.pretrained.tiny_random import byte_characters
+
+    c = hf.config
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_key_length(c.head_dim)
+    writer.add_value_length(c.head_dim)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_sliding_window(c.sliding_window)
+    writer.add_rope_freq_base(1000.0)
+    writer.add_vocab_size(c.vocab_size)
+    chars = byte_characters()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([chars[b] for b in range(c.vocab_size)])
+    writer.add_token_types([1] * c.vocab_size)
+    writer.add_token_scores([0.0] * c.vocab_size)
+    for name, tensor in hf.state_dict().items():
+        module = name.removesuffix(".weight")
+        if module == "lm_head":
+            continue
+        top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm"}
+        if module in top:
+            gguf_name = top[module]
+        else:
+            _, _, layer, rest = module.split(".", 3)
+            gguf_name = f"blk.{layer}.{GEMMA3_GGUF_NAMES[rest]}"
+        writer.add_tensor(f"{gguf_name}.weight", (tensor + 1 if "norm" in name else tensor).float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_gemma3_gguf_file_converts_as_transformers_reads_it(tmp_path):
+    """transformers reads a Gemma 3 .gguf as gemma3_text (rope_theta from the file, the rest of the config from its
+    defaults: layer pattern, local base, query_pre_attn_scalar); headcount converts what it reads, exactly (float32:
+    transformers' GGUF kernels compute in float32)."""
+    pytest.importorskip("gguf")
+    path = gemma3_gguf(tmp_path / "tiny-gemma3.gguf", hf_model("gemma3"))
+    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, attn_implementation="eager").eval()
+    model, _, provenance = load_pretrained(str(path))
+    assert (provenance["kind"], provenance["model_type"]) == ("gguf", "gemma3_text")
+    assert model.cfg.qk_norm == "head" and model.cfg.sliding_window == 5 and model.cfg.embed_scale
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens()), hf(tokens()).logits, rtol=0, atol=TOL[torch.float32])

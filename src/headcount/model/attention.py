@@ -24,8 +24,10 @@ per query head, so gates, masks and replacements do not change.
 (The module runs past the project's ~250-line guide on purpose: splitting it would put the weight layout in two places.)
 
 The parameters are one fused `qkv` Linear whose output rows are laid out [q: H*D | k: H_kv*D | v: H_kv*D] (with
-H_kv = H, the (3, H, D) layout of every headcount checkpoint) and one `out` Linear; checkpoints store them under those
-names. Tensor names carry their shape: B batch, T positions, C model width, H heads, G key/value heads, D head width.
+H_kv = H, the (3, H, D) layout of every headcount checkpoint) and one `out` Linear, plus `q_norm` and `k_norm`
+(RMSNorm weights of width D, or H*D and H_kv*D over the whole projections) when the model has q/k norms; checkpoints
+store them under those names. Tensor names carry their shape: B batch, T positions, C model width, H heads, G key/value
+heads, D head width.
 """
 
 import warnings
@@ -258,7 +260,7 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def W_Q(self) -> Tensor:
-        """(H, C, D): q_h = x W_Q[h] + b_Q[h] (before rotary positions)."""
+        """(H, C, D): q_h = x W_Q[h] + b_Q[h] (before q/k norms and rotary positions)."""
         return self._qkv_part(self.qkv.weight, 0).transpose(1, 2)
 
     @property

@@ -3,7 +3,8 @@
     from headcount.pretrained import load_pretrained
     model, tokenizer, provenance = load_pretrained("HuggingFaceTB/SmolLM2-135M")  # or a folder, or a .gguf file
 
-Supported families (transformers' model_type): gpt2; llama (Llama, SmolLM, ...) and qwen2; gpt_neox (Pythia).
+Supported families (transformers' model_type): gpt2; llama (Llama 1/2/3.x, SmolLM, ...), mistral, qwen2, qwen3,
+olmo2 and phi3 (llama.py); gemma, gemma2, gemma3_text and gemma3 (gemma.py); gpt_neox (Pythia).
 `convert(hf_model)` converts a transformers model already in memory, `hf_model_config(hf_config)` and
 `pretrained_config(source)` give the ModelConfig a checkpoint implies. transformers and gguf are optional
 (`pip install 'headcount[pretrained]'`); they are imported only when a checkpoint is read.

@@ -98,7 +98,7 @@ def layer_types_setting(hf: Any, source: str) -> tuple[int | None, list[str] | N
         bool(unknown), source, hf.model_type, f"with layer types {unknown} (supported: full and sliding attention)"
     )
     ours = ["sliding" if t == "sliding_attention" else "full" for t in types]
-    if "sliding" not in ours:
+    if "sliding" not in ours or window is None:  # transformers' sliding layers without a window attend to everything
         return None, None
     return int(window), None if set(ours) == {"sliding"} else ours
 
