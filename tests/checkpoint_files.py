@@ -87,9 +87,10 @@ def gguf_name(name: str) -> str:
     return f"blk.{layer}.{GGUF_NAMES.get(rest, rest)}.weight"
 
 
-def gguf_checkpoint(path: Path, edit: Edit | None = None) -> Path:
+def gguf_checkpoint(path: Path, edit: Edit | None = None, quantised: bool = False) -> Path:
     """The tiny random Llama as a float32 GGUF file with its byte-level tokenizer: transformers reads it back as the
-    same model as the folder."""
+    same model as the folder. quantised: its matrices in llama.cpp's 8-bit blocks (Q8_0), as real GGUF files hold
+    them (read back, they differ from the folder's by the rounding)."""
     import gguf
 
     config, tensors = edited_state(edit)
@@ -115,7 +116,11 @@ def gguf_checkpoint(path: Path, edit: Edit | None = None) -> Path:
         tensor = tensor.float()
         if name.endswith(("q_proj.weight", "k_proj.weight")):
             tensor = permuted(tensor, n_heads if "q_proj" in name else n_kv)
-        writer.add_tensor(gguf_name(name), tensor.numpy())
+        if quantised and tensor.ndim == 2:
+            kind = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(gguf_name(name), gguf.quants.quantize(tensor.numpy(), kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gguf_name(name), tensor.numpy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

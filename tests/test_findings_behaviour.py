@@ -121,6 +121,39 @@ def test_direct_effects_add_up_to_the_logit_difference_on_a_one_layer_model():
     assert abs(float(effect_LH.sum()) + rest / len(task) - logit_diff / len(task)) < 1e-10
 
 
+def test_direct_effects_pass_through_a_sandwich_blocks_post_attention_norm():
+    """Gemma 2/3 normalise the attention output before adding it (post_norm): with that norm's scale frozen at the
+    layer's whole output (and the final norm's at the final stream), the heads' direct effects, the output bias's and
+    the embedding's still add up to the logit difference."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        n_layers=1, d_model=16, n_ctx=12, vocab_size=20, attn=AttentionConfig(n_heads=4), mlp=False,
+        norm="rmsnorm_plus_one", post_norm=True,
+    )  # fmt: skip
+    model = Transformer(cfg).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    prompts = [TaskPrompt([1, 2, 3, 4, 5][: 3 + i % 3], [i % 20], [(i + 7) % 20]) for i in range(6)]
+    task = encode_task(prompts, "t", IdsOnly(20, "x"), TaskConfig(source="file", path="t.jsonl"), 12, "task.path")
+    effect_LH = direct_effects(model, to_batches(task.examples(), 4, torch.device("cpu")), METRICS["logit_diff"]())
+    logit_diff, rest = 0.0, 0.0
+    block = model.blocks[0]
+    for i in range(len(task)):
+        n = int(task.lengths[i])
+        ids = task.input_ids[i : i + 1, :n]
+        cache = {}
+        logits = model(ids, cache=cache)[0, n - 1]
+        a, w = int(task.answer_ids[i, n - 1]), int(task.wrong_ids[i, n - 1])
+        logit_diff += float(logits[a] - logits[w])
+        u = model.lm_head.weight[a] - model.lm_head.weight[w]
+        normed = frozen_norm(model.ln_f, model.forward_layers(model.embed(ids), 0)[0, n - 1][None])
+        attn_out = block.attn.combine_heads(cache["z", 0][:, n - 1 : n])[0]
+        bias_after_norm = frozen_norm(block.ln_attn_out, attn_out)(block.attn.b_O[None, None])[0]
+        rest += float(normed(model.embed(ids)[0, n - 1][None] + bias_after_norm) @ u)
+    assert abs(float(effect_LH.sum()) + rest / len(task) - logit_diff / len(task)) < 1e-10
+
+
 def test_needle_named_positions_hold_the_tokens_each_scored_token_copies():
     task = build_task(TaskConfig(source="needle", n_prompts=6, n_filler=3, names=list("abcdefgh")), ByteTokens(), 1024)
     for i in range(len(task)):

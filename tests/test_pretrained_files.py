@@ -150,7 +150,7 @@ def test_the_commands_refuse_such_a_folder_in_one_line_and_leave_nothing(edit, w
 
 
 def test_loading_is_quiet_unless_asked(tmp_path, capfd, monkeypatch):
-    """transformers draws a bar reading the weights (and, for a GGUF file, another de-quantising them); the commands
+    """transformers draws a bar reading the weights (and headcount another de-quantising a GGUF file); the commands
     hide them, and so does the Python API unless verbose=True."""
     import transformers
 
@@ -162,5 +162,8 @@ def test_loading_is_quiet_unless_asked(tmp_path, capfd, monkeypatch):
     load_pretrained(source)
     quiet = capfd.readouterr()
     assert quiet.err == "" and quiet.out == ""
+    load_pretrained(source)  # from the converted-weights cache: quiet too
+    assert capfd.readouterr() == ("", "")
+    monkeypatch.setenv("HEADCOUNT_CACHE", str(tmp_path / "another-cache"))  # converted again, with its bar
     load_pretrained(source, verbose=True)
     assert "de-quantizing" in capfd.readouterr().err

@@ -78,10 +78,11 @@ def test_sequence_length_is_checked_against_the_checkpoints_context(compose_trai
         resolve_pretrained(compose_train([*text, "data.seq_len=300"]))
 
 
-def word_level_llama(folder: Path, model_vocab: int, n_words: int) -> Path:
-    """A tiny Llama whose tokenizer knows whole words only (not bytes), n_words + 1 tokens."""
+def word_level_llama(folder: Path, model_vocab: int, n_words: int, bos: bool = False) -> Path:
+    """A tiny Llama whose tokenizer knows whole words only (not bytes), n_words + 1 tokens; with bos, one more: a
+    beginning-of-sequence token its own encoding puts first (as Gemma's does)."""
     import transformers as tf
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     tf.LlamaForCausalLM(
         tf.LlamaConfig(
@@ -91,8 +92,48 @@ def word_level_llama(folder: Path, model_vocab: int, n_words: int) -> Path:
     vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(n_words)}}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tf.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]").save_pretrained(folder)
+    special = {}
+    if bos:
+        tokenizer.add_special_tokens(["<s>"])
+        tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", n_words + 1)])
+        special = {"bos_token": "<s>"}
+    tf.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", **special).save_pretrained(folder)
     return folder
+
+
+def test_a_tokenizer_that_puts_its_bos_first_gets_it_for_data_and_tasks_unless_turned_off(
+    compose_train, text_file, tmp_path
+):
+    """Gemma's rule on a tiny model: the run records the decision (data.add_bos, task.add_special_tokens), the data
+    starts with the BOS and is cached apart from the data without it."""
+    from headcount.run_dir import FinishedRun
+
+    words = text_file.read_text().split()
+    text_file = tmp_path / "w.txt"
+    text_file.write_text(" ".join(f"w{len(w)}" for w in words))  # words the word-level tokenizer knows
+    bos_model = word_level_llama(tmp_path / "bos", model_vocab=40, n_words=20, bos=True)
+    text = ["data=text", f"data.path={text_file}", *DATA]
+    cfg = resolve_pretrained(compose_train([f"model.pretrained={bos_model}", *text]))
+    assert cfg.data.add_bos is True and cfg.task.add_special_tokens is True
+
+    def all_ids(config) -> torch.Tensor:
+        splits = FinishedRun(config, None, None).splits
+        return torch.cat([torch.as_tensor(splits[name][:]["input_ids"]) for name in ("train", "val", "test")])
+
+    ids = all_ids(cfg)
+    off = resolve_pretrained(
+        compose_train([f"model.pretrained={bos_model}", *text, "data.add_bos=false", "task.add_special_tokens=false"])
+    )
+    assert off.data.add_bos is False and off.task.add_special_tokens is False
+    ids_off = all_ids(off)
+    assert (ids == 21).sum() == 1 and (ids_off == 21).sum() == 0  # a BOS before each document (one file: one)
+    plain_model = word_level_llama(tmp_path / "plain", model_vocab=40, n_words=20)
+    plain = resolve_pretrained(compose_train([f"model.pretrained={plain_model}", *text]))
+    assert plain.data.add_bos is False and plain.task.add_special_tokens is False
+    with pytest.raises(ConfigError, match="data.add_bos=True: the tokenizer of .* has no beginning-of-sequence"):
+        resolve_pretrained(compose_train([f"model.pretrained={plain_model}", *text, "data.add_bos=true"]))
+    with pytest.raises(ConfigError, match="data.add_bos=True: needs text read with a checkpoint's tokenizer"):
+        resolve_pretrained(compose_train(["data.add_bos=true"]))
 
 
 def test_tokenizer_and_vocabulary_mismatches_are_refused(compose_train, text_file, tmp_path):

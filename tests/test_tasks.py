@@ -127,7 +127,8 @@ def test_id_prompts_positions_lists_and_whole_answers(tmp_path):
     assert task.answer_ids[0, 1:4].tolist() == [ord(c) for c in "cde"]
 
 
-def test_special_tokens_only_when_the_task_asks(tmp_path):
+def bos_first_tokenizer():
+    """The byte tokenizer with a BOS its own encoding puts first, as Gemma's does."""
     from headcount.pretrained.tiny_random import byte_tokenizer
 
     tokenizer = byte_tokenizer()
@@ -135,11 +136,24 @@ def test_special_tokens_only_when_the_task_asks(tmp_path):
     tokenizer._tokenizer.post_processor = __import__("tokenizers").processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", len(tokenizer) - 1)]
     )
+    return tokenizer
+
+
+def test_special_tokens_by_default_only_where_the_tokenizer_puts_a_bos_first_and_a_key_turns_them_off(tmp_path):
+    from headcount.pretrained.tiny_random import byte_tokenizer
+
+    tokenizer = bos_first_tokenizer()
     path = write_rows(tmp_path / "p.jsonl", [{"prompt": "ab", "answer": "c"}])
-    plain = build_task(TaskConfig(source="file", path=str(path)), HFTokens(tokenizer), 64)
-    special = build_task(TaskConfig(source="file", path=str(path), add_special_tokens=True), HFTokens(tokenizer), 64)
-    assert plain.lengths.tolist() == [2] and special.lengths.tolist() == [3]
-    assert special.input_ids[0, 0] == len(tokenizer) - 1
+    default = build_task(TaskConfig(source="file", path=str(path)), HFTokens(tokenizer), 64)
+    off = build_task(TaskConfig(source="file", path=str(path), add_special_tokens=False), HFTokens(tokenizer), 64)
+    on = build_task(TaskConfig(source="file", path=str(path), add_special_tokens=True), HFTokens(tokenizer), 64)
+    assert default.lengths.tolist() == on.lengths.tolist() == [3] and off.lengths.tolist() == [2]
+    assert default.input_ids[0, 0] == on.input_ids[0, 0] == len(tokenizer) - 1
+    assert default.fingerprint()["special_tokens"] is True and "special_tokens" not in off.fingerprint()
+    assert default.first(1).special_tokens
+    # A tokenizer without a BOS of its own (GPT-2's, SmolLM2's): as written by default, as before
+    plain = build_task(TaskConfig(source="file", path=str(path)), HFTokens(byte_tokenizer()), 64)
+    assert plain.lengths.tolist() == [2] and "special_tokens" not in plain.fingerprint()
 
 
 BAD_FILES = [

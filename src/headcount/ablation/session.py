@@ -12,6 +12,7 @@ resumes from its partial file. Each mode and metric keeps its own files and its 
 (ablation/records/results.py); a task keeps its own folder, ablation/tasks/<task name>/.
 """
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,9 @@ from headcount.ablation.records.summary import record_default_metric
 from headcount.ablation.scans import KINDS, Scan
 from headcount.captions import describe_run
 from headcount.config import typed
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig, ScanConfig, ScanDtype
 from headcount.config.train import TrainerConfig
+from headcount.errors import ConfigError
 from headcount.processes import set_first_process
 from headcount.run_dir import RunPaths, load_run, read_pretrained
 
@@ -61,6 +63,22 @@ def typed_ablation(section: DictConfig) -> AblationConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AblationConfig), section))
 
 
+def low_precision(s: AblationConfig) -> dict:
+    """What results record of ablation.dtype: nothing for float32 (earlier results stay up to date), else the dtype."""
+    return {} if s.dtype == ScanDtype.float32 else {"dtype": ScanDtype(s.dtype).value}
+
+
+def refuse_overflow(s: AblationConfig, baseline: float) -> None:
+    """A low-precision model whose activations overflow (Gemma's do in float16) gives no numbers: one line, no table."""
+    if s.dtype != ScanDtype.float32 and not math.isfinite(baseline):
+        raise ConfigError(
+            "ablation.dtype",
+            ScanDtype(s.dtype).value,
+            f"the model's baseline is {baseline} in this precision (its activations overflow it): use bfloat16 or "
+            "float32",
+        )
+
+
 class AblationSession:
     """What every scan of one run shares: the settings, the mode and the metric, the model and its evaluator on the
     eval batches, the replacements, the baseline, the result files, what scans have handed to others (`shared`), and
@@ -76,7 +94,7 @@ class AblationSession:
         self.run = load_run(run_dir, cfg)
         self.device = resolve_device(s.device) if self.world is None else self.world.device
         model_key = model_fingerprint(self.run.model)
-        self.model = self.run.model.to(self.device, torch.float32).eval()
+        self.model = self.run.model.to(self.device, ScanDtype(s.dtype).torch).eval()
         self.heads_per_layer = self.model.heads_per_layer
         planned = plan(s, task_cfg, lambda c: run_task(cfg, self.model, c), RunPaths(run_dir).ablation)
         self.mode, self.metric, self.task, self.address = planned.mode, planned.metric, planned.task, planned.address
@@ -108,6 +126,7 @@ class AblationSession:
             **({"metric": self.metric.describe()} if self.metric.named_in_results else {}),
             **({} if self.task is None else {"task": self.task.name}),
             **({"patch_positions": "each"} if s.patch_positions == "each" else {}),
+            **low_precision(s),
         }
         self.key = fingerprint(model_key, data["fingerprint"], settings_record)
         self.eval_key = fingerprint(model_key, data["fingerprint"], {"split": eval_set.split, "n_eval": n_eval})
@@ -115,6 +134,7 @@ class AblationSession:
         evaluated = evaluation(s, self.mode, self.metric, self.model, eval_set, self.files, self.device)
         self.replacements, self.batches, self.evaluator = evaluated.replacements, evaluated.batches, evaluated.evaluator
         self.baseline = self.evaluator.baseline()
+        refuse_overflow(s, self.baseline[self.metric.columns[0]])
         self.counterpart = counterpart_baseline(s, self.metric, self.model, eval_set, self.device)
         self.record = {
             "mode": s.mode,
@@ -125,6 +145,7 @@ class AblationSession:
             "n_targets": self.baseline["n_targets"],
             "reference_split": settings_record.get("reference_split"),
             "n_reference": settings_record.get("n_reference"),
+            **low_precision(s),
         }
         baselines = {f"baseline_{column}": self.baseline[column] for column in self.metric.columns}
         if self.task is not None:  # whether the model does the task at all, whatever the metric

@@ -32,6 +32,18 @@ class L0GatesConfig:
     seed: int = 0  # the hard-concrete noise
 
 
+class ScanDtype(Choice):
+    """The weights' and activations' precision during a scan (ablation.dtype)."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+    @property
+    def torch(self) -> torch.dtype:
+        return getattr(torch, self.value)
+
+
 class PatchDirection(Choice):
     noise = "noise"  # run the clean prompt, patch in the corrupted prompt's z
     denoise = "denoise"  # run the corrupted prompt, patch in the clean prompt's z
@@ -118,6 +130,10 @@ class AblationConfig:
     masks_per_pass: int | None = None  # None: as many as fit the memory budget
     memory_budget_mb: int | None = None  # activations per pass (None: max(64 MiB, weights) on CPU, half the free CUDA)
     device: str = "auto"  # auto | cpu | cuda
+    # The weights and activations of the scans: float32, or bfloat16 / float16 for a model that does not fit (half the
+    # memory; the memory budget counts it). Metrics are still read in float32 and summed in float64; results in
+    # another dtype than float32 record it (summary.json and the tables' dtype column).
+    dtype: ScanDtype = ScanDtype.float32
     seed: int = 0  # resample pairing and random pruning orders
     normalize_importance: bool = True  # per-layer l2 normalisation of gradient importance (Michel et al.)
     progress: bool = True
@@ -181,6 +197,7 @@ DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 def validate_ablation_config(cfg: AblationConfig) -> None:
     check_choice("ablation.patch_direction", cfg.patch_direction, PatchDirection)
+    check_choice("ablation.dtype", cfg.dtype, ScanDtype)
     check_seed("ablation.seed", cfg.seed)
     check_choice("ablation.patch_positions", cfg.patch_positions, PatchPositions)
     if cfg.n_eval is not None and cfg.n_eval < 1:

@@ -40,6 +40,9 @@ class DataConfig:
     # Text sources: bytes, or the tokenizer of model.pretrained (auto: that one when model.pretrained is set).
     # Synthetic sources keep their own alphabet.
     tokenizer: Tokenizer = Tokenizer.auto
+    # Text read with a checkpoint's tokenizer: its beginning-of-sequence token before each document (true) or not
+    # (false); null: where that tokenizer puts one first itself (Gemma's), made true or false when the run starts.
+    add_bos: bool | None = None
     seed: int = 0
     n_train: int = 16384  # synthetic: examples per split; text: at most this many chunks
     n_val: int = 512

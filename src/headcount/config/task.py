@@ -45,7 +45,9 @@ class TaskConfig:
     position_field: str = "position"
     csv_ids: bool = False  # a CSV's cells are text as written; true: token ids (integers separated by spaces)
     answer_tokens: AnswerTokens = AnswerTokens.first
-    add_special_tokens: bool = False  # prompts are encoded as written; true: with the tokenizer's own (e.g. BOS)
+    # Prompts encoded with the tokenizer's own special tokens (true) or as written (false); null: with them when the
+    # tokenizer puts a beginning-of-sequence token first itself (Gemma's), as written otherwise (GPT-2's, SmolLM2's).
+    add_special_tokens: bool | None = None
     align: Align = Align.exact
     # ioi: the names to draw from (default: a built-in list of common first names, those that are one token)
     names: list[str] | None = None

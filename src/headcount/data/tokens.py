@@ -6,7 +6,7 @@ encode documents.
 """
 
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,6 +22,16 @@ class TextTokenizer(Protocol):
     def encode(self, documents: list[bytes]) -> list[list[int]]:
         """Each document's token ids, a document separator (end-of-text) after each where the tokenizer has one."""
         ...
+
+
+def puts_bos_first(tokenizer: Any) -> bool:
+    """Whether a transformers tokenizer's own encoding starts with its beginning-of-sequence token (Gemma's does:
+    the model was trained with it and is far from itself without it; GPT-2's and SmolLM2's do not)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    ids = tokenizer("a")["input_ids"]
+    return bool(ids) and ids[0] == bos and tokenizer("a", add_special_tokens=False)["input_ids"][:1] != [bos]
 
 
 def cache_fields(tokenizer: TextTokenizer | None) -> dict:

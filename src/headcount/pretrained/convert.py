@@ -28,13 +28,19 @@ def hf_model_config(hf_config: Any, source: str | None = None) -> ModelConfig:
 
 
 @torch.no_grad()
-def convert(hf_model: nn.Module, source: str | None = None) -> Transformer:
+def convert(hf_model: nn.Module, source: str | None = None, release: bool = False) -> Transformer:
     """headcount's Transformer equal to hf_model (a transformers *ForCausalLM), in its dtype and on its device, in
-    eval mode. hf_model is left as it is."""
+    eval mode. hf_model is left as it is; with release, its tensors move into the converted model instead of being
+    copied (the peak memory stays near one copy of the weights) and hf_model is left on the meta device, empty."""
     cfg = hf_model_config(hf_model.config, source)  # the family is known from here on
     model_type = hf_model.config.model_type
     params = dict(hf_model.named_parameters(remove_duplicate=False))  # tied weights appear under both names
     hf = HFWeights({name: p.detach() for name, p in params.items()}, model_type)
+    if release:
+        device = next(iter(params.values())).device
+        del params
+        hf_model.to("meta")  # hf now holds the only references: each tensor is freed once converted
+        return model_from_state(cfg, FAMILIES[model_type].state_dict(hf, cfg), hf).to(device)
     state = FAMILIES[model_type].state_dict(hf, cfg)
     hf.check_all_taken()
     first = next(iter(params.values()))
@@ -43,3 +49,30 @@ def convert(hf_model: nn.Module, source: str | None = None) -> Transformer:
         model = Transformer(cfg).to(dtype=first.dtype)
     model.load_state_dict(state)
     return model.to(first.device).eval()
+
+
+@torch.no_grad()
+def convert_weights(hf_config: Any, hf: HFWeights, source: str | None = None) -> Transformer:
+    """headcount's Transformer from a transformers config and its weights by transformers' names, built without a
+    second copy of the weights: the model's parameters start on the meta device and take the converted tensors
+    themselves, and each of hf's tensors is dropped once converted (hf is emptied). On the CPU, in eval mode."""
+    cfg = hf_model_config(hf_config, source)
+    return model_from_state(cfg, FAMILIES[hf_config.model_type].state_dict(hf, cfg), hf)
+
+
+def model_from_state(cfg: ModelConfig, state: dict[str, torch.Tensor], hf: HFWeights | None = None) -> Transformer:
+    """A Transformer that holds the tensors of state (headcount's names) as its parameters, not copies of them, after
+    checking that the conversion used every one of hf's weights. Buffers (computed from the config) are made as
+    usual; a tied unembedding stays tied."""
+    from accelerate import init_empty_weights
+
+    if hf is not None:
+        hf.check_all_taken()
+    with init_empty_weights(), torch.random.fork_rng(devices=[]):
+        model = Transformer(cfg)
+    if cfg.tie_embeddings:
+        state = {**state, "lm_head.weight": state["tok_emb.weight"]}
+    model.load_state_dict(state, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.tok_emb.weight
+    return model.eval()

@@ -55,11 +55,12 @@ def check_weight_files(where: Source) -> None:
             ) from None
 
 
-def check_gguf_file(where: Source) -> None:
+def check_gguf_file(where: Source) -> Any:
+    """The GGUF file's reader, or a ConfigError naming the file when its header or tensor table does not read."""
     from gguf import GGUFReader
 
     try:
-        GGUFReader(str(Path(where.location) / where.gguf_file))
+        return GGUFReader(str(Path(where.location) / where.gguf_file))
     except Exception as err:  # the reader raises ValueError, struct.error, IndexError ... for a damaged file
         reason = f"{type(err).__name__}: {first_line(err)}"
         raise ConfigError(KEY, where.given, f"{where.gguf_file} is damaged or not a GGUF file ({reason})") from None
@@ -125,12 +126,13 @@ def unread_gguf_tensors(where: Source, hf_model: Any) -> list[str]:
     return unread
 
 
-def check_loaded(where: Source, info: dict, hf_model: Any) -> None:
+def check_loaded(where: Source, info: dict, hf_model: Any, unread: list[str] | None = None) -> None:
     """After transformers read the weights (with output_loading_info and ignore_mismatched_sizes): ConfigError if any
-    tensor the model needs was missing, left over or of another shape."""
+    tensor the model needs was missing, left over or of another shape. unread: a GGUF file's tensors that no name of
+    the model takes, where the caller found them already (else they are found here)."""
     missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
     if where.kind == "gguf":
-        unexpected += unread_gguf_tensors(where, hf_model)
+        unexpected += unread if unread is not None else unread_gguf_tensors(where, hf_model)
     mismatched = sorted(info.get("mismatched_keys") or ())
     errors = [str(e) for e in info.get("error_msgs") or ()]
     if not (missing or unexpected or mismatched or errors):

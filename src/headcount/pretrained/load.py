@@ -4,7 +4,6 @@ headcount converts it (convert.py), checking a folder's or Hub model's config fi
 before its weights are downloaded or read.
 """
 
-import hashlib
 import io
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
@@ -17,8 +16,16 @@ from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 from headcount.pretrained.checks import KEY
-from headcount.pretrained.convert import convert, hf_model_config
-from headcount.pretrained.integrity import check_loaded, check_weight_files, first_line, read_errors
+from headcount.pretrained.convert import convert, convert_weights, hf_model_config
+from headcount.pretrained.converted_cache import (
+    Converted,
+    cached_config,
+    cached_tokenizer,
+    file_sha256,
+    load_or_convert,
+)
+from headcount.pretrained.gguf_stream import architecture_only, read_gguf
+from headcount.pretrained.integrity import check_gguf_file, check_loaded, check_weight_files, first_line, read_errors
 from headcount.pretrained.source import Source, hub_errors, locate, require
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -34,6 +41,8 @@ def pretrained_config(source: str) -> ModelConfig:
     """The ModelConfig a checkpoint implies, read from its config alone (no weights): checks a source early."""
     where = locate(source)
     transformers = require(where)
+    if where.kind == "gguf" and (cfg := cached_config(gguf_key(where))) is not None:
+        return cfg
     return hf_model_config(_hf_config(transformers, where), where.given)
 
 
@@ -50,9 +59,11 @@ def load_pretrained(source: str, dtype: torch.dtype = torch.float32, verbose: bo
     that is missing or damaged, a tensor missing, left over or of another shape than the config says."""
     where = locate(source)
     transformers = require(where)
-    if where.kind != "gguf":  # refuse what cannot be converted before downloading or reading any weights
-        hf_model_config(_hf_config(transformers, where), where.given)
-    # (A GGUF file's config costs as much to read as its weights: it is checked when convert reads it.)
+    if where.kind == "gguf":  # a file the cache holds was read whole once: no need to check it again
+        converted = load_or_convert(gguf_key(where), where.given, lambda: convert_gguf(transformers, where, verbose))
+        return Pretrained(converted.model.to(dtype), converted.tokenizer, provenance(where, converted.hf_record, dtype))
+    # refuse what cannot be converted before downloading or reading any weights
+    hf_model_config(_hf_config(transformers, where), where.given)
     check_weight_files(where)
     name, kwargs = where.from_pretrained_args()
     with hub_errors(where), quiet_loading(verbose):
@@ -64,8 +75,32 @@ def load_pretrained(source: str, dtype: torch.dtype = torch.float32, verbose: bo
             )
         check_loaded(where, info, hf_model)
         tokenizer = _tokenizer(transformers, where)
-    model = convert(hf_model, where.given).to(dtype)
-    return Pretrained(model, tokenizer, provenance(where, hf_model.config, dtype))
+    record = hf_record(hf_model.config)
+    model = convert(hf_model, where.given, release=True).to(dtype)  # hf_model's tensors move into the model
+    return Pretrained(model, tokenizer, provenance(where, record, dtype))
+
+
+def gguf_key(where: Source) -> str:
+    """What the converted-weights cache knows a GGUF file by: its sha256."""
+    return file_sha256(Path(where.location) / where.gguf_file)
+
+
+def convert_gguf(transformers: Any, where: Source, verbose: bool) -> Converted:
+    """A GGUF file converted tensor by tensor (gguf_stream.py), with its tokenizer: what the cache keeps."""
+    reader = check_gguf_file(where)
+    architecture = architecture_only(reader)
+    hf_config = _hf_config(transformers, where)
+    hf_model_config(hf_config, where.given)  # refuse what cannot be converted before de-quantising anything
+    with quiet_loading(verbose):
+        with read_errors(where):
+            weights = read_gguf(
+                transformers, where, reader, architecture, hf_config, verbose
+            )  # checked; nothing de-quantised yet
+        # The tokenizer before the weights: what reading it needs for a while is then not added to their memory.
+        tokenizer = _tokenizer(transformers, where)
+        with read_errors(where):
+            model = convert_weights(hf_config, weights, where.given)
+    return Converted(model, tokenizer, hf_record(hf_config))
 
 
 @contextmanager
@@ -94,6 +129,8 @@ def load_tokenizer(source: str):
     """The checkpoint's transformers tokenizer alone (no weights)."""
     where = locate(source)
     transformers = require(where)
+    if where.kind == "gguf" and (tokenizer := cached_tokenizer(gguf_key(where))) is not None:
+        return tokenizer
     with hub_errors(where):
         return _tokenizer(transformers, where)
 
@@ -121,34 +158,37 @@ def _tokenizer(transformers: Any, where: Source) -> Any:
     return tokenizer
 
 
-def provenance(where: Source, hf_config: Any, dtype: torch.dtype) -> dict:
+def hf_record(hf_config: Any) -> dict:
+    """What provenance records of a transformers config."""
+    record = {
+        "model_type": hf_config.model_type,
+        "architectures": list(getattr(hf_config, "architectures", None) or []),
+    }
+    if revision := getattr(hf_config, "_commit_hash", None):
+        record["revision"] = revision
+    return record
+
+
+def provenance(where: Source, hf: dict, dtype: torch.dtype) -> dict:
     """Where the weights came from: the source, its files' sha256 (local sources) or the Hub revision, the
-    architecture, and the versions that read it."""
+    architecture (hf: hf_record's), and the versions that read it."""
     import transformers
 
     record = {
         "source": where.given,
         "kind": where.kind,
-        "model_type": hf_config.model_type,
-        "architectures": list(getattr(hf_config, "architectures", None) or []),
+        "model_type": hf["model_type"],
+        "architectures": hf["architectures"],
         "dtype": str(dtype).removeprefix("torch."),
         "transformers": transformers.__version__,
     }
     if where.kind == "hub":
-        record["revision"] = getattr(hf_config, "_commit_hash", None)
+        record["revision"] = hf.get("revision")
         return record
     folder = Path(where.location)
     if where.kind == "gguf":
         files = [folder / where.gguf_file]
     else:
         files = sorted(p for p in folder.iterdir() if p.name == "config.json" or p.name.endswith(WEIGHT_SUFFIXES))
-    record["files"] = {p.name: sha256(p) for p in files}
+    record["files"] = {p.name: file_sha256(p) for p in files}
     return record
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(2**24):
-            digest.update(chunk)
-    return digest.hexdigest()

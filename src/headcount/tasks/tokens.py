@@ -6,12 +6,14 @@ covers, so a generator can name positions by character ("the subject's second me
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from headcount.data.tokens import puts_bos_first
 from headcount.errors import ConfigError
 
 
 class TaskTokenizer(Protocol):
     vocab_size: int
     kind: str  # what reads the text, for messages: "the checkpoint's tokenizer", "bytes", ...
+    bos_first: bool  # its own encoding starts with a beginning-of-sequence token (task.add_special_tokens=null adds it)
 
     def encode(self, text: str, special_tokens: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
         """The ids of `text` and each token's (start, end) character span; special_tokens adds the tokenizer's own."""
@@ -27,6 +29,7 @@ class HFTokens:
 
     def __init__(self, tokenizer: Any):
         self.tokenizer, self.vocab_size = tokenizer, len(tokenizer)
+        self.bos_first = puts_bos_first(tokenizer)
 
     def encode(self, text: str, special_tokens: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
         out = self.tokenizer(text, add_special_tokens=special_tokens, return_offsets_mapping=True)
@@ -39,7 +42,7 @@ class HFTokens:
 class ByteTokens:
     """One token per UTF-8 byte, as headcount's byte-level models read text."""
 
-    kind, vocab_size = "bytes", 256
+    kind, vocab_size, bos_first = "bytes", 256, False
 
     def encode(self, text: str, special_tokens: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
         ids, spans = [], []
@@ -56,7 +59,7 @@ class ByteTokens:
 class IdsOnly:
     """A model of a synthetic alphabet: prompts and answers must be token ids."""
 
-    kind = "no tokenizer"
+    kind, bos_first = "no tokenizer", False
     FIX = "give prompts and answers as token ids"
 
     def __init__(self, vocab_size: int, why: str):

@@ -73,7 +73,10 @@ class Readout:
         """(N,) the logit of token ids_N[n] at point n, from one unembedding row per point unless the logits exist."""
         if "logits_NV" in self.__dict__:
             return self.logits_NV.gather(1, ids_N[:, None])[:, 0]
-        return (self.normed_NC * self.model.lm_head.weight[ids_N]).sum(-1)
+        normed_NC, rows_NC = self.normed_NC, self.model.lm_head.weight[ids_N]
+        if normed_NC.dtype in (torch.float16, torch.bfloat16):  # the dot product in float32, as the logits above
+            normed_NC, rows_NC = normed_NC.float(), rows_NC.float()
+        return (normed_NC * rows_NC).sum(-1)
 
 
 class Metric:

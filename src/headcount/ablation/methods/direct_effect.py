@@ -1,9 +1,11 @@
 """Each head's direct effect on the metric: its output through W_O at a score point, through the final norm with the
 norm's scale taken from the run itself, onto the unembedding direction the metric reads (the correct answer's row
-minus the wrong answer's for a logit difference; the correct answer's row otherwise: its direct logit). With the
-norm's scale frozen the final stream is a sum of components (the embedding, each head, each MLP, the biases), so the
-direct effects of every component add up to the logit read, exactly; a head's direct effect ignores what it does
-through later layers (Wang et al. 2022's "direct logit attribution")."""
+minus the wrong answer's for a logit difference; the correct answer's row otherwise: its direct logit). In a block
+that normalises its attention output before adding it (post_norm: Gemma 2/3), a head's output passes that norm too,
+its scale frozen at the layer's whole output. With the norms' scales frozen the final stream is a sum of components
+(the embedding, each head, each MLP, the biases), so the direct effects of every component add up to the logit read,
+exactly; a head's direct effect ignores what it does through later layers (Wang et al. 2022's "direct logit
+attribution")."""
 
 import torch
 from torch import Tensor
@@ -48,6 +50,9 @@ def direct_effects(
         for layer, block in enumerate(model.blocks):
             z_NHD = cache["z" if gates_LH is None else "z_gated", layer][targets.where_BT]
             out_NHC = torch.einsum("nhd,hdc->nhc", z_NHD, block.attn.W_O)
+            if block.ln_attn_out is not None:  # sandwich norms (Gemma 2/3): the attention output is normalised before
+                # it is added, its scale frozen at the layer's whole output, as the final norm's is
+                out_NHC = frozen_norm(block.ln_attn_out, block.attn.combine_heads(z_NHD[:, None])[:, 0])(out_NHC)
             total_LH[layer, : z_NHD.shape[1]] += (normed(out_NHC) * direction_N1C).sum(-1).double().sum(0).cpu()
         n_points += len(targets)
     return total_LH / max(n_points, 1)

@@ -1,0 +1,107 @@
+"""Low-precision scans (ablation.dtype): bfloat16 or float16 weights and activations, metrics read in float32 and
+summed in float64, the dtype recorded with the results, the memory budget counting it. On a smoke-trained tiny model
+(seconds)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from headcount.ablation.engine.evaluator import MaskEvaluator
+from headcount.cli.ablate import ablate, typed_ablation_keys
+from headcount.cli.errors import BAD_INPUT, as_config_error
+from headcount.cli.train import run
+from headcount.config import CONF_DIR
+from headcount.errors import ConfigError
+from headcount.run_dir import RunPaths, load_model
+
+SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "logger=none", "ablation.progress=false"]
+SMOKE += ["data.n_train=64", "data.n_val=24", "data.n_test=16", "data.seq_len=32", "ablation=[]"]
+
+
+def compose_config(name: str, overrides: list[str]):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        return compose(name, overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    cfg = compose_config("train", SMOKE)
+    run(cfg, run_dir)
+    RunPaths(run_dir).config.parent.mkdir(exist_ok=True)
+    OmegaConf.save(cfg, RunPaths(run_dir).config)
+    return run_dir
+
+
+def ablate_with(run_dir: Path, *overrides: str) -> None:
+    overrides = [f"run_dir={run_dir}", "ablation.progress=false", *overrides]
+    try:
+        cfg = compose_config("ablate", overrides)
+    except BAD_INPUT as e:  # a value outside a choice is refused at compose time, as headcount-ablate reports it
+        raise as_config_error(e) from e
+    ablate(cfg, typed_ablation_keys(overrides))
+
+
+def single_head(run_dir: Path) -> tuple[pd.DataFrame, dict]:
+    out = RunPaths(run_dir).ablation
+    return pd.read_csv(out / "single_head.csv"), json.loads((out / "summary.json").read_text())
+
+
+def test_a_low_precision_scan_records_its_dtype_and_stays_near_float32(trained_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    ablate_with(run_dir, "ablation=single_head")
+    f32, summary32 = single_head(run_dir)
+    assert "dtype" not in f32.columns  # float32, the default, records nothing new: earlier results stay up to date
+    for dtype, tolerance in (("bfloat16", 0.05), ("float16", 0.01)):
+        ablate_with(run_dir, "ablation=single_head", f"ablation.dtype={dtype}")
+        low, summary = single_head(run_dir)
+        assert (low["dtype"] == dtype).all() and low["mask"].tolist() == f32["mask"].tolist()
+        section = summary["modes"]["zero"]
+        assert section["settings"]["dtype"] == dtype and "dtype" not in summary32["modes"]["zero"]["settings"]
+        # another fingerprint: a float32 result is never read back as this one's, nor this one as float32's
+        assert section["fingerprint"] != summary32["modes"]["zero"]["fingerprint"]
+        # the same deltas up to the precision's rounding (a loss near 4, bfloat16 keeps 8 bits of mantissa)
+        assert (low["delta_loss"] - f32["delta_loss"]).abs().max() < tolerance, dtype
+        assert (low["delta_loss"] != f32["delta_loss"]).any()  # really computed in another precision
+        assert low["loss"].map(lambda v: len(repr(v))).max() > 8  # sums in float64: not bfloat16's few digits
+
+
+def test_a_dtype_outside_the_choices_is_one_line(trained_run):
+    with pytest.raises(ConfigError, match="ablation.dtype") as err:
+        ablate_with(trained_run, "ablation=single_head", "ablation.dtype=float8")
+    assert "\n" not in str(err.value) and "bfloat16" in str(err.value)
+
+
+def test_the_memory_budget_counts_the_dtype(trained_run):
+    """Half the bytes per float: twice the masks in one pass within the same budget."""
+    model = load_model(RunPaths(trained_run).last_ckpt).eval()
+    batches = [{"input_ids": torch.zeros(8, 32, dtype=torch.long), "loss_mask": torch.ones(8, 32, dtype=torch.bool)}]
+    budget = 2**22
+    f32 = MaskEvaluator(model, batches, memory_budget=budget).masks_per_pass
+    bf16 = MaskEvaluator(model.to(torch.bfloat16), batches, memory_budget=budget).masks_per_pass
+    assert f32 > 1 and bf16 in (2 * f32, 2 * f32 + 1)
+
+
+def test_a_precision_the_activations_overflow_is_refused_in_one_line(trained_run, tmp_path, monkeypatch):
+    """Gemma-3-270M's activations overflow float16 (its scan gave NaN, docs/BENCHMARKS.md): here a model whose
+    embeddings are scaled past float16's range. Refused before any table is written; float32 measures it."""
+    from headcount.model.transformer import Transformer
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    embed = Transformer.embed
+    monkeypatch.setattr(Transformer, "embed", lambda self, ids: embed(self, ids) * 1e6)
+    with pytest.raises(ConfigError, match="ablation.dtype='float16': the model's baseline is (nan|inf)") as err:
+        ablate_with(run_dir, "ablation=single_head", "ablation.dtype=float16")
+    assert "\n" not in str(err.value) and not (RunPaths(run_dir).ablation / "single_head.csv").exists()
+    ablate_with(run_dir, "ablation=single_head")
+    assert (RunPaths(run_dir).ablation / "single_head.csv").exists()
