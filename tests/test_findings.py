@@ -96,8 +96,9 @@ def test_reduced_induction_heads_finding(monkeypatch, tmp_path):
 
 # Issue 29: another CPU kind rounds differently, so the quickstart trains to other numbers there; seeds stand in for
 # that rounding, and a verdict that differs between seeds can differ between CPUs. On this project's 2-core AMD EPYC
-# (torch 2.13.0 CPU) seed 1 reproduces every claim and seed 2 learns another mechanism (no previous-token head, no
-# induction head): docs/REPRODUCTIONS.md. Strict: once a setup makes them agree, this fails until the marker goes.
+# (torch 2.13.0 CPU) at one thread, as here, seed 1's claims came out reproduced/not/not/not/not and seed 2's
+# reproduced/not/not/reproduced/not (at two threads seed 1 reproduces every claim): docs/REPRODUCTIONS.md.
+# Strict: once a setup makes them agree, this fails until the marker goes.
 @pytest.mark.xfail(strict=True, reason="issue 29: the quickstart's verdict still depends on the seed")
 @pytest.mark.slow  # about 6 min on 2 cores: two quickstart runs of 4000 steps, one thread each
 def test_quickstart_verdict_is_the_same_for_every_seed(tmp_path):
