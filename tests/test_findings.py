@@ -94,6 +94,26 @@ def test_reduced_induction_heads_finding(monkeypatch, tmp_path):
     assert (tmp_path / "findings" / "induction_heads.png").stat().st_size > 0
 
 
+# Issue 29: another CPU kind rounds differently, so the quickstart trains to other numbers there; seeds stand in for
+# that rounding, and a verdict that differs between seeds can differ between CPUs. On this project's 2-core AMD EPYC
+# (torch 2.13.0 CPU) at one thread, as here, seed 1's claims came out reproduced/not/not/not/not and seed 2's
+# reproduced/not/not/reproduced/not (at two threads seed 1 reproduces every claim): docs/REPRODUCTIONS.md.
+# Strict: once a setup makes them agree, this fails until the marker goes.
+@pytest.mark.xfail(strict=True, reason="issue 29: the quickstart's verdict still depends on the seed")
+@pytest.mark.slow  # about 6 min on 2 cores: two quickstart runs of 4000 steps, one thread each
+def test_quickstart_verdict_is_the_same_for_every_seed(tmp_path):
+    """`headcount-train experiment=induction_heads seed=N` for two seeds whose verdicts differed: every claim's
+    verdict must be the same for both."""
+    args = ["experiment=induction_heads", "trainer.progress_bar=false", "ablation.progress=false"]
+    claims = {}
+    for seed in (1, 2):
+        run_dir = tmp_path / f"seed={seed}"
+        run_dir.mkdir()
+        run_python([str(REPO / "scripts" / "train.py"), *args, f"seed={seed}", f"hydra.run.dir={run_dir}"], run_dir)
+        claims[seed] = verdicts(run_dir)
+    assert claims[1] == claims[2], claims
+
+
 @pytest.mark.slow  # 100 s; each experiment runs at smoke size in the default suite (test_experiments.py)
 def test_every_experiment_from_the_command_line_at_smoke_size(tmp_path):
     """`headcount-train -m experiment=glob(*) size=smoke`: each experiment a single smoke job; the ones whose
