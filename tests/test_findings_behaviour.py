@@ -3,6 +3,8 @@ each experiment at smoke size with every claim evaluated and written with its nu
 the logits it decomposes, and the needle task's and retrieval score's definitions."""
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -11,9 +13,13 @@ from omegaconf import OmegaConf
 
 from headcount.ablation.engine.metrics import METRICS
 from headcount.ablation.methods.direct_effect import direct_effects
+from headcount.ablation.records.address import ResultAddress
+from headcount.ablation.scans.direct_effect import DirectEffectScan
 from headcount.cli.train import run
+from headcount.config.ablation import ScanConfig
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches
+from headcount.errors import ConfigError
 from headcount.findings import check_finding
 from headcount.findings.ioi_heads import attribution_claim, backup_claim, few_heads_claim, name_movers_claim, task_claim
 from headcount.findings.retrieval_heads import induction_claim, needed_claim, sparse_claim
@@ -119,6 +125,29 @@ def test_direct_effects_add_up_to_the_logit_difference_on_a_one_layer_model():
         rest += float(normed(others[None])[0] @ u + model.ln_f.bias @ u)
     torch.testing.assert_close(effect_LH[0], by_hand / len(task), rtol=0, atol=1e-12)
     assert abs(float(effect_LH.sum()) + rest / len(task) - logit_diff / len(task)) < 1e-10
+
+
+@pytest.mark.parametrize(
+    "family, message",
+    [
+        ({"post_norm": True}, "model.post_norm=true: each layer's output is normalised before it is added"),
+        ({"final_softcap": 5.0}, "model.final_softcap=5.0: the soft-capped logits are not linear in the stream"),
+    ],
+)
+def test_direct_effect_is_refused_by_name_where_it_would_not_be_exact(family, message):
+    """Post-attention norms (Gemma 2/3, OLMo 2) and the final soft-cap (Gemma 2) make the per-head sum above false:
+    the scan gave numbers anyway. It is refused before any work, naming the model's setting."""
+
+    def scan_on(**model) -> DirectEffectScan:
+        cfg = ModelConfig(n_layers=1, d_model=16, n_ctx=12, vocab_size=20, attn=AttentionConfig(n_heads=4), **model)
+        session = SimpleNamespace(model=Transformer(cfg), section="zero", address=ResultAddress(Path("run")))
+        return DirectEffectScan("direct_effect", ScanConfig(kind="direct_effect"), session)
+
+    with pytest.raises(ConfigError) as error:
+        scan_on(**family).prepare()
+    assert str(error.value).startswith("ablation.scans.direct_effect.kind='direct_effect': is not exact on this model")
+    assert message in str(error.value)
+    scan_on().prepare()  # a pre-norm model without a cap is exact (the test above)
 
 
 def test_needle_named_positions_hold_the_tokens_each_scored_token_copies():

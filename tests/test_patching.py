@@ -26,9 +26,12 @@ VOCAB = 23
 METRIC_NAMES = ["loss", "accuracy", "logit_diff", "answer_logprob", "answer_prob", "top1"]
 
 
-def make_model(dtype=torch.float64, positions="learned", layers=2, mlp=True, heads=3, seed=0) -> Transformer:
+def make_model(
+    dtype=torch.float64, positions="learned", layers=2, mlp=True, heads=3, seed=0, final_softcap=None
+) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig(
+        final_softcap=final_softcap,
         n_layers=layers,
         d_model=24,
         n_ctx=16,
@@ -151,8 +154,12 @@ def test_every_metric_in_every_mode_equals_one_forward_per_prompt_and_mask(metri
 
 
 @torch.no_grad()
-def test_logit_diff_baseline_is_the_logits_read_directly():
-    model, task = make_model(), toy_task()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("final_softcap", [None, 2.0])
+def test_logit_diff_baseline_is_the_logits_read_directly(final_softcap, dtype):
+    """logit_diff reads two rows of the unembedding, not the logits: on a soft-capped model (Gemma 2) it must cap them
+    as the forward does (the cap of 2.0 is well inside these logits' range, so leaving it out changes every value)."""
+    model, task = make_model(dtype, final_softcap=final_softcap), toy_task()
     batches = to_batches(task.examples(), 4, torch.device("cpu"))
     baseline = MaskEvaluator(model, batches, metric=METRICS["logit_diff"]()).baseline()
     direct = []
@@ -161,7 +168,7 @@ def test_logit_diff_baseline_is_the_logits_read_directly():
         pos = int(task.lengths[i]) - 1
         direct.append(float(logits[pos, task.answer_ids[i, pos]] - logits[pos, task.wrong_ids[i, pos]]))
     assert baseline["n_targets"] == len(task)
-    assert abs(baseline["logit_diff"] - sum(direct) / len(direct)) < 1e-12
+    assert abs(baseline["logit_diff"] - sum(direct) / len(direct)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("positions", ["learned", "rotary"])

@@ -296,6 +296,18 @@ def test_every_scan_kind_takes_a_task_and_its_metric(finished_run, tmp_path, mon
     assert set(by_position["position"]) == {"end"} and len(by_position) == 8  # id prompts name only their end
 
 
+def test_direct_effect_labels_what_it_read(finished_run, tmp_path, monkeypatch):
+    """direct_effect reads the clean run's direct logits whatever the mode and metric: with metric=top1 and
+    mode=patch its table said top1 and patch. It says the logit it read and that the run was clean."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    task = ["task=file", f"task.path={finished_run.parent / 'prompts.jsonl'}", "ablation.progress=false"]
+    args = [f"run_dir={run}", *task, "ablation=direct_effect", "ablation.mode=patch", "ablation.metric=top1"]
+    assert ablate_in_process(monkeypatch, tmp_path, args) == 0
+    table = pd.read_csv(RunPaths(run).ablation / "tasks" / "prompts" / "direct_effect.patch.top1.csv")
+    assert set(table["metric"]) == {"answer_logit"} and set(table["mode"]) == {"clean"}
+
+
 # --- what a prompts file can hold that used to be misread or fail with a traceback (issue 29) ----------------------
 
 

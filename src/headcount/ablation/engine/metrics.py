@@ -70,10 +70,13 @@ class Readout:
         return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
     def logit_of(self, ids_N: Tensor) -> Tensor:
-        """(N,) the logit of token ids_N[n] at point n, from one unembedding row per point unless the logits exist."""
+        """(N,) the logit of token ids_N[n] at point n, from one unembedding row per point unless the logits exist,
+        soft-capped as the unembedding caps every logit (Gemma 2's final soft-cap)."""
         if "logits_NV" in self.__dict__:
             return self.logits_NV.gather(1, ids_N[:, None])[:, 0]
-        return (self.normed_NC * self.model.lm_head.weight[ids_N]).sum(-1)
+        logit_N = (self.normed_NC * self.model.lm_head.weight[ids_N]).sum(-1)
+        cap = self.model.lm_head.softcap
+        return logit_N if cap is None else torch.tanh(logit_N / cap) * cap
 
 
 class Metric:

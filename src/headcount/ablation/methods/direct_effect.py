@@ -3,7 +3,12 @@ norm's scale taken from the run itself, onto the unembedding direction the metri
 minus the wrong answer's for a logit difference; the correct answer's row otherwise: its direct logit). With the
 norm's scale frozen the final stream is a sum of components (the embedding, each head, each MLP, the biases), so the
 direct effects of every component add up to the logit read, exactly; a head's direct effect ignores what it does
-through later layers (Wang et al. 2022's "direct logit attribution")."""
+through later layers (Wang et al. 2022's "direct logit attribution").
+
+Models that normalise each layer's output before adding it (post-attention norms: Gemma 2/3, OLMo 2) or soft-cap the
+logits (Gemma 2) break that sum: a head's output is not what reaches the stream, and the logit read is not linear in
+the stream. `refusal` names what a model has of either, and the scan refuses it rather than give a number that is not
+the head's direct effect."""
 
 import torch
 from torch import Tensor
@@ -12,6 +17,18 @@ from headcount.ablation.engine.metrics import Metric, Targets
 from headcount.ablation.engine.modes import Replacements
 from headcount.model.norm import frozen_norm
 from headcount.model.transformer import Transformer
+
+
+def refusal(model: Transformer) -> str | None:
+    """Why direct effects are not exact on this model (its config key named), or None where they are."""
+    if any(block.ln_attn_out is not None for block in model.blocks):
+        return (
+            "model.post_norm=true: each layer's output is normalised before it is added, so a head's output is not "
+            "what reaches the residual stream"
+        )
+    if model.lm_head.softcap is not None:
+        return f"model.final_softcap={model.lm_head.softcap}: the soft-capped logits are not linear in the stream"
+    return None
 
 
 def unembedding_direction(model: Transformer, targets: Targets, metric: Metric) -> Tensor:
