@@ -2,6 +2,8 @@
 (each prompt alone, unpadded), forward hooks on the output projection (headcount's model, and transformers' of every
 family), and finite differences of the metric in the gate."""
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +19,7 @@ from headcount.ablation.methods.attribution import attribute
 from headcount.config.ablation import AblationConfig
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches
+from headcount.errors import ConfigError
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 from headcount.tasks import IdsOnly, TaskPrompt
 from headcount.tasks.encode import encode_task
@@ -433,3 +436,25 @@ def margin(logits: torch.Tensor, answer_ids: torch.Tensor, wrong_ids: torch.Tens
     """A metric of a user's own: twice the logit difference (the test checks it against logit_diff)."""
     picked = logits.gather(1, answer_ids[:, None])[:, 0] - logits.gather(1, wrong_ids[:, None])[:, 0]
     return 2 * picked
+
+
+@pytest.mark.parametrize("name", ["mode", "mask", "delta_loss", "../outside", "a b", "attribution"])
+def test_a_users_metric_named_like_a_column_or_a_path_is_refused(name):
+    """`name: mode` overwrote the tables' mode column, `name: ../x` wrote files outside the task's folder."""
+    with pytest.raises(ConfigError) as error:
+        resolve_metric({"_target_": "test_patching.margin", "name": name}, has_wrong=True, task=True)
+    assert str(error.value).startswith(f"ablation.metric.name={name!r}: names a table column and file names"), error
+
+
+def test_a_users_metric_is_fingerprinted_by_its_code(tmp_path, monkeypatch):
+    """An edited body under the same _target_ was read back as up to date: the settings the fingerprint covers now
+    hold the function's code."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    described = []
+    for body in ["logits[:, 0]", "logits[:, 1]"]:
+        (tmp_path / "edited_metric.py").write_text(f"def score(logits, answer_ids, wrong_ids):\n    return {body}\n")
+        monkeypatch.delitem(sys.modules, "edited_metric", raising=False)  # a new process imports it afresh
+        described.append(resolve_metric({"_target_": "edited_metric.score"}, has_wrong=True, task=True).describe())
+    assert described[0]["_target_"] == described[1]["_target_"] and described[0] != described[1]
+    again = resolve_metric({"_target_": "edited_metric.score"}, has_wrong=True, task=True).describe()
+    assert again == described[1]

@@ -13,6 +13,8 @@ two rows of the unembedding at each point instead of the whole vocabulary. A use
 named by `_target_` (see `CallableMetric`).
 """
 
+import hashlib
+import inspect
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
@@ -204,7 +206,19 @@ class CallableMetric(Metric):
         return f"{self.fn.__module__}.{self.fn.__qualname__}"
 
     def describe(self) -> dict:
-        return {**super().describe(), "_target_": self.target}
+        """With the function's code: a body edited in place (the same _target_) changes the session's fingerprint,
+        so its results are computed again rather than read back as up to date."""
+        return {**super().describe(), "_target_": self.target, "code": code_fingerprint(self.fn)}
+
+
+def code_fingerprint(fn: Any) -> str:
+    """A hash of a function's source (of its bytecode and constants where the source cannot be read)."""
+    try:
+        code = inspect.getsource(fn)
+    except (OSError, TypeError):
+        inner = getattr(fn, "__code__", None)
+        code = repr(type(fn)) if inner is None else repr((inner.co_code, inner.co_consts, inner.co_names))
+    return hashlib.sha256(code.encode()).hexdigest()[:16]
 
 
 class NamedMetric(Metric):
@@ -229,6 +243,43 @@ def table_metric(table: Any) -> Metric:
 
 
 CALLABLE_KEYS = {"_target_", "name", "higher_is_better", "needs_wrong"}
+# The columns result tables have beside a metric's (a user's metric named `mode` overwrote the mode column), and the
+# prefixes of the columns derived from a metric's (delta_<metric>, baseline_<metric> in summary.json).
+TABLE_COLUMNS = frozenset(
+    [
+        "mask",
+        "layer",
+        "head",
+        "position",
+        "mode",
+        "metric",
+        "task",
+        "split",
+        "n_eval",
+        "n_targets",
+        "reference_split",
+        "n_reference",
+        "n_heads_off",
+        "gap_fraction",
+        "acc",
+        "loss",
+        "patch_direction",
+        "attribution",
+        "exact",
+        "verified",
+        "rank",
+        "direct_effect",
+        "direct_effect_after",
+        "grad_importance",
+        "grad_importance_raw",
+        "retrieval_score",
+        "induction_score",
+        "prev_token_score",
+        "n_heads",
+        "kept",
+    ]
+)
+DERIVED_PREFIXES = ("delta_", "baseline_")
 
 
 def resolve_metric(spec: Any, has_wrong: bool | None = None, task: bool = False) -> Metric:
@@ -264,6 +315,13 @@ def callable_metric(spec: Any) -> CallableMetric:
     name = str(spec.get("name") or fn.__name__)
     if name in METRICS:
         raise ConfigError(f"{KEY}.name", name, "is a built-in metric's name: name your own metric otherwise")
+    if not name.isidentifier() or name in TABLE_COLUMNS or name.startswith(DERIVED_PREFIXES):
+        raise ConfigError(
+            f"{KEY}.name",
+            name,
+            "names a table column and file names: a plain identifier (letters, digits, _), not one of the tables' "
+            f"own columns ({', '.join(sorted(TABLE_COLUMNS))}) nor starting with {' or '.join(DERIVED_PREFIXES)}",
+        )
     return CallableMetric(fn, name, bool(spec.get("higher_is_better", True)), bool(spec.get("needs_wrong", False)))
 
 
