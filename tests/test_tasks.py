@@ -6,12 +6,17 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 from sweep_helpers import SMOKE, command_in_process, one_line, smoke_run, train_in_process
 
+from headcount.ablation.engine.metrics import METRICS
+from headcount.ablation.records.address import ResultAddress
+from headcount.ablation.scans import KINDS
 from headcount.cli import ablate as ablating
+from headcount.config.ablation import ScanConfig
 from headcount.config.task import TaskConfig
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths
@@ -238,7 +243,32 @@ TASK_MISTAKES = [
     (["task=file", "task.path={lengths}"], "task.path='lengths.jsonl': prompt 0: the clean prompt has 3 tokens"),
     (["task=file", "task.path={outside}"], "task.path='outside.jsonl': prompt 0: the answer 9999 is not in the model"),
     (["task=file", "task.path={empty}"], "task.path='empty.jsonl': holds no prompts"),
+    # a user's metric that raises, reads wrong answers the task has not, or returns NaN (written, then unreadable)
+    (
+        ["task=file", "task.path={prompts}", "ablation.metric={{_target_:test_tasks.raising_metric}}"],
+        "ablation.metric._target_='test_tasks.raising_metric': raised ValueError: no good",
+    ),
+    (
+        ["task=file", "task.path={nowrong}", "ablation.metric={{_target_:test_tasks.margin_metric}}"],
+        "ablation.metric._target_='test_tasks.margin_metric': raised TypeError: ",
+    ),
+    (
+        ["task=file", "task.path={prompts}", "ablation.metric={{_target_:test_tasks.nan_metric}}"],
+        "ablation.metric._target_='test_tasks.nan_metric': returned 3 NaN or infinite value(s) of 3 score points",
+    ),
 ]
+
+
+def raising_metric(logits, answer_ids, wrong_ids):
+    raise ValueError("no good")
+
+
+def margin_metric(logits, answer_ids, wrong_ids):
+    return logits.gather(1, answer_ids[:, None])[:, 0] - logits.gather(1, wrong_ids[:, None])[:, 0]
+
+
+def nan_metric(logits, answer_ids, wrong_ids):
+    return logits[:, 0] * float("nan")
 
 
 @pytest.mark.parametrize("args, message", TASK_MISTAKES)
@@ -306,6 +336,18 @@ def test_direct_effect_labels_what_it_read(finished_run, tmp_path, monkeypatch):
     assert ablate_in_process(monkeypatch, tmp_path, args) == 0
     table = pd.read_csv(RunPaths(run).ablation / "tasks" / "prompts" / "direct_effect.patch.top1.csv")
     assert set(table["metric"]) == {"answer_logit"} and set(table["mode"]) == {"clean"}
+
+
+def test_a_scan_table_with_a_nan_metric_is_refused_before_it_is_written(tmp_path):
+    """A NaN in a metric column (a model that overflows, a metric's log of 0) was written to the CSV, the figure and
+    the summary, then every read of it failed. The scan refuses it, naming the metric, the mask and the column."""
+    session = SimpleNamespace(metric=METRICS["logit_diff"](), section="zero", address=ResultAddress(tmp_path))
+    scan = KINDS["single_head"]("single_head", ScanConfig(kind="single_head"), session)
+    table = pd.DataFrame({"mask": ["L0H0", "L0H1"], "logit_diff": [1.0, 2.0], "delta_logit_diff": [0.5, float("inf")]})
+    with pytest.raises(ConfigError) as error:
+        scan.refuse_non_finite(table)
+    assert str(error.value).startswith("ablation.metric='logit_diff': is inf for L0H1 in single_head's delta_logit")
+    scan.refuse_non_finite(table.iloc[:1])
 
 
 # --- what a prompts file can hold that used to be misread or fail with a traceback (issue 29) ----------------------

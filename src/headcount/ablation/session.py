@@ -12,6 +12,7 @@ resumes from its partial file. Each mode and metric keeps its own files and its 
 (ablation/records/results.py); a task keeps its own folder, ablation/tasks/<task name>/.
 """
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from headcount.captions import describe_run
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.config.train import TrainerConfig
+from headcount.errors import ConfigError
 from headcount.processes import set_first_process
 from headcount.run_dir import RunPaths, load_run, read_pretrained
 
@@ -115,6 +117,12 @@ class AblationSession:
         evaluated = evaluation(s, self.mode, self.metric, self.model, eval_set, self.files, self.device)
         self.replacements, self.batches, self.evaluator = evaluated.replacements, evaluated.batches, evaluated.evaluator
         self.baseline = self.evaluator.baseline()
+        if not math.isfinite(self.baseline[self.metric.primary]):  # before summary.json records it
+            raise ConfigError(
+                "ablation.metric",
+                self.metric.name,
+                f"is {self.baseline[self.metric.primary]} on the unablated model: nothing was written",
+            )
         self.counterpart = counterpart_baseline(s, self.metric, self.model, eval_set, self.device)
         self.record = {
             "mode": s.mode,

@@ -191,13 +191,27 @@ class CallableMetric(Metric):
         self.higher_is_better, self.needs_wrong = higher_is_better, needs_wrong
 
     def values(self, readout: Readout) -> Tensor:
-        values = self.fn(readout.logits_NV, readout.answer_N, readout.wrong_N)
+        try:
+            values = self.fn(readout.logits_NV, readout.answer_N, readout.wrong_N)
+        except Exception as error:  # the user's code: whatever it raises becomes one line naming it
+            hint = ""
+            if readout.wrong_N is None:
+                hint = " (wrong_ids is None: the task has no wrong answers; needs_wrong: true refuses such tasks)"
+            cause = str(error).strip().split("\n")[0]
+            raise ConfigError(f"{KEY}._target_", self.target, f"raised {type(error).__name__}: {cause}{hint}") from None
         if not isinstance(values, Tensor) or values.shape != readout.answer_N.shape:
             got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
             raise ConfigError(
                 f"{KEY}._target_",
                 self.target,
                 f"must return one value per score point, shape ({len(readout.answer_N)},); it returned {got}",
+            )
+        if not bool(torch.isfinite(values).all()):
+            bad = int((~torch.isfinite(values)).sum())
+            raise ConfigError(
+                f"{KEY}._target_",
+                self.target,
+                f"returned {bad} NaN or infinite value(s) of {len(values)} score points: nothing was written",
             )
         return values.to(readout.normed_NC.dtype)[:, None]
 
