@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from headcount.ablation.engine.metrics import METRICS
 from headcount.ablation.methods.direct_effect import direct_effects
 from headcount.ablation.records.address import ResultAddress
+from headcount.ablation.scans.attribution import attribution_summary
 from headcount.ablation.scans.direct_effect import DirectEffectScan
 from headcount.cli.train import run
 from headcount.config.ablation import ScanConfig
@@ -62,6 +63,23 @@ def test_ioi_claims_each_verdict():
         {"recall_top_k": 0.2, "recall_top_k_in_2k": 0.4, "spearman": 0.1},
     ]
     assert [attribution_claim(r)[0].verdict for r in recalls] == VERDICTS
+    # verify_top_k >= the heads: no recall is reported, and the claim is not reproduced on Spearman 0.14 alone
+    trivial = attribution_summary(recall_table(n_heads=8), k=10)
+    assert "recall_top_k" not in trivial and "recall_top_k_in_2k" not in trivial and "spearman" in trivial
+    claim = attribution_claim(trivial)[0]
+    assert claim.verdict == "not reproduced" and "no recall: verify_top_k (10) is not fewer than the 8 heads" in (
+        claim.measured
+    )
+    measured = attribution_summary(recall_table(n_heads=8), k=2)
+    assert measured["recall_top_k"] == 0.5 and measured["recall_top_k_in_2k"] == 0.5
+
+
+def recall_table(n_heads: int) -> pd.DataFrame:
+    """An attribution table, every head verified: the estimate ranks the exact top head first, the second last."""
+    exact = [float(n_heads - i) for i in range(n_heads)]
+    estimate = [exact[0], 0.0, *exact[2:]]
+    table = pd.DataFrame({"attribution": estimate, "exact": exact, "verified": True})
+    return table.assign(rank=table["attribution"].abs().rank(ascending=False, method="first").astype(int))
 
 
 def test_retrieval_claims_each_verdict():
