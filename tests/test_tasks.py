@@ -243,6 +243,11 @@ TASK_MISTAKES = [
     (["task=file", "task.path={lengths}"], "task.path='lengths.jsonl': prompt 0: the clean prompt has 3 tokens"),
     (["task=file", "task.path={outside}"], "task.path='outside.jsonl': prompt 0: the answer 9999 is not in the model"),
     (["task=file", "task.path={empty}"], "task.path='empty.jsonl': holds no prompts"),
+    # a prompts file scored before its end: patching each position patched only `end`, after it: every delta 0.0
+    (
+        ["task=file", "task.path={early}", "ablation.mode=patch", "ablation.patch_positions=each"],
+        "ablation.patch_positions='each': the task's position 'end' is token 4 of prompt 0, after the token it scores",
+    ),
     # a user's metric that raises, reads wrong answers the task has not, or returns NaN (written, then unreadable)
     (
         ["task=file", "task.path={prompts}", "ablation.metric={{_target_:test_tasks.raising_metric}}"],
@@ -281,8 +286,10 @@ def test_a_task_mistake_is_one_line_and_writes_nothing(finished_run, tmp_path, m
     write_rows(tmp_path / "lengths.jsonl", [{"prompt": [0, 1, 2], "answer": 3, "corrupted": [0, 1, 2, 4]}])
     write_rows(tmp_path / "outside.jsonl", [{"prompt": [0, 1, 2], "answer": 9999}])
     (tmp_path / "empty.jsonl").write_text("")
+    early = {"prompt": [0, 5, 9, 4, 5], "answer": 9, "wrong": 4, "corrupted": [0, 7, 9, 4, 5], "position": -3}
+    write_rows(tmp_path / "early.jsonl", [early])
     files = {"prompts": finished_run.parent / "prompts.jsonl", "nowrong": "nowrong.jsonl", "text": "text.jsonl"}
-    files |= {name: f"{name}.jsonl" for name in ("noanswer", "lengths", "outside", "empty")}
+    files |= {name: f"{name}.jsonl" for name in ("noanswer", "lengths", "outside", "empty", "early")}
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
     code = ablate_in_process(monkeypatch, tmp_path, [f"run_dir={run}", *(a.format(**files) for a in args)])
     line = one_line(capsys.readouterr().err)
