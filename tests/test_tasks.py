@@ -243,6 +243,10 @@ TASK_MISTAKES = [
     (["task=file", "task.path={lengths}"], "task.path='lengths.jsonl': prompt 0: the clean prompt has 3 tokens"),
     (["task=file", "task.path={outside}"], "task.path='outside.jsonl': prompt 0: the answer 9999 is not in the model"),
     (["task=file", "task.path={empty}"], "task.path='empty.jsonl': holds no prompts"),
+    (
+        ["task=file", "task.path={prompts}", "ablation.split=test"],
+        "ablation.split='test': a task is evaluated on its own prompts, never on a split of the run's data",
+    ),
     # a prompts file scored before its end: patching each position patched only `end`, after it: every delta 0.0
     (
         ["task=file", "task.path={early}", "ablation.mode=patch", "ablation.patch_positions=each"],
