@@ -332,9 +332,30 @@ def test_every_scan_kind_takes_a_task_and_its_metric(finished_run, tmp_path, mon
     assert summary["pruned"]["metric"] == "logit_diff" and "logit_diff_pruned" in summary["pruned"]
     assert set(summary["prunable_fraction"]) == {"gradient", "gradient_iterative", "single_head", "random"}
     patch = [f"run_dir={run}", *task, "ablation=[single_head,layer,pairs]", "ablation.mode=patch"]
+    assert ablate_in_process(monkeypatch, tmp_path, patch) == 0
+    all_positions = (folder / "single_head.patch.logit_diff.csv").read_bytes()
     assert ablate_in_process(monkeypatch, tmp_path, [*patch, "ablation.patch_positions=each"]) == 0
-    by_position = pd.read_csv(folder / "single_head.patch.logit_diff.csv")
+    by_position = pd.read_csv(folder / "single_head.patch.logit_diff.each.csv")
     assert set(by_position["position"]) == {"end"} and len(by_position) == 8  # id prompts name only their end
+    assert (folder / "single_head.patch.logit_diff.csv").read_bytes() == all_positions  # not overwritten (issue 29)
+
+
+def test_noise_and_denoise_write_their_own_tables(finished_run, tmp_path, monkeypatch):
+    """Both wrote single_head.patch.logit_diff.csv: the first result was gone. Denoising has its own address, and
+    its table says its direction."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    task = ["task=file", f"task.path={finished_run.parent / 'prompts.jsonl'}", "ablation.progress=false"]
+    args = [f"run_dir={run}", *task, "ablation=single_head", "ablation.mode=patch"]
+    assert ablate_in_process(monkeypatch, tmp_path, args) == 0
+    assert ablate_in_process(monkeypatch, tmp_path, [*args, "ablation.patch_direction=denoise"]) == 0
+    folder = RunPaths(run).ablation / "tasks" / "prompts"
+    noise = pd.read_csv(folder / "single_head.patch.logit_diff.csv")
+    denoise = pd.read_csv(folder / "single_head.patch.logit_diff.denoise.csv")
+    assert set(noise["patch_direction"]) == {"noise"} and set(denoise["patch_direction"]) == {"denoise"}
+    assert not noise["logit_diff"].equals(denoise["logit_diff"])
+    sections = json.loads((folder / "summary.json").read_text())["modes"]
+    assert {"patch.logit_diff", "patch.logit_diff.denoise"} <= set(sections)
 
 
 def test_direct_effect_labels_what_it_read(finished_run, tmp_path, monkeypatch):

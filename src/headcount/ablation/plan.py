@@ -10,7 +10,7 @@ from pathlib import Path
 from headcount.ablation.checks import validate_settings
 from headcount.ablation.engine.metrics import Metric, resolve_metric
 from headcount.ablation.engine.modes import AblationMode
-from headcount.ablation.records.address import ResultAddress
+from headcount.ablation.records.address import ResultAddress, variant_of
 from headcount.config.ablation import AblationConfig
 from headcount.config.task import TaskConfig
 from headcount.errors import ConfigError
@@ -49,7 +49,7 @@ def plan(
     mode.check(settings, None if task is None else task.has_corrupted)
     if task is not None and settings.patch_positions == "each":
         check_patched_positions(task)
-    variant = ()  # settings that should name their results apart (`("denoise",)` for denoising would be one)
+    variant = variant_of(settings.mode, settings.patch_direction, settings.patch_positions)
     address = ResultAddress(Path(ablation_dir), settings.mode, metric.name, "" if task is None else task.name, variant)
     return AblationPlan(settings, mode, metric, task, address)
 

@@ -36,6 +36,7 @@ from headcount.ablation.scans import KINDS, Scan
 from headcount.captions import describe_run
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
 from headcount.processes import set_first_process
@@ -57,6 +58,13 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def task_source(cfg: TaskConfig) -> str:
+    """Where a task's prompts come from, for its tables: a file's absolute path, a Hub dataset, or a generator."""
+    if cfg.path is not None:
+        return str(Path(cfg.path).resolve())
+    return f"hub:{cfg.hub_name}" if cfg.hub_name is not None else str(cfg.source)
 
 
 def typed_ablation(section: DictConfig) -> AblationConfig:
@@ -133,6 +141,12 @@ class AblationSession:
             "n_targets": self.baseline["n_targets"],
             "reference_split": settings_record.get("reference_split"),
             "n_reference": settings_record.get("n_reference"),
+            **({"patch_direction": str(s.patch_direction)} if self.mode.name == "patch" else {}),
+            **(
+                {}
+                if self.task is None
+                else {"task_source": task_source(task_cfg), "task_fingerprint": data["fingerprint"]["tokens"]}
+            ),
         }
         baselines = {f"baseline_{column}": self.baseline[column] for column in self.metric.columns}
         if self.task is not None:  # whether the model does the task at all, whatever the metric
