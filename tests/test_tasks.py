@@ -370,6 +370,31 @@ def test_direct_effect_labels_what_it_read(finished_run, tmp_path, monkeypatch):
     assert set(table["metric"]) == {"answer_logit"} and set(table["mode"]) == {"clean"}
 
 
+def test_two_prompt_files_of_one_stem_do_not_share_a_results_folder(finished_run, tmp_path, monkeypatch, capsys):
+    """other/prompts.jsonl wrote into tasks/prompts/ over the first file's results. It is refused, naming the file
+    the folder holds, and task.name gives it a folder of its own."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    other = tmp_path / "other" / "prompts.jsonl"
+    other.parent.mkdir()
+    write_rows(other, [{"prompt": [0, 2, 3, 4, 2], "answer": 3, "wrong": 4, "corrupted": [0, 2, 6, 4, 2]}])
+    args = [f"run_dir={run}", "ablation=single_head", "ablation.progress=false", "task=file"]
+    assert ablate_in_process(monkeypatch, tmp_path, [*args, f"task.path={finished_run.parent / 'prompts.jsonl'}"]) == 0
+    folder = RunPaths(run).ablation / "tasks" / "prompts"
+    before = files_in(folder)
+    capsys.readouterr()
+    assert ablate_in_process(monkeypatch, tmp_path, [*args, f"task.path={other}"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"error: task.path='{other}': its results folder ablation/tasks/prompts/ holds the"), line
+    assert files_in(folder) == before
+    assert ablate_in_process(monkeypatch, tmp_path, [*args, f"task.path={other}", "task.name=other"]) == 0
+    assert (RunPaths(run).ablation / "tasks" / "other" / "single_head.zero.logit_diff.csv").exists()
+
+
+def files_in(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def test_a_scan_table_with_a_nan_metric_is_refused_before_it_is_written(tmp_path):
     """A NaN in a metric column (a model that overflows, a metric's log of 0) was written to the CSV, the figure and
     the summary, then every read of it failed. The scan refuses it, naming the metric, the mask and the column."""

@@ -29,9 +29,10 @@ from headcount.ablation.engine.metrics import METRICS, resolve_metric
 from headcount.ablation.export import check_export, export_pruned_model
 from headcount.ablation.methods.importance import Importance, importance_under
 from headcount.ablation.plan import plan
+from headcount.ablation.records.address import ResultAddress
 from headcount.ablation.records.distributed import scan_world
 from headcount.ablation.records.results import ResultFiles, fingerprint, model_fingerprint
-from headcount.ablation.records.summary import record_default_metric
+from headcount.ablation.records.summary import read_summary, record_default_metric, record_task_source
 from headcount.ablation.scans import KINDS, Scan
 from headcount.captions import describe_run
 from headcount.config import typed
@@ -67,6 +68,22 @@ def task_source(cfg: TaskConfig) -> str:
     return f"hub:{cfg.hub_name}" if cfg.hub_name is not None else str(cfg.source)
 
 
+def check_task_folder(cfg: TaskConfig, address: ResultAddress, tokens: str) -> None:
+    """ConfigError when the task's results folder holds another source's results (a prompts file of the same stem
+    in another folder, other prompts): they would be replaced. The same prompts moved elsewhere are the same task;
+    task.name gives a task its own folder."""
+    recorded = read_summary(address.summary_path).get("task_source") or {}
+    if recorded and recorded["source"] != task_source(cfg) and recorded["tokens"] != tokens:
+        recorded = recorded["source"]
+        key, value = ("task.name", cfg.name) if cfg.name else ("task.path", cfg.path or cfg.source)
+        raise ConfigError(
+            key,
+            value,
+            f"its results folder ablation/tasks/{address.task}/ holds the results of {recorded}: give this task a "
+            "folder of its own with task.name=<name>",
+        )
+
+
 def typed_ablation(section: DictConfig) -> AblationConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AblationConfig), section))
 
@@ -92,6 +109,8 @@ class AblationSession:
         self.mode, self.metric, self.task, self.address = planned.mode, planned.metric, planned.task, planned.address
         self.positions = planned.positions
         self.section, self.out = self.address.section, self.address.folder
+        if self.task is not None:
+            check_task_folder(task_cfg, self.address, self.task.fingerprint()["tokens"])
         self.subject = describe_run(self.run.config, run_dir)
         if self.task is not None:
             self.subject += f", task {self.task.name}"
@@ -166,6 +185,8 @@ class AblationSession:
         )
         if self.task is not None:
             record_default_metric(self.files.summary_path, resolve_metric(None, self.task.has_wrong, task=True).name)
+            source = {"source": task_source(task_cfg), "tokens": data["fingerprint"]["tokens"]}
+            record_task_source(self.files.summary_path, source)
         self.shared: dict[str, Any] = {}  # scan kind -> what its last run here handed to other scans
 
     def new_scan(self, name: str, cfg: ScanConfig) -> Scan:
