@@ -247,6 +247,15 @@ TASK_MISTAKES = [
         ["task=file", "task.path={prompts}", "ablation.split=test"],
         "ablation.split='test': a task is evaluated on its own prompts, never on a split of the run's data",
     ),
+    (
+        ["task=file", "task.path={prompts}", "ablation=position_attention"],
+        "ablation.scans.position_attention='position_attention': reads a task's named positions, and task prompts "
+        "names none but its end",
+    ),
+    (
+        ["task=file", "task.path={prompts}", "ablation=direct_effect", "ablation.scans.direct_effect.backup_top_k=8"],
+        "ablation.scans.direct_effect.backup_top_k=8: must be fewer than the model's 8 heads",
+    ),
     # a prompts file scored before its end: patching each position patched only `end`, after it: every delta 0.0
     (
         ["task=file", "task.path={early}", "ablation.mode=patch", "ablation.patch_positions=each"],

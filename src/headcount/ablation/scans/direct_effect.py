@@ -43,6 +43,13 @@ class DirectEffectScan(Scan):
     def prepare(self) -> None:
         if (reason := refusal(self.session.model)) is not None:
             raise ConfigError(f"ablation.scans.{self.name}.kind", self.kind, f"is not exact on this model: {reason}")
+        n_heads = sum(self.session.model.heads_per_layer)
+        if self.cfg.backup_top_k >= n_heads:  # was clipped silently to every head
+            raise ConfigError(
+                f"ablation.scans.{self.name}.backup_top_k",
+                self.cfg.backup_top_k,
+                f"must be fewer than the model's {n_heads} heads: backup heads are the others, whose effect grows",
+            )
 
     def fingerprint_parts(self) -> tuple:
         return (self.kind, self.cfg.backup_top_k)
@@ -57,7 +64,7 @@ class DirectEffectScan(Scan):
         effect_LH = direct_effects(session.model, session.batches, session.metric)
         layers, heads = (list(x) for x in zip(*all_heads(hpl)))
         table = pd.DataFrame({"layer": layers, "head": heads, "direct_effect": effect_LH[layers, heads].numpy()})
-        k = min(self.cfg.backup_top_k, len(table))
+        k = self.cfg.backup_top_k
         if k:
             table["direct_effect_after"] = self.backup(effect_LH, k)[layers, heads].numpy()
         return table
