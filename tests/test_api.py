@@ -120,10 +120,11 @@ def test_evaluate_takes_masks_in_every_form(run):
         (["head three"], "a head is a (layer, head) pair"),
         ([], "at least one mask"),
         (["L0H1", [(0, 1)]], "distinct name"),
+        (["L0H3+"], "masks='L0H3+': an empty head name beside a"),
     ],
 )
 def test_bad_masks_are_config_errors(run, masks, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
         run.evaluate(masks)
 
 
