@@ -167,6 +167,17 @@ def test_results_of_a_scan_not_run_say_what_is_there(run):
         run.evaluate(["L0H0"], mode="half")
 
 
+@pytest.mark.parametrize("task, name", [("nosuchtask", "nosuchtask"), ("data/prompts.jsonl", "prompts")])
+def test_results_and_summary_of_a_task_without_results_say_which_tasks_have_them(run, task, name):
+    """run.summary(task="nosuchtask") returned {}, and run.results(task=<prompts file>) looked for results "in" the
+    file: a file names its folder by its stem, and a folder that is not there is one line listing those that are."""
+    for read in (lambda: run.summary("zero", task=task), lambda: run.results("single_head", task=task)):
+        with pytest.raises(ConfigError) as error:
+            read()
+        assert str(error.value).startswith(f"task={name!r}: has no results folder in "), error.value
+        assert "(tasks with results: none;" in str(error.value)
+
+
 def test_scan_runs_a_kind_with_scan_settings_releases_the_lock_and_reads_back(run, run_dir, capsys):
     pairs = run.scan("pairs", top_k=3)
     assert len(pairs) == 3 and set(pairs["scan"]) == {"pairs"}

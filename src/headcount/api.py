@@ -51,7 +51,7 @@ from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 from headcount.run_dir import FinishedRun, RunPaths
 from headcount.run_dir import load_run as open_finished_run
-from headcount.tasks import SOURCES, TaskSet
+from headcount.tasks import SOURCES, TaskSet, task_name
 
 TaskSpec = str | dict | TaskConfig | None
 
@@ -192,6 +192,7 @@ class Run:
         """The tables of a scan, stacked: of every mode and metric it has results in (their `mode` and `metric`
         columns tell them apart), or of one; on the run's data, or with task=<name> on that task's (its folder's
         name: ablation/tasks/<name>). A result no mode changes (head_scores) has one table and no mode column."""
+        task = self.task_folder(task)
         index = self.results_index()
         rows = index[(index["scan"] == scan) & (index["task"] == (task or ""))]
         if mode is not None:
@@ -239,8 +240,25 @@ class Run:
     def summary(self, mode: str = "zero", metric: str = "loss", task: str | None = None) -> dict:
         """A section of summary.json: baseline, most important head, prunable fractions of one mode and metric, on the
         run's data or a task's (its folder's name)."""
-        address = ResultAddress(self.ablation_dir, mode, metric, task or "")
+        address = ResultAddress(self.ablation_dir, mode, metric, self.task_folder(task))
         return read_summary(address.summary_path).get("modes", {}).get(address.section, {})
+
+    def task_folder(self, task: str | None) -> str:
+        """The results folder a task names: its folder's name, or a prompts file's (its stem); "" for the run's data.
+        ConfigError naming the folders there are when it has none."""
+        if not task:
+            return ""
+        if Path(task).suffix.lower() in (".jsonl", ".json", ".csv", ".parquet"):
+            task = task_name(TaskConfig(source="file", path=task))
+        folders = [name for name, _ in result_folders(self.ablation_dir) if name]
+        if task not in folders:
+            raise ConfigError(
+                "task",
+                task,
+                f"has no results folder in {self.ablation_dir / 'tasks'} (tasks with results: "
+                f"{', '.join(folders) or 'none'}; run.scan(..., task=...) computes them)",
+            )
+        return task
 
     # --- helpers ----------------------------------------------------------------------------------------------
 
