@@ -178,6 +178,14 @@ def test_results_and_summary_of_a_task_without_results_say_which_tasks_have_them
         assert "(tasks with results: none;" in str(error.value)
 
 
+def test_a_task_mapping_with_an_unknown_key_is_one_line(run):
+    """task={"pth": ...} was OmegaConf's ConfigKeyError over several lines."""
+    with pytest.raises(ConfigError) as error:
+        run.evaluate(["L0H0"], task={"source": "file", "pth": "p.jsonl"})
+    assert str(error.value).startswith("task.pth='p.jsonl': no such task key; allowed: source, name,"), error.value
+    assert "\n" not in str(error.value)
+
+
 def test_scan_runs_a_kind_with_scan_settings_releases_the_lock_and_reads_back(run, run_dir, capsys):
     pairs = run.scan("pairs", top_k=3)
     assert len(pairs) == 3 and set(pairs["scan"]) == {"pairs"}

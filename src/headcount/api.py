@@ -17,6 +17,7 @@ ablation.mode=<mode>` runs, under the run's lock. A task is named as on the comm
 commands at the top of the import order: it may use every stage below it.
 """
 
+import dataclasses
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -290,6 +291,10 @@ class Run:
                     f"a task source ({', '.join(n for n in SOURCES if n != 'file')}), a "
                     "prompts file (.jsonl, .json, .csv, .parquet) or a mapping of task.* keys",
                 )
+        unknown = sorted(set(dict(task)) - {f.name for f in dataclasses.fields(TaskConfig)})
+        if unknown:  # was OmegaConf's multi-line "Key 'pth' not in 'TaskConfig'"
+            allowed = ", ".join(f.name for f in dataclasses.fields(TaskConfig))
+            raise ConfigError(f"task.{unknown[0]}", dict(task)[unknown[0]], f"no such task key; allowed: {allowed}")
         return typed(OmegaConf.create(dict(task)), TaskConfig)
 
     def evaluation(self, s: AblationConfig, mode, metric, task: TaskSet | None) -> tuple[EvaluationSet, Evaluation]:
