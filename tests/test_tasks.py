@@ -256,6 +256,10 @@ TASK_MISTAKES = [
         ["task=file", "task.path={prompts}", "ablation=direct_effect", "ablation.scans.direct_effect.backup_top_k=8"],
         "ablation.scans.direct_effect.backup_top_k=8: must be fewer than the model's 8 heads",
     ),
+    (
+        ["task=file", "task.path={prompts}", "ablation=top_heads", "ablation.scans.top_heads.rank_by=retrieval_scores"],
+        "ablation.scans.top_heads.rank_by='retrieval_scores': cannot rank these heads: needs a copying task",
+    ),
     # a prompts file scored before its end: patching each position patched only `end`, after it: every delta 0.0
     (
         ["task=file", "task.path={early}", "ablation.mode=patch", "ablation.patch_positions=each"],

@@ -198,6 +198,7 @@ class AblationSession:
         if kind not in self.shared:
             scan = self.new_scan(kind, ScanConfig(kind=kind))
             if compute or scan.read_back(announce=False) is not None:
+                scan.prepare()  # its checks against the model and task, as for a scan the settings name
                 scan.run()
         return self.shared.get(kind)
 
