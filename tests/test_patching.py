@@ -458,3 +458,13 @@ def test_a_users_metric_is_fingerprinted_by_its_code(tmp_path, monkeypatch):
     assert described[0]["_target_"] == described[1]["_target_"] and described[0] != described[1]
     again = resolve_metric({"_target_": "edited_metric.score"}, has_wrong=True, task=True).describe()
     assert again == described[1]
+
+
+def test_a_users_metric_that_does_not_import_says_why_itself():
+    """The metric's resolution gave Hydra's reason ("No module named 'os.path.nope'; 'os.path' is not a package"),
+    which the command's error printer rewrote after the fact: the Python API's evaluate showed the wrong one."""
+    with pytest.raises(ConfigError) as error:
+        resolve_metric({"_target_": "os.path.nope"})
+    assert str(error.value) == (
+        "ablation.metric._target_='os.path.nope': does not import as a function (module os.path has no attribute nope)"
+    )

@@ -14,6 +14,7 @@ named by `_target_` (see `CallableMetric`).
 """
 
 import hashlib
+import importlib
 import inspect
 from dataclasses import dataclass
 from functools import cached_property
@@ -323,9 +324,10 @@ def callable_metric(spec: Any) -> CallableMetric:
     target = str(spec["_target_"])
     try:
         fn = get_method(target)
-    except Exception as error:  # Hydra wraps import and attribute errors alike
-        cause = str(error.__cause__ or error).strip().split("\n")[0]
-        raise ConfigError(f"{KEY}._target_", target, f"does not import as a function ({cause})") from None
+    except Exception:  # Hydra wraps import and attribute errors alike, and words some of them wrong
+        raise ConfigError(
+            f"{KEY}._target_", target, f"does not import as a function ({import_problem(target)})"
+        ) from None
     name = str(spec.get("name") or fn.__name__)
     if name in METRICS:
         raise ConfigError(f"{KEY}.name", name, "is a built-in metric's name: name your own metric otherwise")
@@ -337,6 +339,29 @@ def callable_metric(spec: Any) -> CallableMetric:
             f"own columns ({', '.join(sorted(TABLE_COLUMNS))}) nor starting with {' or '.join(DERIVED_PREFIXES)}",
         )
     return CallableMetric(fn, name, bool(spec.get("higher_is_better", True)), bool(spec.get("needs_wrong", False)))
+
+
+def import_problem(target: str) -> str:
+    """Why `module.attribute` does not import, said right: Hydra's locate reports a missing attribute of a module that
+    imports as a missing module ("No module named 'os.path.nope'; 'os.path' is not a package")."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name is not None and not module_name.startswith(error.name) and error.name != module_name:
+                return f"importing {module_name} failed: no module named {error.name}"
+            continue
+        except Exception as error:  # the user's module raised while importing
+            return f"importing {module_name} failed: {type(error).__name__}: {error}"
+        owner = module
+        for name in parts[cut:]:
+            if not hasattr(owner, name):
+                return f"module {module_name} has no attribute {'.'.join(parts[cut:])}"
+            owner = getattr(owner, name)
+        return f"{target} is not a function"
+    return f"no module named {parts[0]}"
 
 
 @torch.no_grad()
