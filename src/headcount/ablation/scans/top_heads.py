@@ -37,7 +37,7 @@ class TopHeadsScan(MaskScan):
     def prepare(self) -> None:
         """The ranking scan's own checks, before any work: it runs only when top_heads asks for its ranking."""
         try:
-            self.session.new_scan(self.cfg.rank_by, ScanConfig(kind=self.cfg.rank_by)).prepare()
+            KINDS[self.cfg.rank_by](self.cfg.rank_by, ScanConfig(kind=self.cfg.rank_by), self.session).prepare()
         except ConfigError as error:
             key = f"ablation.scans.{self.name}.rank_by"
             raise ConfigError(key, self.cfg.rank_by, f"cannot rank these heads: {error.allowed}") from None
