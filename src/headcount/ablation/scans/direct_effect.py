@@ -59,6 +59,10 @@ class DirectEffectScan(Scan):
         reads = "logit_diff" if self.session.metric.needs_wrong else "answer_logit"
         return {**super().record(), "mode": "clean", "metric": reads}
 
+    def title(self, what: str) -> str:
+        """Read on the clean run, not under the session's mode (the self-repair panel says its mean ablation)."""
+        return f"{self.name}: {what}, clean run\n{self.session.subject}"
+
     def compute(self, key: str) -> pd.DataFrame:
         session, hpl = self.session, self.session.heads_per_layer
         effect_LH = direct_effects(session.model, session.batches, session.metric)
