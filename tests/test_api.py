@@ -120,10 +120,11 @@ def test_evaluate_takes_masks_in_every_form(run):
         (["head three"], "a head is a (layer, head) pair"),
         ([], "at least one mask"),
         (["L0H1", [(0, 1)]], "distinct name"),
+        (["L0H3+"], "masks='L0H3+': an empty head name beside a"),
     ],
 )
 def test_bad_masks_are_config_errors(run, masks, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
         run.evaluate(masks)
 
 
@@ -164,6 +165,25 @@ def test_results_of_a_scan_not_run_say_what_is_there(run):
         run.results("layer")
     with pytest.raises(ConfigError, match="allowed: zero, mean, resample, patch"):
         run.evaluate(["L0H0"], mode="half")
+
+
+@pytest.mark.parametrize("task, name", [("nosuchtask", "nosuchtask"), ("data/prompts.jsonl", "prompts")])
+def test_results_and_summary_of_a_task_without_results_say_which_tasks_have_them(run, task, name):
+    """run.summary(task="nosuchtask") returned {}, and run.results(task=<prompts file>) looked for results "in" the
+    file: a file names its folder by its stem, and a folder that is not there is one line listing those that are."""
+    for read in (lambda: run.summary("zero", task=task), lambda: run.results("single_head", task=task)):
+        with pytest.raises(ConfigError) as error:
+            read()
+        assert str(error.value).startswith(f"task={name!r}: has no results folder in "), error.value
+        assert "(tasks with results: none;" in str(error.value)
+
+
+def test_a_task_mapping_with_an_unknown_key_is_one_line(run):
+    """task={"pth": ...} was OmegaConf's ConfigKeyError over several lines."""
+    with pytest.raises(ConfigError) as error:
+        run.evaluate(["L0H0"], task={"source": "file", "pth": "p.jsonl"})
+    assert str(error.value).startswith("task.pth='p.jsonl': no such task key; allowed: source, name,"), error.value
+    assert "\n" not in str(error.value)
 
 
 def test_scan_runs_a_kind_with_scan_settings_releases_the_lock_and_reads_back(run, run_dir, capsys):

@@ -3,6 +3,8 @@ each experiment at smoke size with every claim evaluated and written with its nu
 the logits it decomposes, and the needle task's and retrieval score's definitions."""
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -11,9 +13,14 @@ from omegaconf import OmegaConf
 
 from headcount.ablation.engine.metrics import METRICS
 from headcount.ablation.methods.direct_effect import direct_effects
+from headcount.ablation.records.address import ResultAddress
+from headcount.ablation.scans.attribution import attribution_summary
+from headcount.ablation.scans.direct_effect import DirectEffectScan
 from headcount.cli.train import run
+from headcount.config.ablation import ScanConfig
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches
+from headcount.errors import ConfigError
 from headcount.findings import check_finding
 from headcount.findings.ioi_heads import attribution_claim, backup_claim, few_heads_claim, name_movers_claim, task_claim
 from headcount.findings.retrieval_heads import induction_claim, needed_claim, sparse_claim
@@ -56,6 +63,23 @@ def test_ioi_claims_each_verdict():
         {"recall_top_k": 0.2, "recall_top_k_in_2k": 0.4, "spearman": 0.1},
     ]
     assert [attribution_claim(r)[0].verdict for r in recalls] == VERDICTS
+    # verify_top_k >= the heads: no recall is reported, and the claim is not reproduced on Spearman 0.14 alone
+    trivial = attribution_summary(recall_table(n_heads=8), k=10)
+    assert "recall_top_k" not in trivial and "recall_top_k_in_2k" not in trivial and "spearman" in trivial
+    claim = attribution_claim(trivial)[0]
+    assert claim.verdict == "not reproduced" and "no recall: verify_top_k (10) is not fewer than the 8 heads" in (
+        claim.measured
+    )
+    measured = attribution_summary(recall_table(n_heads=8), k=2)
+    assert measured["recall_top_k"] == 0.5 and measured["recall_top_k_in_2k"] == 0.5
+
+
+def recall_table(n_heads: int) -> pd.DataFrame:
+    """An attribution table, every head verified: the estimate ranks the exact top head first, the second last."""
+    exact = [float(n_heads - i) for i in range(n_heads)]
+    estimate = [exact[0], 0.0, *exact[2:]]
+    table = pd.DataFrame({"attribution": estimate, "exact": exact, "verified": True})
+    return table.assign(rank=table["attribution"].abs().rank(ascending=False, method="first").astype(int))
 
 
 def test_retrieval_claims_each_verdict():
@@ -152,6 +176,28 @@ def test_direct_effects_pass_through_a_sandwich_blocks_post_attention_norm():
         bias_after_norm = frozen_norm(block.ln_attn_out, attn_out)(block.attn.b_O[None, None])[0]
         rest += float(normed(model.embed(ids)[0, n - 1][None] + bias_after_norm) @ u)
     assert abs(float(effect_LH.sum()) + rest / len(task) - logit_diff / len(task)) < 1e-10
+
+
+@pytest.mark.parametrize(
+    "family, message",
+    [
+        ({"final_softcap": 5.0}, "model.final_softcap=5.0: the soft-capped logits are not linear in the stream"),
+    ],
+)
+def test_direct_effect_is_refused_by_name_where_it_would_not_be_exact(family, message):
+    """The final soft-cap (Gemma 2) makes the per-head sum above false:
+    the scan gave numbers anyway. It is refused before any work, naming the model's setting."""
+
+    def scan_on(**model) -> DirectEffectScan:
+        cfg = ModelConfig(n_layers=1, d_model=16, n_ctx=12, vocab_size=20, attn=AttentionConfig(n_heads=4), **model)
+        session = SimpleNamespace(model=Transformer(cfg), section="zero", address=ResultAddress(Path("run")))
+        return DirectEffectScan("direct_effect", ScanConfig(kind="direct_effect"), session)
+
+    with pytest.raises(ConfigError) as error:
+        scan_on(**family).prepare()
+    assert str(error.value).startswith("ablation.scans.direct_effect.kind='direct_effect': is not exact on this model")
+    assert message in str(error.value)
+    scan_on().prepare()  # a pre-norm model without a cap is exact (the test above)
 
 
 def test_needle_named_positions_hold_the_tokens_each_scored_token_copies():

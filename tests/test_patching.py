@@ -2,6 +2,8 @@
 (each prompt alone, unpadded), forward hooks on the output projection (headcount's model, and transformers' of every
 family), and finite differences of the metric in the gate."""
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +19,7 @@ from headcount.ablation.methods.attribution import attribute
 from headcount.config.ablation import AblationConfig
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches
+from headcount.errors import ConfigError
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 from headcount.tasks import IdsOnly, TaskPrompt
 from headcount.tasks.encode import encode_task
@@ -26,9 +29,12 @@ VOCAB = 23
 METRIC_NAMES = ["loss", "accuracy", "logit_diff", "answer_logprob", "answer_prob", "top1"]
 
 
-def make_model(dtype=torch.float64, positions="learned", layers=2, mlp=True, heads=3, seed=0) -> Transformer:
+def make_model(
+    dtype=torch.float64, positions="learned", layers=2, mlp=True, heads=3, seed=0, final_softcap=None
+) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig(
+        final_softcap=final_softcap,
         n_layers=layers,
         d_model=24,
         n_ctx=16,
@@ -151,8 +157,12 @@ def test_every_metric_in_every_mode_equals_one_forward_per_prompt_and_mask(metri
 
 
 @torch.no_grad()
-def test_logit_diff_baseline_is_the_logits_read_directly():
-    model, task = make_model(), toy_task()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("final_softcap", [None, 2.0])
+def test_logit_diff_baseline_is_the_logits_read_directly(final_softcap, dtype):
+    """logit_diff reads two rows of the unembedding, not the logits: on a soft-capped model (Gemma 2) it must cap them
+    as the forward does (the cap of 2.0 is well inside these logits' range, so leaving it out changes every value)."""
+    model, task = make_model(dtype, final_softcap=final_softcap), toy_task()
     batches = to_batches(task.examples(), 4, torch.device("cpu"))
     baseline = MaskEvaluator(model, batches, metric=METRICS["logit_diff"]()).baseline()
     direct = []
@@ -161,7 +171,7 @@ def test_logit_diff_baseline_is_the_logits_read_directly():
         pos = int(task.lengths[i]) - 1
         direct.append(float(logits[pos, task.answer_ids[i, pos]] - logits[pos, task.wrong_ids[i, pos]]))
     assert baseline["n_targets"] == len(task)
-    assert abs(baseline["logit_diff"] - sum(direct) / len(direct)) < 1e-12
+    assert abs(baseline["logit_diff"] - sum(direct) / len(direct)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("positions", ["learned", "rotary"])
@@ -426,3 +436,35 @@ def margin(logits: torch.Tensor, answer_ids: torch.Tensor, wrong_ids: torch.Tens
     """A metric of a user's own: twice the logit difference (the test checks it against logit_diff)."""
     picked = logits.gather(1, answer_ids[:, None])[:, 0] - logits.gather(1, wrong_ids[:, None])[:, 0]
     return 2 * picked
+
+
+@pytest.mark.parametrize("name", ["mode", "mask", "delta_loss", "../outside", "a b", "attribution"])
+def test_a_users_metric_named_like_a_column_or_a_path_is_refused(name):
+    """`name: mode` overwrote the tables' mode column, `name: ../x` wrote files outside the task's folder."""
+    with pytest.raises(ConfigError) as error:
+        resolve_metric({"_target_": "test_patching.margin", "name": name}, has_wrong=True, task=True)
+    assert str(error.value).startswith(f"ablation.metric.name={name!r}: names a table column and file names"), error
+
+
+def test_a_users_metric_is_fingerprinted_by_its_code(tmp_path, monkeypatch):
+    """An edited body under the same _target_ was read back as up to date: the settings the fingerprint covers now
+    hold the function's code."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    described = []
+    for body in ["logits[:, 0]", "logits[:, 1]"]:
+        (tmp_path / "edited_metric.py").write_text(f"def score(logits, answer_ids, wrong_ids):\n    return {body}\n")
+        monkeypatch.delitem(sys.modules, "edited_metric", raising=False)  # a new process imports it afresh
+        described.append(resolve_metric({"_target_": "edited_metric.score"}, has_wrong=True, task=True).describe())
+    assert described[0]["_target_"] == described[1]["_target_"] and described[0] != described[1]
+    again = resolve_metric({"_target_": "edited_metric.score"}, has_wrong=True, task=True).describe()
+    assert again == described[1]
+
+
+def test_a_users_metric_that_does_not_import_says_why_itself():
+    """The metric's resolution gave Hydra's reason ("No module named 'os.path.nope'; 'os.path' is not a package"),
+    which the command's error printer rewrote after the fact: the Python API's evaluate showed the wrong one."""
+    with pytest.raises(ConfigError) as error:
+        resolve_metric({"_target_": "os.path.nope"})
+    assert str(error.value) == (
+        "ablation.metric._target_='os.path.nope': does not import as a function (module os.path has no attribute nope)"
+    )

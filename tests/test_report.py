@@ -79,6 +79,23 @@ def test_report_tables_and_figures(sweep):
     assert "| 2 | 1 | 1002 | 1.8 | 0.5 | 0.5 |" in means
 
 
+def test_a_task_sweep_in_patch_mode_titles_its_single_head_figure_by_its_metric(tmp_path):
+    """A sweep of task runs in patch mode titled its single-head section "loss increase"."""
+    sweep = tmp_path / "multirun" / "patch"
+    for seed in (0, 1):
+        run_dir = make_run(sweep, 2, seed)
+        config = {"ablation": {"mode": "patch", "metric": "logit_diff"}, "task": {"source": "file", "path": "p.jsonl"}}
+        (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+        folder = RunPaths(run_dir).ablation / "tasks" / "p"
+        folder.mkdir(parents=True)
+        rows = [("single_head", f"L0H{h}", 0, h, "patch", "logit_diff", 1.0, -0.5 * h, 1) for h in range(2)]
+        columns = ["scan", "mask", "layer", "head", "mode", "metric", "logit_diff", "delta_logit_diff", "n_heads_off"]
+        pd.DataFrame(rows, columns=columns).to_csv(folder / "single_head.patch.logit_diff.csv", index=False)
+    _, _, figures = write_report(sweep)
+    titles = [title for title in figures if title.startswith("Single-head")]
+    assert titles == ["Single-head ablation (change in logit_diff (logits) with each head off alone, patch ablation)"]
+
+
 def test_cli_prints_a_summary_and_rerun_overwrites(sweep, capsys):
     main([str(sweep)])
     first = (sweep / "report" / "runs.csv").read_text()

@@ -6,12 +6,17 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 from sweep_helpers import SMOKE, command_in_process, one_line, smoke_run, train_in_process
 
+from headcount.ablation.engine.metrics import METRICS
+from headcount.ablation.records.address import ResultAddress
+from headcount.ablation.scans import KINDS
 from headcount.cli import ablate as ablating
+from headcount.config.ablation import ScanConfig
 from headcount.config.task import TaskConfig
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths
@@ -252,7 +257,54 @@ TASK_MISTAKES = [
     (["task=file", "task.path={lengths}"], "task.path='lengths.jsonl': prompt 0: the clean prompt has 3 tokens"),
     (["task=file", "task.path={outside}"], "task.path='outside.jsonl': prompt 0: the answer 9999 is not in the model"),
     (["task=file", "task.path={empty}"], "task.path='empty.jsonl': holds no prompts"),
+    (
+        ["task=file", "task.path={prompts}", "ablation.split=test"],
+        "ablation.split='test': a task is evaluated on its own prompts, never on a split of the run's data",
+    ),
+    (
+        ["task=file", "task.path={prompts}", "ablation=position_attention"],
+        "ablation.scans.position_attention='position_attention': reads a task's named positions, and task prompts "
+        "names none but its end",
+    ),
+    (
+        ["task=file", "task.path={prompts}", "ablation=direct_effect", "ablation.scans.direct_effect.backup_top_k=8"],
+        "ablation.scans.direct_effect.backup_top_k=8: must be fewer than the model's 8 heads",
+    ),
+    (
+        ["task=file", "task.path={prompts}", "ablation=top_heads", "ablation.scans.top_heads.rank_by=retrieval_scores"],
+        "ablation.scans.top_heads.rank_by='retrieval_scores': cannot rank these heads: needs a copying task",
+    ),
+    # a prompts file scored before its end: patching each position patched only `end`, after it: every delta 0.0
+    (
+        ["task=file", "task.path={early}", "ablation.mode=patch", "ablation.patch_positions=each"],
+        "ablation.patch_positions='each': the task's position 'end' is token 4 of prompt 0, after the token it scores",
+    ),
+    # a user's metric that raises, reads wrong answers the task has not, or returns NaN (written, then unreadable)
+    (
+        ["task=file", "task.path={prompts}", "ablation.metric={{_target_:test_tasks.raising_metric}}"],
+        "ablation.metric._target_='test_tasks.raising_metric': raised ValueError: no good",
+    ),
+    (
+        ["task=file", "task.path={nowrong}", "ablation.metric={{_target_:test_tasks.margin_metric}}"],
+        "ablation.metric._target_='test_tasks.margin_metric': raised TypeError: ",
+    ),
+    (
+        ["task=file", "task.path={prompts}", "ablation.metric={{_target_:test_tasks.nan_metric}}"],
+        "ablation.metric._target_='test_tasks.nan_metric': returned 3 NaN or infinite value(s) of 3 score points",
+    ),
 ]
+
+
+def raising_metric(logits, answer_ids, wrong_ids):
+    raise ValueError("no good")
+
+
+def margin_metric(logits, answer_ids, wrong_ids):
+    return logits.gather(1, answer_ids[:, None])[:, 0] - logits.gather(1, wrong_ids[:, None])[:, 0]
+
+
+def nan_metric(logits, answer_ids, wrong_ids):
+    return logits[:, 0] * float("nan")
 
 
 @pytest.mark.parametrize("args, message", TASK_MISTAKES)
@@ -265,8 +317,10 @@ def test_a_task_mistake_is_one_line_and_writes_nothing(finished_run, tmp_path, m
     write_rows(tmp_path / "lengths.jsonl", [{"prompt": [0, 1, 2], "answer": 3, "corrupted": [0, 1, 2, 4]}])
     write_rows(tmp_path / "outside.jsonl", [{"prompt": [0, 1, 2], "answer": 9999}])
     (tmp_path / "empty.jsonl").write_text("")
+    early = {"prompt": [0, 5, 9, 4, 5], "answer": 9, "wrong": 4, "corrupted": [0, 7, 9, 4, 5], "position": -3}
+    write_rows(tmp_path / "early.jsonl", [early])
     files = {"prompts": finished_run.parent / "prompts.jsonl", "nowrong": "nowrong.jsonl", "text": "text.jsonl"}
-    files |= {name: f"{name}.jsonl" for name in ("noanswer", "lengths", "outside", "empty")}
+    files |= {name: f"{name}.jsonl" for name in ("noanswer", "lengths", "outside", "empty", "early")}
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
     code = ablate_in_process(monkeypatch, tmp_path, [f"run_dir={run}", *(a.format(**files) for a in args)])
     line = one_line(capsys.readouterr().err)
@@ -305,9 +359,79 @@ def test_every_scan_kind_takes_a_task_and_its_metric(finished_run, tmp_path, mon
     assert summary["pruned"]["metric"] == "logit_diff" and "logit_diff_pruned" in summary["pruned"]
     assert set(summary["prunable_fraction"]) == {"gradient", "gradient_iterative", "single_head", "random"}
     patch = [f"run_dir={run}", *task, "ablation=[single_head,layer,pairs]", "ablation.mode=patch"]
+    assert ablate_in_process(monkeypatch, tmp_path, patch) == 0
+    all_positions = (folder / "single_head.patch.logit_diff.csv").read_bytes()
     assert ablate_in_process(monkeypatch, tmp_path, [*patch, "ablation.patch_positions=each"]) == 0
-    by_position = pd.read_csv(folder / "single_head.patch.logit_diff.csv")
+    by_position = pd.read_csv(folder / "single_head.patch.logit_diff.each.csv")
     assert set(by_position["position"]) == {"end"} and len(by_position) == 8  # id prompts name only their end
+    assert (folder / "single_head.patch.logit_diff.csv").read_bytes() == all_positions  # not overwritten (issue 29)
+
+
+def test_noise_and_denoise_write_their_own_tables(finished_run, tmp_path, monkeypatch):
+    """Both wrote single_head.patch.logit_diff.csv: the first result was gone. Denoising has its own address, and
+    its table says its direction."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    task = ["task=file", f"task.path={finished_run.parent / 'prompts.jsonl'}", "ablation.progress=false"]
+    args = [f"run_dir={run}", *task, "ablation=single_head", "ablation.mode=patch"]
+    assert ablate_in_process(monkeypatch, tmp_path, args) == 0
+    assert ablate_in_process(monkeypatch, tmp_path, [*args, "ablation.patch_direction=denoise"]) == 0
+    folder = RunPaths(run).ablation / "tasks" / "prompts"
+    noise = pd.read_csv(folder / "single_head.patch.logit_diff.csv")
+    denoise = pd.read_csv(folder / "single_head.patch.logit_diff.denoise.csv")
+    assert set(noise["patch_direction"]) == {"noise"} and set(denoise["patch_direction"]) == {"denoise"}
+    assert not noise["logit_diff"].equals(denoise["logit_diff"])
+    sections = json.loads((folder / "summary.json").read_text())["modes"]
+    assert {"patch.logit_diff", "patch.logit_diff.denoise"} <= set(sections)
+
+
+def test_direct_effect_labels_what_it_read(finished_run, tmp_path, monkeypatch):
+    """direct_effect reads the clean run's direct logits whatever the mode and metric: with metric=top1 and
+    mode=patch its table said top1 and patch. It says the logit it read and that the run was clean."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    task = ["task=file", f"task.path={finished_run.parent / 'prompts.jsonl'}", "ablation.progress=false"]
+    args = [f"run_dir={run}", *task, "ablation=direct_effect", "ablation.mode=patch", "ablation.metric=top1"]
+    assert ablate_in_process(monkeypatch, tmp_path, args) == 0
+    table = pd.read_csv(RunPaths(run).ablation / "tasks" / "prompts" / "direct_effect.patch.top1.csv")
+    assert set(table["metric"]) == {"answer_logit"} and set(table["mode"]) == {"clean"}
+
+
+def test_two_prompt_files_of_one_stem_do_not_share_a_results_folder(finished_run, tmp_path, monkeypatch, capsys):
+    """other/prompts.jsonl wrote into tasks/prompts/ over the first file's results. It is refused, naming the file
+    the folder holds, and task.name gives it a folder of its own."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    other = tmp_path / "other" / "prompts.jsonl"
+    other.parent.mkdir()
+    write_rows(other, [{"prompt": [0, 2, 3, 4, 2], "answer": 3, "wrong": 4, "corrupted": [0, 2, 6, 4, 2]}])
+    args = [f"run_dir={run}", "ablation=single_head", "ablation.progress=false", "task=file"]
+    assert ablate_in_process(monkeypatch, tmp_path, [*args, f"task.path={finished_run.parent / 'prompts.jsonl'}"]) == 0
+    folder = RunPaths(run).ablation / "tasks" / "prompts"
+    before = files_in(folder)
+    capsys.readouterr()
+    assert ablate_in_process(monkeypatch, tmp_path, [*args, f"task.path={other}"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"error: task.path='{other}': its results folder ablation/tasks/prompts/ holds the"), line
+    assert files_in(folder) == before
+    assert ablate_in_process(monkeypatch, tmp_path, [*args, f"task.path={other}", "task.name=other"]) == 0
+    assert (RunPaths(run).ablation / "tasks" / "other" / "single_head.zero.logit_diff.csv").exists()
+
+
+def files_in(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_scan_table_with_a_nan_metric_is_refused_before_it_is_written(tmp_path):
+    """A NaN in a metric column (a model that overflows, a metric's log of 0) was written to the CSV, the figure and
+    the summary, then every read of it failed. The scan refuses it, naming the metric, the mask and the column."""
+    session = SimpleNamespace(metric=METRICS["logit_diff"](), section="zero", address=ResultAddress(tmp_path))
+    scan = KINDS["single_head"]("single_head", ScanConfig(kind="single_head"), session)
+    table = pd.DataFrame({"mask": ["L0H0", "L0H1"], "logit_diff": [1.0, 2.0], "delta_logit_diff": [0.5, float("inf")]})
+    with pytest.raises(ConfigError) as error:
+        scan.refuse_non_finite(table)
+    assert str(error.value).startswith("ablation.metric='logit_diff': is inf for L0H1 in single_head's delta_logit")
+    scan.refuse_non_finite(table.iloc[:1])
 
 
 # --- what a prompts file can hold that used to be misread or fail with a traceback (issue 29) ----------------------

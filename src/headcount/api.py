@@ -17,6 +17,7 @@ ablation.mode=<mode>` runs, under the run's lock. A task is named as on the comm
 commands at the top of the import order: it may use every stage below it.
 """
 
+import dataclasses
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 from headcount.run_dir import FinishedRun, RunPaths
 from headcount.run_dir import load_run as open_finished_run
-from headcount.tasks import SOURCES, TaskSet
+from headcount.tasks import SOURCES, TaskSet, task_name
 
 TaskSpec = str | dict | TaskConfig | None
 
@@ -192,6 +193,7 @@ class Run:
         """The tables of a scan, stacked: of every mode and metric it has results in (their `mode` and `metric`
         columns tell them apart), or of one; on the run's data, or with task=<name> on that task's (its folder's
         name: ablation/tasks/<name>). A result no mode changes (head_scores) has one table and no mode column."""
+        task = self.task_folder(task)
         index = self.results_index()
         rows = index[(index["scan"] == scan) & (index["task"] == (task or ""))]
         if mode is not None:
@@ -239,8 +241,25 @@ class Run:
     def summary(self, mode: str = "zero", metric: str = "loss", task: str | None = None) -> dict:
         """A section of summary.json: baseline, most important head, prunable fractions of one mode and metric, on the
         run's data or a task's (its folder's name)."""
-        address = ResultAddress(self.ablation_dir, mode, metric, task or "")
+        address = ResultAddress(self.ablation_dir, mode, metric, self.task_folder(task))
         return read_summary(address.summary_path).get("modes", {}).get(address.section, {})
+
+    def task_folder(self, task: str | None) -> str:
+        """The results folder a task names: its folder's name, or a prompts file's (its stem); "" for the run's data.
+        ConfigError naming the folders there are when it has none."""
+        if not task:
+            return ""
+        if Path(task).suffix.lower() in (".jsonl", ".json", ".csv", ".parquet"):
+            task = task_name(TaskConfig(source="file", path=task))
+        folders = [name for name, _ in result_folders(self.ablation_dir) if name]
+        if task not in folders:
+            raise ConfigError(
+                "task",
+                task,
+                f"has no results folder in {self.ablation_dir / 'tasks'} (tasks with results: "
+                f"{', '.join(folders) or 'none'}; run.scan(..., task=...) computes them)",
+            )
+        return task
 
     # --- helpers ----------------------------------------------------------------------------------------------
 
@@ -272,6 +291,10 @@ class Run:
                     f"a task source ({', '.join(n for n in SOURCES if n != 'file')}), a "
                     "prompts file (.jsonl, .json, .csv, .parquet) or a mapping of task.* keys",
                 )
+        unknown = sorted(set(dict(task)) - {f.name for f in dataclasses.fields(TaskConfig)})
+        if unknown:  # was OmegaConf's multi-line "Key 'pth' not in 'TaskConfig'"
+            allowed = ", ".join(f.name for f in dataclasses.fields(TaskConfig))
+            raise ConfigError(f"task.{unknown[0]}", dict(task)[unknown[0]], f"no such task key; allowed: {allowed}")
         return typed(OmegaConf.create(dict(task)), TaskConfig)
 
     def evaluation(self, s: AblationConfig, mode, metric, task: TaskSet | None) -> tuple[EvaluationSet, Evaluation]:

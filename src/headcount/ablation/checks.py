@@ -27,6 +27,13 @@ def validate_settings(s: AblationConfig, task: TaskConfig | None) -> tuple[Ablat
             "each",
             "positions are named by a task (task=ioi: IO, S1, S1+1, S2, end); the run's data names none",
         )
+    if task is not None and s.split != "val":  # a task evaluates its own prompts: the split was silently ignored
+        raise ConfigError(
+            "ablation.split",
+            s.split,
+            "a task is evaluated on its own prompts, never on a split of the run's data: leave ablation.split out "
+            "with a task (task.n_prompts and task.seed choose the prompts)",
+        )
     if task is None and metric is not None and metric.needs_wrong:
         raise ConfigError("ablation.metric", metric.name, "needs a wrong answer per prompt: only a task has them")
     if s.prune.export and not mode.foldable(s):

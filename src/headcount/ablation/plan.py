@@ -10,9 +10,10 @@ from pathlib import Path
 from headcount.ablation.checks import validate_settings
 from headcount.ablation.engine.metrics import Metric, resolve_metric
 from headcount.ablation.engine.modes import AblationMode
-from headcount.ablation.records.address import ResultAddress
+from headcount.ablation.records.address import ResultAddress, variant_of
 from headcount.config.ablation import AblationConfig
 from headcount.config.task import TaskConfig
+from headcount.errors import ConfigError
 from headcount.tasks import TaskSet
 
 
@@ -46,6 +47,26 @@ def plan(
     task = None if task_cfg is None else make_task(task_cfg)
     metric = resolve_metric(settings.metric, None if task is None else task.has_wrong, task=task is not None)
     mode.check(settings, None if task is None else task.has_corrupted)
-    variant = ()  # settings that should name their results apart (`("denoise",)` for denoising would be one)
+    if task is not None and settings.patch_positions == "each":
+        check_patched_positions(task)
+    variant = variant_of(settings.mode, settings.patch_direction, settings.patch_positions)
     address = ResultAddress(Path(ablation_dir), settings.mode, metric.name, "" if task is None else task.name, variant)
     return AblationPlan(settings, mode, metric, task, address)
+
+
+def check_patched_positions(task: TaskSet) -> None:
+    """ConfigError when a named position lies after a prompt's last scored token: patching it cannot change the
+    score (the model is causal), so every delta at it would be 0.0. A prompts file that scores before its end
+    (`position: -3`) met this at its `end`."""
+    last_scored_N = task.score_mask.long().cumsum(1).argmax(1)  # the index of each prompt's last scored token
+    for name, where_N in task.positions.items():
+        after = ((where_N > last_scored_N) & (where_N >= 0)).nonzero().flatten().tolist()
+        if after:
+            i = after[0]
+            raise ConfigError(
+                "ablation.patch_positions",
+                "each",
+                f"the task's position {name!r} is token {int(where_N[i])} of prompt {i}, after the token it scores "
+                f"({int(last_scored_N[i])}): patching it cannot change the score. Patch each position only of prompts "
+                "scored at or after every named position (name them in the file), or ablation.patch_positions=all",
+            )

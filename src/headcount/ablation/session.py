@@ -29,13 +29,15 @@ from headcount.ablation.engine.metrics import METRICS, resolve_metric
 from headcount.ablation.export import check_export, export_pruned_model
 from headcount.ablation.methods.importance import Importance, importance_under
 from headcount.ablation.plan import plan
+from headcount.ablation.records.address import ResultAddress
 from headcount.ablation.records.distributed import scan_world
 from headcount.ablation.records.results import ResultFiles, fingerprint, model_fingerprint
-from headcount.ablation.records.summary import record_default_metric
+from headcount.ablation.records.summary import read_summary, record_default_metric, record_task_source
 from headcount.ablation.scans import KINDS, Scan
 from headcount.captions import describe_run
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig, ScanDtype
+from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
 from headcount.processes import set_first_process
@@ -57,6 +59,29 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def task_source(cfg: TaskConfig) -> str:
+    """Where a task's prompts come from, for its tables: a file's absolute path, a Hub dataset, or a generator."""
+    if cfg.path is not None:
+        return str(Path(cfg.path).resolve())
+    return f"hub:{cfg.hub_name}" if cfg.hub_name is not None else str(cfg.source)
+
+
+def check_task_folder(cfg: TaskConfig, address: ResultAddress, tokens: str) -> None:
+    """ConfigError when the task's results folder holds another source's results (a prompts file of the same stem
+    in another folder, other prompts): they would be replaced. The same prompts moved elsewhere are the same task;
+    task.name gives a task its own folder."""
+    recorded = read_summary(address.summary_path).get("task_source") or {}
+    if recorded and recorded["source"] != task_source(cfg) and recorded["tokens"] != tokens:
+        recorded = recorded["source"]
+        key, value = ("task.name", cfg.name) if cfg.name else ("task.path", cfg.path or cfg.source)
+        raise ConfigError(
+            key,
+            value,
+            f"its results folder ablation/tasks/{address.task}/ holds the results of {recorded}: give this task a "
+            "folder of its own with task.name=<name>",
+        )
 
 
 def typed_ablation(section: DictConfig) -> AblationConfig:
@@ -100,6 +125,8 @@ class AblationSession:
         self.mode, self.metric, self.task, self.address = planned.mode, planned.metric, planned.task, planned.address
         self.positions = planned.positions
         self.section, self.out = self.address.section, self.address.folder
+        if self.task is not None:
+            check_task_folder(task_cfg, self.address, self.task.fingerprint()["tokens"])
         self.subject = describe_run(self.run.config, run_dir)
         if self.task is not None:
             self.subject += f", task {self.task.name}"
@@ -135,6 +162,12 @@ class AblationSession:
         self.replacements, self.batches, self.evaluator = evaluated.replacements, evaluated.batches, evaluated.evaluator
         self.baseline = self.evaluator.baseline()
         refuse_overflow(s, self.baseline[self.metric.columns[0]])
+        if not math.isfinite(self.baseline[self.metric.primary]):  # before summary.json records it
+            raise ConfigError(
+                "ablation.metric",
+                self.metric.name,
+                f"is {self.baseline[self.metric.primary]} on the unablated model: nothing was written",
+            )
         self.counterpart = counterpart_baseline(s, self.metric, self.model, eval_set, self.device)
         self.record = {
             "mode": s.mode,
@@ -146,6 +179,12 @@ class AblationSession:
             "reference_split": settings_record.get("reference_split"),
             "n_reference": settings_record.get("n_reference"),
             **low_precision(s),
+            **({"patch_direction": str(s.patch_direction)} if self.mode.needs_task else {}),  # patching's direction
+            **(
+                {}
+                if self.task is None
+                else {"task_source": task_source(task_cfg), "task_fingerprint": data["fingerprint"]["tokens"]}
+            ),
         }
         baselines = {f"baseline_{column}": self.baseline[column] for column in self.metric.columns}
         if self.task is not None:  # whether the model does the task at all, whatever the metric
@@ -165,6 +204,8 @@ class AblationSession:
         )
         if self.task is not None:
             record_default_metric(self.files.summary_path, resolve_metric(None, self.task.has_wrong, task=True).name)
+            source = {"source": task_source(task_cfg), "tokens": data["fingerprint"]["tokens"]}
+            record_task_source(self.files.summary_path, source)
         self.shared: dict[str, Any] = {}  # scan kind -> what its last run here handed to other scans
 
     def new_scan(self, name: str, cfg: ScanConfig) -> Scan:
@@ -176,6 +217,7 @@ class AblationSession:
         if kind not in self.shared:
             scan = self.new_scan(kind, ScanConfig(kind=kind))
             if compute or scan.read_back(announce=False) is not None:
+                scan.prepare()  # its checks against the model and task, as for a scan the settings name
                 scan.run()
         return self.shared.get(kind)
 

@@ -8,7 +8,6 @@ them: the commands set it and turn them into the one line here, with the closest
 """
 
 import functools
-import importlib
 import logging
 import os
 import shutil
@@ -35,7 +34,6 @@ from headcount.io import READ_ONLY_ERRNOS, write_fault
 from headcount.train import peers
 
 BAD_INPUT = (ConfigError, HydraException, OmegaConfBaseException)
-NOT_IMPORTED = "does not import as a function"  # what a `_target_` that does not import is told
 HYDRA_FILES = (".hydra", run_lock.LOCK_NAME)  # besides Hydra's log files (*.log): what a run folder holds at first
 
 
@@ -133,40 +131,11 @@ def as_config_error(error: BaseException) -> ConfigError | None:
     return ConfigError(cause.full_key, cause.value, reason)
 
 
-def import_problem(target: str) -> str:
-    """Why `module.attribute` does not import, said right: Hydra's locate reports a missing attribute of a module that
-    imports as a missing module ("No module named 'os.path.nope'; 'os.path' is not a package")."""
-    parts = target.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:cut])
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name is not None and not module_name.startswith(error.name) and error.name != module_name:
-                return f"importing {module_name} failed: no module named {error.name}"
-            continue
-        except Exception as error:  # the user's module raised while importing
-            return f"importing {module_name} failed: {type(error).__name__}: {error}"
-        owner = module
-        for name in parts[cut:]:
-            if not hasattr(owner, name):
-                return f"module {module_name} has no attribute {'.'.join(parts[cut:])}"
-            owner = getattr(owner, name)
-        return f"{target} is not a function"
-    return f"no module named {parts[0]}"
-
-
 def describe(error: BaseException) -> str:
     """One line for a bad-input error: `key=value: what is allowed` where the error names a key and a value, else the
     error's first line and its cause's (Hydra wraps OmegaConf's error, with hints that do not apply to typed
     configs)."""
     if (config_error := as_config_error(error)) is not None:
-        if config_error.key.endswith("._target_") and config_error.allowed.startswith(NOT_IMPORTED):
-            return str(
-                ConfigError(
-                    config_error.key, config_error.value, f"{NOT_IMPORTED} ({import_problem(str(config_error.value))})"
-                )
-            )
         return str(config_error)
     parts = [error] if error.__cause__ is None else [error, error.__cause__]
     return " ".join(str(e).strip().splitlines()[0] for e in parts if str(e).strip())

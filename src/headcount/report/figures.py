@@ -141,6 +141,18 @@ def pruning_curves(
     return path
 
 
+def single_head_title(runs: pd.DataFrame, sweep_dir: Path) -> str:
+    """The single-head section's title: the metric's change and the mode of the first run's table (a task's patch
+    scan is titled by its logit difference, not by the loss)."""
+    for _, run in runs.iterrows():
+        csv = ablation_csv(sweep_dir, run["run"], "single_head")
+        if csv.exists():
+            table = read_checked(csv)
+            mode = f", {table['mode'].iloc[0]} ablation" if "mode" in table and len(table) else ""
+            return f"Single-head ablation ({scan_figure_value(table)[1]} with each head off alone{mode})"
+    return "Single-head ablation"
+
+
 def single_head_grid(
     runs: pd.DataFrame, sweep_dir: Path, configs: list[str], path: Path, subject: str = ""
 ) -> Path | None:

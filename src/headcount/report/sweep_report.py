@@ -131,7 +131,7 @@ def draw_figures(finished: pd.DataFrame, sweep_dir: Path, out: Path, swept: list
     figures["Pruning curves"] = report_figures.pruning_curves(
         finished, sweep_dir, configs, out / "pruning_curves.png", subject
     )
-    figures["Single-head ablation (loss increase with each head off alone)"] = report_figures.single_head_grid(
+    figures[report_figures.single_head_title(finished, sweep_dir)] = report_figures.single_head_grid(
         finished, sweep_dir, configs, out / "single_head_heatmaps.png", subject
     )
     return {title: path for title, path in figures.items() if path is not None}

@@ -166,6 +166,8 @@ def requested_mask(
         named = ", ".join(positions) or "none (a task names them)"
         raise ConfigError(key, f"{spec}@{position}", f"no such named position; the task's: {named}")
     items = spec.split("+") if isinstance(spec, str) else list(spec)
+    if isinstance(spec, str) and "" in (item.strip() for item in items):  # "L0H3+" was reported as masks=''
+        raise ConfigError(key, spec, 'an empty head name beside a "+": join head names as "L0H3+L1H2"')
     heads = tuple(sorted({parsed_head(item, key) for item in items if item != "none"}))
     for layer, head in heads:
         check_head_exists(layer, head, heads_per_layer, key, str(name or spec))

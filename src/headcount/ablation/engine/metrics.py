@@ -13,6 +13,9 @@ two rows of the unembedding at each point instead of the whole vocabulary. A use
 named by `_target_` (see `CallableMetric`).
 """
 
+import hashlib
+import importlib
+import inspect
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
@@ -70,13 +73,16 @@ class Readout:
         return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
     def logit_of(self, ids_N: Tensor) -> Tensor:
-        """(N,) the logit of token ids_N[n] at point n, from one unembedding row per point unless the logits exist."""
+        """(N,) the logit of token ids_N[n] at point n, from one unembedding row per point unless the logits exist,
+        soft-capped as the unembedding caps every logit (Gemma 2's final soft-cap)."""
         if "logits_NV" in self.__dict__:
             return self.logits_NV.gather(1, ids_N[:, None])[:, 0]
         normed_NC, rows_NC = self.normed_NC, self.model.lm_head.weight[ids_N]
         if normed_NC.dtype in (torch.float16, torch.bfloat16):  # the dot product in float32, as the logits above
             normed_NC, rows_NC = normed_NC.float(), rows_NC.float()
-        return (normed_NC * rows_NC).sum(-1)
+        logit_N = (normed_NC * rows_NC).sum(-1)
+        cap = self.model.lm_head.softcap
+        return logit_N if cap is None else torch.tanh(logit_N / cap) * cap
 
 
 class Metric:
@@ -189,13 +195,27 @@ class CallableMetric(Metric):
         self.higher_is_better, self.needs_wrong = higher_is_better, needs_wrong
 
     def values(self, readout: Readout) -> Tensor:
-        values = self.fn(readout.logits_NV, readout.answer_N, readout.wrong_N)
+        try:
+            values = self.fn(readout.logits_NV, readout.answer_N, readout.wrong_N)
+        except Exception as error:  # the user's code: whatever it raises becomes one line naming it
+            hint = ""
+            if readout.wrong_N is None:
+                hint = " (wrong_ids is None: the task has no wrong answers; needs_wrong: true refuses such tasks)"
+            cause = str(error).strip().split("\n")[0]
+            raise ConfigError(f"{KEY}._target_", self.target, f"raised {type(error).__name__}: {cause}{hint}") from None
         if not isinstance(values, Tensor) or values.shape != readout.answer_N.shape:
             got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
             raise ConfigError(
                 f"{KEY}._target_",
                 self.target,
                 f"must return one value per score point, shape ({len(readout.answer_N)},); it returned {got}",
+            )
+        if not bool(torch.isfinite(values).all()):
+            bad = int((~torch.isfinite(values)).sum())
+            raise ConfigError(
+                f"{KEY}._target_",
+                self.target,
+                f"returned {bad} NaN or infinite value(s) of {len(values)} score points: nothing was written",
             )
         return values.to(readout.normed_NC.dtype)[:, None]
 
@@ -204,7 +224,19 @@ class CallableMetric(Metric):
         return f"{self.fn.__module__}.{self.fn.__qualname__}"
 
     def describe(self) -> dict:
-        return {**super().describe(), "_target_": self.target}
+        """With the function's code: a body edited in place (the same _target_) changes the session's fingerprint,
+        so its results are computed again rather than read back as up to date."""
+        return {**super().describe(), "_target_": self.target, "code": code_fingerprint(self.fn)}
+
+
+def code_fingerprint(fn: Any) -> str:
+    """A hash of a function's source (of its bytecode and constants where the source cannot be read)."""
+    try:
+        code = inspect.getsource(fn)
+    except (OSError, TypeError):
+        inner = getattr(fn, "__code__", None)
+        code = repr(type(fn)) if inner is None else repr((inner.co_code, inner.co_consts, inner.co_names))
+    return hashlib.sha256(code.encode()).hexdigest()[:16]
 
 
 class NamedMetric(Metric):
@@ -229,6 +261,43 @@ def table_metric(table: Any) -> Metric:
 
 
 CALLABLE_KEYS = {"_target_", "name", "higher_is_better", "needs_wrong"}
+# The columns result tables have beside a metric's (a user's metric named `mode` overwrote the mode column), and the
+# prefixes of the columns derived from a metric's (delta_<metric>, baseline_<metric> in summary.json).
+TABLE_COLUMNS = frozenset(
+    [
+        "mask",
+        "layer",
+        "head",
+        "position",
+        "mode",
+        "metric",
+        "task",
+        "split",
+        "n_eval",
+        "n_targets",
+        "reference_split",
+        "n_reference",
+        "n_heads_off",
+        "gap_fraction",
+        "acc",
+        "loss",
+        "patch_direction",
+        "attribution",
+        "exact",
+        "verified",
+        "rank",
+        "direct_effect",
+        "direct_effect_after",
+        "grad_importance",
+        "grad_importance_raw",
+        "retrieval_score",
+        "induction_score",
+        "prev_token_score",
+        "n_heads",
+        "kept",
+    ]
+)
+DERIVED_PREFIXES = ("delta_", "baseline_")
 
 
 def resolve_metric(spec: Any, has_wrong: bool | None = None, task: bool = False) -> Metric:
@@ -258,13 +327,44 @@ def callable_metric(spec: Any) -> CallableMetric:
     target = str(spec["_target_"])
     try:
         fn = get_method(target)
-    except Exception as error:  # Hydra wraps import and attribute errors alike
-        cause = str(error.__cause__ or error).strip().split("\n")[0]
-        raise ConfigError(f"{KEY}._target_", target, f"does not import as a function ({cause})") from None
+    except Exception:  # Hydra wraps import and attribute errors alike, and words some of them wrong
+        raise ConfigError(
+            f"{KEY}._target_", target, f"does not import as a function ({import_problem(target)})"
+        ) from None
     name = str(spec.get("name") or fn.__name__)
     if name in METRICS:
         raise ConfigError(f"{KEY}.name", name, "is a built-in metric's name: name your own metric otherwise")
+    if not name.isidentifier() or name in TABLE_COLUMNS or name.startswith(DERIVED_PREFIXES):
+        raise ConfigError(
+            f"{KEY}.name",
+            name,
+            "names a table column and file names: a plain identifier (letters, digits, _), not one of the tables' "
+            f"own columns ({', '.join(sorted(TABLE_COLUMNS))}) nor starting with {' or '.join(DERIVED_PREFIXES)}",
+        )
     return CallableMetric(fn, name, bool(spec.get("higher_is_better", True)), bool(spec.get("needs_wrong", False)))
+
+
+def import_problem(target: str) -> str:
+    """Why `module.attribute` does not import, said right: Hydra's locate reports a missing attribute of a module that
+    imports as a missing module ("No module named 'os.path.nope'; 'os.path' is not a package")."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name is not None and not module_name.startswith(error.name) and error.name != module_name:
+                return f"importing {module_name} failed: no module named {error.name}"
+            continue
+        except Exception as error:  # the user's module raised while importing
+            return f"importing {module_name} failed: {type(error).__name__}: {error}"
+        owner = module
+        for name in parts[cut:]:
+            if not hasattr(owner, name):
+                return f"module {module_name} has no attribute {'.'.join(parts[cut:])}"
+            owner = getattr(owner, name)
+        return f"{target} is not a function"
+    return f"no module named {parts[0]}"
 
 
 @torch.no_grad()

@@ -5,7 +5,10 @@ that normalises its attention output before adding it (post_norm: Gemma 2/3), a 
 its scale frozen at the layer's whole output. With the norms' scales frozen the final stream is a sum of components
 (the embedding, each head, each MLP, the biases), so the direct effects of every component add up to the logit read,
 exactly; a head's direct effect ignores what it does through later layers (Wang et al. 2022's "direct logit
-attribution")."""
+attribution").
+
+A model that soft-caps its logits (Gemma 2's final_softcap) breaks that sum: the logit read is not linear in the
+stream. `refusal` names it, and the scan refuses it rather than give a number that is not the head's direct effect."""
 
 import torch
 from torch import Tensor
@@ -14,6 +17,13 @@ from headcount.ablation.engine.metrics import Metric, Targets
 from headcount.ablation.engine.modes import Replacements
 from headcount.model.norm import frozen_norm
 from headcount.model.transformer import Transformer
+
+
+def refusal(model: Transformer) -> str | None:
+    """Why direct effects are not exact on this model (its config key named), or None where they are."""
+    if model.lm_head.softcap is not None:
+        return f"model.final_softcap={model.lm_head.softcap}: the soft-capped logits are not linear in the stream"
+    return None
 
 
 def unembedding_direction(model: Transformer, targets: Targets, metric: Metric) -> Tensor:

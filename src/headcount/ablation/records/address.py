@@ -7,8 +7,9 @@ API, findings, reports, W&B, resume) reads it back instead of rebuilding it from
     section + scan   -> files    single_head.csv (zero, loss), single_head.mean.csv, single_head.patch.logit_diff.csv
 
 Zero ablation measured by loss keeps the plain names, as results were named before other modes and metrics; results
-no mode changes (head_scores) keep plain names too. A setting that changes a result and should name its files apart
-(the patch direction, per-position patching) is one entry of the address's `variant`, which ablation/plan.py fills.
+no mode changes (head_scores) keep plain names too. A setting that changes a result and names its files apart
+(patch_direction=denoise, patch_positions=each) is one entry of the address's `variant`, which ablation/plan.py fills:
+single_head.patch.logit_diff.denoise.csv beside single_head.patch.logit_diff.csv.
 """
 
 from dataclasses import dataclass, replace
@@ -31,7 +32,7 @@ class ResultAddress:
     mode: str = "zero"
     metric: str = PLAIN_METRIC
     task: str = ""
-    variant: tuple[str, ...] = ()  # settings beyond mode and metric that give results their own files (none yet)
+    variant: tuple[str, ...] = ()  # settings beyond mode and metric that give results their own files (plan.py)
 
     @property
     def qualifiers(self) -> tuple[str, ...]:
@@ -107,6 +108,15 @@ def metric_name(spec) -> str:
     return str(spec)
 
 
+def variant_of(mode: str, patch_direction: str, patch_positions: str) -> tuple[str, ...]:
+    """The settings that give results their own files beyond mode and metric (single_head.patch.logit_diff.denoise.
+    csv): their defaults name nothing, so every address made before variants stays as it was."""
+    return (
+        *(("denoise",) if str(mode) == "patch" and str(patch_direction) == "denoise" else ()),
+        *(("each",) if str(patch_positions) == "each" else ()),
+    )
+
+
 def run_address(run_dir: str | Path, config: DictConfig | None = None) -> ResultAddress:
     """The address of the results a run's own config asks for (its ablation mode and metric, on its task or its
     data): what its report, its finding and its W&B headline read. The mode and metric are the config's, with the
@@ -122,12 +132,17 @@ def run_address(run_dir: str | Path, config: DictConfig | None = None) -> Result
     defaults = AblationConfig()
     mode = str(OmegaConf.select(config, "ablation.mode", default=defaults.mode))
     spec = OmegaConf.select(config, "ablation.metric", default=defaults.metric)
+    variant = variant_of(
+        mode,
+        OmegaConf.select(config, "ablation.patch_direction", default=defaults.patch_direction),
+        OmegaConf.select(config, "ablation.patch_positions", default=defaults.patch_positions),
+    )
     if OmegaConf.select(config, "task.source", default=None) is None:
-        return ResultAddress(paths.ablation, mode, metric_name(spec))
+        return ResultAddress(paths.ablation, mode, metric_name(spec), variant=variant)
     from headcount.config.task import TaskConfig
     from headcount.tasks import task_name  # tasks load their sources only when a run has one
 
-    address = ResultAddress(paths.ablation, mode, metric_name(spec), task_name(typed(config.task, TaskConfig)))
+    address = ResultAddress(paths.ablation, mode, metric_name(spec), task_name(typed(config.task, TaskConfig)), variant)
     if spec is None:
         address = replace(address, metric=read_summary(address.summary_path).get("default_metric", PLAIN_METRIC))
     return address

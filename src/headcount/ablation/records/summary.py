@@ -116,6 +116,14 @@ def record_default_metric(path: Path, metric: str) -> None:
         atomic_write_json(path, {**summary, "default_metric": metric})
 
 
+def record_task_source(path: Path, source: dict[str, str]) -> None:
+    """Where a task folder's prompts come from and a hash of them (its summary.json's `task_source`): two prompt files
+    of one stem in different folders shared tasks/<stem>/, the second's results replacing the first's."""
+    summary = read_summary(path)
+    if summary.get("task_source") != source:
+        atomic_write_json(path, {**summary, "task_source": source})
+
+
 def record_scan(path: Path, mode: str | None, name: str, entry: dict) -> None:
     """A scan's entry in a mode's section (None: the mode-independent one); an entry it replaces that was computed
     under another fingerprint (other masks, settings) moves to `superseded`, so its record does not vanish."""

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import pandas as pd
 
 from headcount.ablation.engine.evaluator import MaskTotals
@@ -104,6 +105,7 @@ class Scan:
                     self.kind,
                     "computed no rows: nothing was written, and any earlier result of it is kept",
                 )
+            self.refuse_non_finite(table)
             write_csv(self.csv, table)
             discard_partials(self.partial)
             files = [self.csv, *self.figures(table)]
@@ -116,6 +118,23 @@ class Scan:
             )
         self.use(table)
         return table
+
+    def refuse_non_finite(self, table: pd.DataFrame) -> None:
+        """ConfigError naming the metric and the first row where a metric column is NaN or infinite: such a table
+        was written, then every figure, summary and read-back of it failed."""
+        metric = self.session.metric
+        columns = [c for column in metric.columns for c in (column, f"delta_{column}") if c in table.columns]
+        values = table[columns].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
+        bad = ~np.isfinite(values)
+        if bad.any():
+            row, col = (int(i[0]) for i in np.nonzero(bad))
+            where = table["mask"].iloc[row] if "mask" in table.columns else f"row {row}"
+            raise ConfigError(
+                "ablation.metric",
+                metric.name,
+                f"is {values[row, col]} for {where} in {self.name}'s {columns[col]} column: nothing was written, and "
+                "any earlier result of it is kept",
+            )
 
     def evaluate(self, masks: list[HeadMask], key: str) -> MaskTotals:
         """The masks' metric sums on the session's evaluator, resumable from this scan's partial files; shared out

@@ -6,7 +6,12 @@ With `backup_top_k` = k > 0 it also measures self-repair (Wang et al. 2022's bac
 largest direct effect are mean-ablated together (means over the evaluation set's own inputs, whatever the session's
 mode), and it records the metric's change from that joint ablation beside the sum of the k heads' changes when each
 is mean-ablated alone, and every head's direct effect again on the ablated model (`direct_effect_after`); heads whose
-direct effect grew take over part of what was removed."""
+direct effect grew take over part of what was removed.
+
+The table says what it holds: its `mode` is "clean" (direct effects are read on the unablated model, whatever the
+session's mode; the self-repair record says "mean") and its `metric` the logit it reads, "logit_diff" or
+"answer_logit" (the correct answer's direct logit, for a metric that reads no wrong answer: top1, answer_logprob...).
+A model whose direct effects would not be exact (post-attention norms, a final soft-cap) is refused by name."""
 
 from pathlib import Path
 
@@ -17,7 +22,7 @@ from headcount.ablation.engine.evaluator import MaskEvaluator
 from headcount.ablation.engine.heads import all_heads, head_name, top_heads
 from headcount.ablation.engine.masks import HeadMask, masks_to_gates
 from headcount.ablation.engine.modes import Mean, Replacements, mean_z
-from headcount.ablation.methods.direct_effect import direct_effects
+from headcount.ablation.methods.direct_effect import direct_effects, refusal
 from headcount.ablation.scans.base import KINDS, Scan
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
@@ -35,15 +40,35 @@ class DirectEffectScan(Scan):
         if cfg.backup_top_k < 0:
             raise ConfigError(f"ablation.scans.{name}.backup_top_k", cfg.backup_top_k, "must be 0 or more")
 
+    def prepare(self) -> None:
+        if (reason := refusal(self.session.model)) is not None:
+            raise ConfigError(f"ablation.scans.{self.name}.kind", self.kind, f"is not exact on this model: {reason}")
+        n_heads = sum(self.session.model.heads_per_layer)
+        if self.cfg.backup_top_k >= n_heads:  # was clipped silently to every head
+            raise ConfigError(
+                f"ablation.scans.{self.name}.backup_top_k",
+                self.cfg.backup_top_k,
+                f"must be fewer than the model's {n_heads} heads: backup heads are the others, whose effect grows",
+            )
+
     def fingerprint_parts(self) -> tuple:
         return (self.kind, self.cfg.backup_top_k)
+
+    def record(self) -> dict:
+        """The session's columns, with the mode and metric of what the table holds (the module's docstring)."""
+        reads = "logit_diff" if self.session.metric.needs_wrong else "answer_logit"
+        return {**super().record(), "mode": "clean", "metric": reads}
+
+    def title(self, what: str) -> str:
+        """Read on the clean run, not under the session's mode (the self-repair panel says its mean ablation)."""
+        return f"{self.name}: {what}, clean run\n{self.session.subject}"
 
     def compute(self, key: str) -> pd.DataFrame:
         session, hpl = self.session, self.session.heads_per_layer
         effect_LH = direct_effects(session.model, session.batches, session.metric)
         layers, heads = (list(x) for x in zip(*all_heads(hpl)))
         table = pd.DataFrame({"layer": layers, "head": heads, "direct_effect": effect_LH[layers, heads].numpy()})
-        k = min(self.cfg.backup_top_k, len(table))
+        k = self.cfg.backup_top_k
         if k:
             table["direct_effect_after"] = self.backup(effect_LH, k)[layers, heads].numpy()
         return table
@@ -63,6 +88,8 @@ class DirectEffectScan(Scan):
         grew = [(head_name(*h), float(after_LH[h] - effect_LH[h])) for h in all_heads(hpl) if h not in top]
         grew = sorted((g for g in grew if g[1] > 0), key=lambda g: -g[1])
         record = {
+            "mode": "mean",
+            "metric": metric.name,
             "heads": [head_name(*h) for h in top],
             "together": changes[0],
             "single": dict(zip([head_name(*h) for h in top], changes[1:])),

@@ -24,6 +24,13 @@ class PositionAttentionScan(Scan):
     def prepare(self) -> None:
         if self.session.task is None:
             raise ConfigError(f"ablation.scans.{self.name}", self.kind, "reads a task's named positions: name a task")
+        if not [name for name in self.session.positions if name != "end"]:  # its table had no attention columns
+            raise ConfigError(
+                f"ablation.scans.{self.name}",
+                self.kind,
+                f"reads a task's named positions, and task {self.session.task.name} names none but its end: use a "
+                "task that names them (ioi, kv_retrieval, needle)",
+            )
 
     def fingerprint_parts(self) -> tuple:
         return (self.kind, self.session.positions)

@@ -34,6 +34,14 @@ class TopHeadsScan(MaskScan):
         if cfg.random_sets < 0:
             raise ConfigError(f"{key}.random_sets", cfg.random_sets, "must be 0 or more")
 
+    def prepare(self) -> None:
+        """The ranking scan's own checks, before any work: it runs only when top_heads asks for its ranking."""
+        try:
+            KINDS[self.cfg.rank_by](self.cfg.rank_by, ScanConfig(kind=self.cfg.rank_by), self.session).prepare()
+        except ConfigError as error:
+            key = f"ablation.scans.{self.name}.rank_by"
+            raise ConfigError(key, self.cfg.rank_by, f"cannot rank these heads: {error.allowed}") from None
+
     def fingerprint_parts(self) -> tuple:
         return (*super().fingerprint_parts(), self.cfg.rank_by)
 
