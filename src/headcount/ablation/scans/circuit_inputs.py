@@ -25,6 +25,7 @@ from torch import Tensor
 
 from headcount.ablation.engine.heads import top_heads
 from headcount.ablation.engine.metrics import Readout, Targets
+from headcount.ablation.engine.modes import MODES, AblationMode, Zero
 from headcount.ablation.scans.base import KINDS
 from headcount.circuits import Graph, NodeOutputs, node_outputs
 from headcount.circuits.graph import QKV
@@ -33,17 +34,25 @@ from headcount.errors import ConfigError
 
 LAYER = re.compile(r"^L(\d+)(?:\.([qkv]))?$")
 TOP = re.compile(r"^top(\d+):(\w+)(?:\.([qkv]))?$")
-CORRUPTING_MODES = ("patch", "resample", "zero")
+
+
+def corrupted_run(mode: type[AblationMode]) -> str | None:
+    """How a mode corrupts every sender: "source" (each example's source input, run through the model: patch and
+    resample), "all zeros", or None (a replacement for heads' z alone: mean)."""
+    if mode.per_example:
+        return "source"
+    return "all zeros" if issubclass(mode, Zero) else None
 
 
 def check_circuit_scan(name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
     """The checks that need no model: a mode with a corrupted run, and the top-k names' kinds."""
-    if settings.mode not in CORRUPTING_MODES:
+    if corrupted_run(MODES.get(settings.mode, "ablation.mode")) is None:
+        usable = [mode for mode in MODES.names() if corrupted_run(MODES[mode]) is not None]
         raise ConfigError(
             "ablation.mode",
             settings.mode,
             f"the {name} scan needs every sender's replacement output (the embeddings' and MLPs' too): "
-            f"use one of {', '.join(CORRUPTING_MODES)}",
+            f"use one of {', '.join(usable)}",
         )
     for key in ("senders", "receivers"):
         for entry in getattr(cfg, key):
@@ -90,7 +99,7 @@ def circuit_inputs(session, scan_name: str) -> tuple[CircuitInputs, object]:
             "(task.align=last with prompts of different lengths)",
         )
     ids = batch["input_ids"]
-    if session.settings.mode == "zero":
+    if corrupted_run(type(session.mode)) == "all zeros":
         clean = node_outputs(session.model, ids)
         zeros = [torch.zeros_like(z) for z in clean.z]
         corrupted = NodeOutputs(torch.zeros_like(clean.emb), zeros, [torch.zeros_like(m) for m in clean.mlp])
