@@ -156,11 +156,12 @@ class EdgeAttributionScan(Scan):
         curve = pd.read_csv(self.curve_csv)
         curve_png = faithfulness_figure(curve, self.path(".png", "_faithfulness"), self.title("faithfulness against n"))
         weights = torch.zeros(len(graph.edges), dtype=torch.float64)
-        score = "exact" if table["verified"].all() else "eap_ig"
+        score = "exact" if table["verified"].all() and len(table) == len(graph.edges) else "eap_ig"  # as compute's
         index = [graph.edge_index[e] for e in table["edge"]]
         weights[index] = torch.tensor(table[score].abs().to_numpy())
         circuit = {graph.edge_index[e] for e in table.loc[table["in_circuit"].astype(str) == "True", "edge"]}
-        title = self.title(f"circuit: {len(circuit)} edges by |{score}| ({metric.unit})")
+        shown = "" if len(table) == len(graph.edges) else f", those into {', '.join(self.cfg.receivers)}"
+        title = self.title(f"circuit: {len(circuit)} edges by |{score}| ({metric.unit}){shown}")
         circuit_png = self.path(".png", "_circuit")
         atomic_savefig(draw_circuit(graph, circuit, weights, title), circuit_png, dpi=120)
         return [self.curve_csv, curve_png, circuit_png]
