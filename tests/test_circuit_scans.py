@@ -2,6 +2,7 @@
 called directly on the same model and prompts (with an independent metric), a rerun reads them back, bad input is
 one line with exit code 2 and nothing written, and a planted wrong sign is caught."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -99,6 +100,9 @@ def test_edge_attribution_table_is_the_core_and_a_rerun_reads_it_back(run_dir, m
     assert set(curve["method"]) == {"eap", "eap_ig", "exact", "random"}
     full = curve[curve["n"] == len(table)]
     assert torch.allclose(torch.tensor(full["faithfulness"].to_numpy()), torch.ones(len(full), dtype=torch.float64))
+    zero = json.loads((ablation / "summary.json").read_text())["modes"]["zero"]
+    assert set(zero["edge_attribution"]["edge_attribution"]["eap"]) == {"spearman", "top_10_recall"}
+    assert zero["edge_circuits"]["edge_attribution"]["circuit_edges"] <= 8
     for png in ("edge_attribution_faithfulness.png", "edge_attribution_circuit.png"):
         assert (ablation / png).stat().st_size > 0
 

@@ -149,7 +149,7 @@ class EdgeAttributionScan(Scan):
         largest = table.loc[table["exact"].abs().idxmax()] if table["verified"].any() else None
         if largest is not None:
             entry["largest_exact"] = {"edge": largest["edge"], "exact": float(largest["exact"])}
-        self.session.files.update_summary({"edge_circuits": {self.name: entry}})
+        self.session.files.update_summary({"edge_attribution": {self.name: entry}})
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         metric, graph = self.session.metric, Graph.of(self.session.model)
