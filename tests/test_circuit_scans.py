@@ -145,3 +145,23 @@ def test_bad_input_is_one_line_and_leaves_nothing(run_dir, monkeypatch, capsys, 
     assert code == 2
     assert message in one_line(capsys.readouterr().err)
     assert sorted(p for p in ablation.rglob("*") if "logs" not in p.parts) == before
+
+
+@pytest.mark.parametrize(
+    "k, q, expected", [(2.0, 0.5, "reproduced"), (0.5, 2.0, "partly"), (0.1, 0.1, "not reproduced")]
+)
+def test_the_k_composition_claim_reads_the_largest_head_edge_into_the_induction_head(k, q, expected):
+    from headcount.findings.induction import composition_claim
+
+    rows = [
+        ("L0H3", "L1H2.k", k),
+        ("L0H3", "L1H2.q", q),
+        ("L0H3", "L1H2.v", 0.2),
+        ("L0H1", "L1H2.k", 1.0),
+        ("emb", "L1H2.q", 9.0),  # the embeddings are no layer-0 head: not a candidate
+        ("L0H3", "L1H0.k", 5.0),  # into another head
+    ]
+    edges = pd.DataFrame([{"edge": f"{s} -> {r}", "sender": s, "receiver": r, "exact": v} for s, r, v in rows])
+    claim, numbers = composition_claim(edges, "L0H3", "L1H2")
+    assert claim.verdict == expected
+    assert numbers["prev_token_head_edges_into_induction_head"]["L1H2.k"] == k
