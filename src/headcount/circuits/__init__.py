@@ -22,7 +22,7 @@ from headcount.circuits.attribution import (
 )
 from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, prune, top_edges
 from headcount.circuits.figure import draw_circuit, save_circuit
-from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs
+from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs, outputs_of
 from headcount.circuits.graph import Edge, Graph, Node, Receiver
 from headcount.circuits.path_patching import path_patch
 
@@ -41,6 +41,7 @@ __all__ = [
     "faithfulness",
     "faithfulness_curve",
     "node_outputs",
+    "outputs_of",
     "path_patch",
     "prune",
     "ranking_agreement",

@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headcount.circuits.forward import edge_forward, node_outputs
+from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs, outputs_of
 from headcount.circuits.graph import Graph
 from headcount.circuits.metric import Metric, last_positions, metric_sums
 from headcount.errors import ConfigError
@@ -32,7 +32,7 @@ from headcount.model.transformer import Transformer
 def edge_metric(
     model: Transformer,
     clean_ids_BT: Tensor,
-    corrupted_ids_BT: Tensor,
+    corrupted_ids_BT: Tensor | NodeOutputs,
     weights_NE: Tensor,
     metric: Metric,
     score_positions_B: Tensor | None = None,
@@ -41,7 +41,7 @@ def edge_metric(
     """(N,) float64: the metric of the edge-patched forward at each row of edge weights (1 = removed), in passes of
     rows_per_pass rows."""
     positions = last_positions(clean_ids_BT) if score_positions_B is None else score_positions_B
-    corrupted = node_outputs(model, corrupted_ids_BT)
+    corrupted = outputs_of(model, corrupted_ids_BT)
     sums = []
     with torch.no_grad():
         emb = model.embed(clean_ids_BT)
@@ -54,7 +54,7 @@ def edge_metric(
 def exact_edge_scores(
     model: Transformer,
     clean_ids_BT: Tensor,
-    corrupted_ids_BT: Tensor,
+    corrupted_ids_BT: Tensor | NodeOutputs,
     metric: Metric,
     score_positions_B: Tensor | None = None,
     edges: list[int] | None = None,
@@ -72,13 +72,13 @@ def exact_edge_scores(
 def eap_scores(
     model: Transformer,
     clean_ids_BT: Tensor,
-    corrupted_ids_BT: Tensor,
+    corrupted_ids_BT: Tensor | NodeOutputs,
     metric: Metric,
     score_positions_B: Tensor | None = None,
 ) -> Tensor:
     """(E,) float64: EAP's first-order estimate of every edge's exact score."""
     positions = last_positions(clean_ids_BT) if score_positions_B is None else score_positions_B
-    corrupted = node_outputs(model, corrupted_ids_BT)
+    corrupted = outputs_of(model, corrupted_ids_BT)
     emb = model.embed(clean_ids_BT).detach()
     weights = emb.new_zeros(1, len(Graph.of(model).edges), requires_grad=True)
     logits, _ = edge_forward(model, emb, weights, corrupted)
@@ -89,7 +89,7 @@ def eap_scores(
 def eap_ig_scores(
     model: Transformer,
     clean_ids_BT: Tensor,
-    corrupted_ids_BT: Tensor,
+    corrupted_ids_BT: Tensor | NodeOutputs,
     metric: Metric,
     steps: int = 5,
     score_positions_B: Tensor | None = None,
@@ -98,7 +98,7 @@ def eap_ig_scores(
     if not isinstance(steps, int) or steps < 1:
         raise ConfigError("edge_attribution.steps", steps, "EAP-IG needs an integer number of steps >= 1")
     positions = last_positions(clean_ids_BT) if score_positions_B is None else score_positions_B
-    clean, corrupted = node_outputs(model, clean_ids_BT), node_outputs(model, corrupted_ids_BT)
+    clean, corrupted = node_outputs(model, clean_ids_BT), outputs_of(model, corrupted_ids_BT)
     alpha_N = torch.arange(1, steps + 1, dtype=clean.emb.dtype) / steps
     emb_NBTC = corrupted.emb + alpha_N[:, None, None, None] * (clean.emb - corrupted.emb)
     weights = clean.emb.new_zeros(steps, len(Graph.of(model).edges), requires_grad=True)

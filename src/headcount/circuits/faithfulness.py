@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from headcount.circuits.attribution import edge_metric
+from headcount.circuits.forward import NodeOutputs
 from headcount.circuits.graph import Graph, Node
 from headcount.circuits.metric import Metric
 from headcount.errors import ConfigError
@@ -49,7 +50,7 @@ def top_edges(graph: Graph, scores: Tensor, n: int) -> set[int]:
 def faithfulness(
     model: Transformer,
     clean_ids_BT: Tensor,
-    corrupted_ids_BT: Tensor,
+    corrupted_ids_BT: Tensor | NodeOutputs,
     circuits: list[set[int]],
     metric: Metric,
     score_positions_B: Tensor | None = None,
@@ -67,7 +68,7 @@ def faithfulness(
 def faithfulness_curve(
     model: Transformer,
     clean_ids_BT: Tensor,
-    corrupted_ids_BT: Tensor,
+    corrupted_ids_BT: Tensor | NodeOutputs,
     scores: dict[str, Tensor],
     sizes: list[int],
     metric: Metric,

@@ -69,6 +69,12 @@ def node_outputs(model: Transformer, ids_BT: Tensor) -> NodeOutputs:
         return edge_forward(model, model.embed(ids_BT))[1]
 
 
+def outputs_of(model: Transformer, run: "Tensor | NodeOutputs") -> NodeOutputs:
+    """A corrupted run's sender outputs: from its token ids (B, T), or given directly (a replacement that is no run
+    of the model, such as zero ablation's all-zero outputs)."""
+    return run if isinstance(run, NodeOutputs) else node_outputs(model, run)
+
+
 def edge_forward(
     model: Transformer,
     emb_BTC: Tensor,

@@ -21,5 +21,8 @@ def metric_sums(logits_RTV: Tensor, score_positions_B: Tensor, metric: Metric) -
     (run n holds rows n*B .. (n+1)*B - 1), differentiable."""
     B = score_positions_B.shape[0]
     N = logits_RTV.shape[0] // B
+    if score_positions_B.dtype == torch.bool:  # a (B, T) mask of score points
+        points_NPV = logits_RTV.view(N, B, *logits_RTV.shape[1:])[:, score_positions_B]
+        return torch.stack([metric(points_NPV[n]).double().sum() for n in range(N)])
     points_NBV = logits_RTV.view(N, B, *logits_RTV.shape[1:])[:, torch.arange(B), score_positions_B]
     return torch.stack([metric(points_NBV[n]).double().sum() for n in range(N)])

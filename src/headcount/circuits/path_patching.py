@@ -22,7 +22,13 @@ The result is the effect, metric(patched) - metric(clean), per pair (float64, su
 import torch
 from torch import Tensor
 
-from headcount.circuits.forward import NodeOutputs, attention_contribution, heads_from_inputs, node_outputs
+from headcount.circuits.forward import (
+    NodeOutputs,
+    attention_contribution,
+    heads_from_inputs,
+    node_outputs,
+    outputs_of,
+)
 from headcount.circuits.forward import receiver_inputs as stream_into
 from headcount.circuits.graph import Graph, Node, Receiver
 from headcount.circuits.metric import Metric, last_positions, metric_sums
@@ -33,7 +39,7 @@ from headcount.model.transformer import Transformer
 def path_patch(
     model: Transformer,
     clean_ids_BT: Tensor,
-    corrupted_ids_BT: Tensor,
+    corrupted_ids_BT: Tensor | NodeOutputs,
     pairs: list[tuple[list[str], list[str]]],
     metric: Metric,
     score_positions_B: Tensor | None = None,
@@ -43,7 +49,7 @@ def path_patch(
     passes of pairs_per_pass pairs."""
     graph = Graph.of(model)
     positions = last_positions(clean_ids_BT) if score_positions_B is None else score_positions_B
-    clean, corrupted = node_outputs(model, clean_ids_BT), node_outputs(model, corrupted_ids_BT)
+    clean, corrupted = node_outputs(model, clean_ids_BT), outputs_of(model, corrupted_ids_BT)
     resolved = [_resolve(graph, senders, receivers) for senders, receivers in pairs]
     sums = []
     with torch.no_grad():

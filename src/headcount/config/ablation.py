@@ -84,6 +84,16 @@ class ScanConfig:
     random_sets: int = 5  # ...beside this many random sets of as many heads
     masks_file: str | None = None  # custom: YAML/JSON list of masks
     l0: L0GatesConfig = field(default_factory=L0GatesConfig)  # l0_gates: the hard-concrete gate training
+    # path_patching: the senders (node names: emb, L0H1, L0.mlp; L2 for every head of layer 2; top3:direct_effect
+    # for another scan kind's 3 highest-ranked heads) and the receiver inputs (L1H0.k, L1.mlp, logits; L1.q for the
+    # queries of every head of layer 1; top3:direct_effect.q); edge_attribution: only the edges into these receivers
+    senders: list[str] = field(default_factory=list)
+    receivers: list[str] = field(default_factory=list)
+    receivers_together: bool = True  # path_patching: one path per sender into the whole receiver set, or each alone
+    steps: int = 5  # edge_attribution: EAP-IG's interpolation steps
+    exact_all: bool = False  # edge_attribution: every edge's exact score, not only the verify_top_k largest EAP's
+    circuit_size: int = 20  # edge_attribution: the edges of the circuit drawn and scored
+    circuit_sizes: list[int] | None = None  # edge_attribution: the faithfulness curve's sizes (None: 1, 2, 4, ...)
 
 
 DEFAULT_ORDERS = (PruningOrder.gradient, PruningOrder.gradient_iterative, PruningOrder.single_head, PruningOrder.random)

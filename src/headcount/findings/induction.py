@@ -1,6 +1,9 @@
 """Olsson et al. (2022): a 2-layer attention-only model copies in context through a previous-token head in layer 0
 and an induction head in layer 1; ablating either costs more than 1 nat on the repeated part, most heads matter
-little, and the heads the ablation singles out are the heads the attention patterns single out."""
+little, the heads the ablation singles out are the heads the attention patterns single out, and the previous-token
+head reaches the induction head through its key (K-composition): of the exact edge scores (edge_attribution, zero
+mode: the edge's sender output zeroed for that one receiver input), the largest from a layer-0 head into the top
+induction head is the previous-token head's, on .k."""
 
 import math
 from pathlib import Path
@@ -35,6 +38,36 @@ def head_table(run_dir: Path) -> pd.DataFrame:
     scores = read_checked(zero.file("head_scores", ".csv", mode_independent=True))[["layer", "head", *SCORES]]
     single = read_checked(zero.file("single_head", ".csv"))[["layer", "head", "delta_loss"]]
     return scores.merge(single, on=["layer", "head"])
+
+
+def edge_table(run_dir: Path) -> pd.DataFrame | None:
+    """The exact edge scores of the zero-mode edge_attribution scan (edge, sender, receiver, exact), if it ran."""
+    path = ResultAddress(RunPaths(run_dir).ablation, mode="zero").file("edge_attribution", ".csv")
+    return read_checked(path)[["edge", "sender", "receiver", "exact"]] if path.exists() else None
+
+
+def composition_claim(edges: pd.DataFrame, prev_head: str, induction_head: str) -> tuple[Claim, dict]:
+    """K-composition: the largest exact edge (loss increase when the edge alone is zeroed) from a layer-0 head into
+    the induction head runs from the previous-token head into its key."""
+    into = edges[edges.receiver.str.startswith(f"{induction_head}.") & edges.sender.str.match(r"^L0H\d+$")]
+    into = into.sort_values("exact", ascending=False)
+    top = into.iloc[0]
+    from_prev = into[into.sender == prev_head].set_index("receiver")["exact"]
+    numbers = {
+        "largest_head_edge_into_induction_head": top.edge,
+        "largest_head_edge_exact": float(top.exact),
+        "prev_token_head_edges_into_induction_head": {r: float(v) for r, v in from_prev.items()},
+    }
+    measured = f"largest: {top.edge} (+{top.exact:.3f} nats); {prev_head} into " + ", ".join(
+        f"{r.split('.')[-1]} {v:+.3f}" for r, v in from_prev.items()
+    )
+    claim = Claim(
+        "The previous-token head reaches the induction head through its key: the largest exact edge from a layer-0 "
+        "head into the induction head is previous-token head -> .k (K-composition)",
+        measured,
+        verdict(top.sender == prev_head and top.receiver == f"{induction_head}.k", partly=top.sender == prev_head),
+    )
+    return claim, numbers
 
 
 def check(run_dir: Path, out: Path) -> Finding:
@@ -114,6 +147,11 @@ def check(run_dir: Path, out: Path) -> Finding:
             verdict(len(critical) > 0 and len(explained) == len(critical), partly=len(explained) > 0),
         ),
     ]
+    edges = edge_table(run_dir)
+    if edges is not None:
+        claim, edge_numbers = composition_claim(edges, name(prev_head), name(top_induction))
+        claims.append(claim)
+        numbers.update(edge_numbers)
     subject = run_subject(run_dir, ResultAddress(RunPaths(run_dir).ablation, mode="zero"))
     figure = figures.scores_against_ablation(heads, out / "induction_heads.png", CRITICAL, subject)
     return Finding("induction_heads", PAPER, claims, numbers, [figure])

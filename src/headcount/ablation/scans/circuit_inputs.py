@@ -1,0 +1,156 @@
+"""What the circuit scans (path_patching, edge_attribution) hand the circuits core (headcount/circuits/): the clean
+prompts, the corrupted run, the score points and the metric, from the session; and the senders and receivers a
+scan's config names.
+
+- Prompts: the session's evaluation batches joined into one (right-padded to the longest: causal attention keeps the
+  padding out of every scored position), scored at each batch's own score points (a (B, T) mask: a task's scored
+  position, or language modelling's every target token).
+- The corrupted run, by mode: patch and resample run the model on each example's source (its counterpart prompt, or
+  the reference input it is paired with), so an edge carries the sender's output on that input; zero makes every
+  sender's output zero (the embeddings, each head's z, each MLP's output), as zero ablation does to a head's z. mean
+  is refused: its replacement exists only for heads' z, and an edge from the embeddings or an MLP needs one too.
+- The metric: the session's metric object read at the score points, summed in float64; tables divide by the number
+  of points, so scores are in the metric's unit per point, as every other scan reports.
+- Names: node and receiver names as the circuits graph spells them (L0H1, L1H0.k), a layer's heads (L2, or L2.q for
+  their queries), or another scan kind's top k heads (top3:direct_effect, top3:direct_effect.q), read through the
+  session's `provided`.
+"""
+
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from headcount.ablation.engine.heads import top_heads
+from headcount.ablation.engine.metrics import Readout, Targets
+from headcount.ablation.engine.modes import MODES, AblationMode, Zero
+from headcount.ablation.scans.base import KINDS
+from headcount.circuits import Graph, NodeOutputs, node_outputs
+from headcount.circuits.graph import QKV
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.errors import ConfigError
+
+LAYER = re.compile(r"^L(\d+)(?:\.([qkv]))?$")
+TOP = re.compile(r"^top(\d+):(\w+)(?:\.([qkv]))?$")
+
+
+def corrupted_run(mode: type[AblationMode]) -> str | None:
+    """How a mode corrupts every sender: "source" (each example's source input, run through the model: patch and
+    resample), "all zeros", or None (a replacement for heads' z alone: mean)."""
+    if mode.per_example:
+        return "source"
+    return "all zeros" if issubclass(mode, Zero) else None
+
+
+def check_circuit_scan(name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    """The checks that need no model: a mode with a corrupted run, and the top-k names' kinds."""
+    if corrupted_run(MODES.get(settings.mode, "ablation.mode")) is None:
+        usable = [mode for mode in MODES.names() if corrupted_run(MODES[mode]) is not None]
+        raise ConfigError(
+            "ablation.mode",
+            settings.mode,
+            f"the {name} scan needs every sender's replacement output (the embeddings' and MLPs' too): "
+            f"use one of {', '.join(usable)}",
+        )
+    for key in ("senders", "receivers"):
+        for entry in getattr(cfg, key):
+            top = TOP.match(str(entry).strip())
+            if top and not KINDS.get(top[2], f"ablation.scans.{name}.{key}").ranks_heads:
+                raise ConfigError(f"ablation.scans.{name}.{key}", entry, f"{top[2]} ranks no heads")
+
+
+class LogitsReadout(Readout):
+    """A Readout of logits already computed (the circuits core's), so headcount's metrics read them unchanged."""
+
+    def __init__(self, logits_PV: Tensor, answer_P: Tensor, wrong_P: Tensor | None):
+        self.answer_N, self.wrong_N, self.normed_NC = answer_P, wrong_P, logits_PV
+        self.__dict__["logits_NV"] = logits_PV
+
+
+@dataclass
+class CircuitInputs:
+    clean_ids_BT: Tensor
+    corrupted: Tensor | NodeOutputs  # the corrupted run's ids, or its outputs given directly (zero)
+    points_BT: Tensor  # the score points
+    n_points: int
+
+    def metric(self, metric, targets: Targets):
+        """The core's metric callable: the session metric's primary column at the P points."""
+        return lambda logits_PV: metric.values(LogitsReadout(logits_PV, targets.answer_N, targets.wrong_N))[:, 0]
+
+
+def joined_batch(batches: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """The batches as one, every (B, T) tensor right-padded with zeros (False) to the longest T."""
+    T = max(b["input_ids"].shape[1] for b in batches)
+    keys = [k for k, v in batches[0].items() if isinstance(v, Tensor) and v.ndim == 2]
+    return {k: torch.cat([F.pad(b[k], (0, T - b[k].shape[1])) for b in batches]) for k in keys}
+
+
+def circuit_inputs(session, scan_name: str) -> tuple[CircuitInputs, object]:
+    """The clean ids, the corrupted run, the score points and the core metric callable of the session."""
+    batch = joined_batch(session.batches)
+    if "source_pos" in batch:
+        raise ConfigError(
+            f"ablation.scans.{scan_name}",
+            "source_pos",
+            "edges need clean and corrupted prompts aligned position by position; this task shifts them "
+            "(task.align=last with prompts of different lengths)",
+        )
+    ids = batch["input_ids"]
+    if corrupted_run(type(session.mode)) == "all zeros":
+        clean = node_outputs(session.model, ids)
+        zeros = [torch.zeros_like(z) for z in clean.z]
+        corrupted = NodeOutputs(torch.zeros_like(clean.emb), zeros, [torch.zeros_like(m) for m in clean.mlp])
+    else:
+        corrupted = batch["source_ids"]
+    targets = Targets.of(batch)
+    inputs = CircuitInputs(ids, corrupted, targets.where_BT, len(targets))
+    return inputs, inputs.metric(session.metric, targets)
+
+
+def named_heads(entry: str, session, key: str) -> list[str] | None:
+    """An entry naming heads by layer or by another scan's top k, as head names (with its input suffix); None for a
+    plain node or receiver name."""
+    graph, text = Graph.of(session.model), entry.strip()
+    suffix = lambda m: f".{m}" if m else ""  # noqa: E731
+    if layer := LAYER.match(text):
+        n = int(layer[1])
+        if n >= graph.n_layers:
+            raise ConfigError(key, entry, f"no layer {n}: the model has layers 0..{graph.n_layers - 1}")
+        return [f"L{n}H{h}{suffix(layer[2])}" for h in range(graph.heads_per_layer[n])]
+    if top := TOP.match(text):
+        score_LH = session.provided(top[2])
+        return [f"L{lh[0]}H{lh[1]}{suffix(top[3])}" for lh in top_heads(score_LH, graph.heads_per_layer, int(top[1]))]
+    return None
+
+
+def resolve_senders(entries: list[str], session, key: str) -> list[str]:
+    graph, names = Graph.of(session.model), []
+    for entry in entries:
+        for name in named_heads(str(entry), session, key) or [str(entry).strip()]:
+            node = graph.node(name, key)
+            if node.kind == "logits":
+                raise ConfigError(key, name, "the logits send to nothing; senders are emb, heads and MLPs")
+            names.append(node.name)
+    return list(dict.fromkeys(names))
+
+
+def resolve_receivers(entries: list[str], session, key: str) -> list[str]:
+    graph, names = Graph.of(session.model), []
+    for entry in entries:
+        heads = named_heads(str(entry), session, key)
+        if heads is not None and not any(h.endswith(tuple(f".{w}" for w in QKV)) for h in heads):
+            heads = [f"{h}.{w}" for h in heads for w in QKV]  # a layer or top k without a suffix: all three inputs
+        for name in heads or [str(entry).strip()]:
+            names.append(graph.receiver(name, key).name)
+    return list(dict.fromkeys(names))
+
+
+def check_order(graph: Graph, senders: list[str], receivers: list[str], key: str) -> None:
+    """A one-line ConfigError for a receiver that does not read a sender (at or before its layer)."""
+    for s in senders:
+        for r in receivers:
+            if graph.senders.index(graph.node(s)) >= graph.n_senders(graph.receiver(r)):
+                raise ConfigError(key, r, f"comes before its sender {s}: a receiver must read a later layer's input")

@@ -1,0 +1,186 @@
+"""`edge_attribution`: every edge's effect on the metric estimated at once by EAP (Syed et al. 2023) and EAP-IG
+(Hanna et al. 2024, `steps` interpolations), the `verify_top_k` largest EAP estimates (or, with exact_all, every
+edge) evaluated exactly by the edge-patched forward (headcount/circuits/attribution.py), in the mode's corrupted run
+(circuit_inputs.py). `receivers` restricts the table to the edges into those receiver inputs (all edges: none).
+
+Columns: edge, sender, receiver, eap, eap_ig, exact (empty unless evaluated), rank (by |eap|, 1 first), verified,
+in_circuit (the `circuit_size` edges of largest |exact| when every edge is exact, else |eap_ig|, pruned to those on a
+path from the embeddings to the logits); scores in the metric's unit per score point. A second table,
+`<name>_faithfulness.csv`, holds the faithfulness curve: for EAP, EAP-IG, exact (with exact_all) and `random_sets`
+random edge sets, the faithfulness of the top-n circuit against n. summary.json's `edge_attribution` entry has the
+Spearman correlation and top-k recall of EAP and EAP-IG against the exact scores (when every edge is exact and k is
+below the number of edges); its `edge_circuits` entry the circuit's faithfulness. Figures: the faithfulness curve
+and the circuit drawn.
+No partial file: a killed scan recomputes its table (one backward for EAP and for EAP-IG, one edge-patched forward
+row per exact edge).
+"""
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from headcount.ablation.engine.metrics import require_differentiable
+from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.scans.circuit_inputs import check_circuit_scan, circuit_inputs, resolve_receivers
+from headcount.circuits import (
+    Graph,
+    draw_circuit,
+    eap_ig_scores,
+    eap_scores,
+    exact_edge_scores,
+    faithfulness,
+    faithfulness_curve,
+    ranking_agreement,
+    top_edges,
+)
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.errors import ConfigError
+from headcount.io import atomic_savefig
+from headcount.plotting import new_figure, set_title
+
+METHOD_COLOURS = {"eap": "tab:blue", "eap_ig": "tab:orange", "exact": "black", "random": "tab:gray"}
+
+
+@KINDS.register
+class EdgeAttributionScan(Scan):
+    kind = "edge_attribution"
+    doc = "every edge's effect estimated at once (EAP, EAP-IG), the top k checked exactly; faithfulness curves"
+
+    @classmethod
+    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+        check_circuit_scan(name, cfg, settings)
+        require_differentiable(settings.metric, f"the {name} scan (edge attribution)")
+        key = f"ablation.scans.{name}"
+        if not (isinstance(cfg.steps, int) and cfg.steps >= 1):
+            raise ConfigError(f"{key}.steps", cfg.steps, "EAP-IG needs an integer number of steps >= 1")
+        for what in ("verify_top_k", "circuit_size", "random_sets"):
+            if getattr(cfg, what) < 0:
+                raise ConfigError(f"{key}.{what}", getattr(cfg, what), "must be 0 or more")
+        if cfg.circuit_sizes is not None and (not cfg.circuit_sizes or min(cfg.circuit_sizes) < 0):
+            raise ConfigError(f"{key}.circuit_sizes", cfg.circuit_sizes, "must list sizes >= 0, or be null")
+
+    def prepare(self) -> None:
+        self.chosen_edges()
+        n_edges = len(Graph.of(self.session.model).edges)
+        for n in self.cfg.circuit_sizes or []:
+            if n > n_edges:
+                raise ConfigError(f"ablation.scans.{self.name}.circuit_sizes", n, f"above the model's {n_edges} edges")
+
+    def fingerprint_parts(self) -> tuple:
+        cfg = self.cfg
+        sizes = None if cfg.circuit_sizes is None else list(cfg.circuit_sizes)
+        parts = (cfg.steps, cfg.verify_top_k, cfg.exact_all, cfg.circuit_size, sizes, cfg.random_sets)
+        return (self.kind, list(cfg.receivers), *parts)
+
+    def chosen_edges(self) -> list[int]:
+        """The edges the table holds: all, or those into the listed receivers."""
+        graph = Graph.of(self.session.model)
+        if not self.cfg.receivers:
+            return list(range(len(graph.edges)))
+        names = resolve_receivers(self.cfg.receivers, self.session, f"ablation.scans.{self.name}.receivers")
+        return [i for name in names for i in range(len(graph.edges))[graph.edge_slices[graph.receiver(name)]]]
+
+    def sizes(self, n_edges: int) -> list[int]:
+        if self.cfg.circuit_sizes is not None:
+            return sorted(set(self.cfg.circuit_sizes))
+        return sorted({min(2**i, n_edges) for i in range(n_edges.bit_length() + 1)})
+
+    def compute(self, key: str) -> pd.DataFrame:
+        session, cfg = self.session, self.cfg
+        model, graph = session.model, Graph.of(session.model)
+        inputs, metric = circuit_inputs(session, self.name)
+        args = (model, inputs.clean_ids_BT, inputs.corrupted, metric)
+        eap = eap_scores(*args, inputs.points_BT)
+        eap_ig = eap_ig_scores(*args, cfg.steps, inputs.points_BT)
+        chosen = self.chosen_edges()
+        rank = eap[chosen].abs().argsort(descending=True)
+        exact_edges = chosen if cfg.exact_all else [chosen[i] for i in rank[: cfg.verify_top_k].tolist()]
+        exact = torch.full((len(graph.edges),), float("nan"), dtype=torch.float64)
+        if exact_edges:
+            exact[exact_edges] = exact_edge_scores(*args, inputs.points_BT, edges=exact_edges)
+        scores = {"eap": eap, "eap_ig": eap_ig, **({"exact": exact} if cfg.exact_all and not cfg.receivers else {})}
+        circuit = top_edges(graph, scores.get("exact", eap_ig), min(cfg.circuit_size, len(graph.edges)))
+        self.record_circuit(graph, circuit, scores, inputs, metric, key)
+        n = inputs.n_points
+        table = pd.DataFrame(
+            {
+                "edge": [graph.edges[i].name for i in chosen],
+                "sender": [graph.edges[i].sender.name for i in chosen],
+                "receiver": [graph.edges[i].receiver.name for i in chosen],
+                "eap": (eap[chosen] / n).numpy(),
+                "eap_ig": (eap_ig[chosen] / n).numpy(),
+                "exact": (exact[chosen] / n).numpy(),
+            }
+        )
+        table["rank"] = table["eap"].abs().rank(ascending=False, method="first").astype(int)
+        table["verified"] = table["exact"].notna()
+        table["in_circuit"] = [i in circuit for i in chosen]
+        return table
+
+    def record_circuit(self, graph: Graph, circuit: set[int], scores: dict, inputs, metric, key: str) -> None:
+        """The faithfulness curve (its table) and the chosen circuit's faithfulness (summary.json)."""
+        session, cfg = self.session, self.cfg
+        sizes = self.sizes(len(graph.edges))
+        args = (session.model, inputs.clean_ids_BT, inputs.corrupted)
+        seed = session.settings.seed
+        curve = faithfulness_curve(*args, scores, sizes, metric, inputs.points_BT, cfg.random_sets, seed)
+        self.curve_csv.parent.mkdir(parents=True, exist_ok=True)
+        curve.to_csv(self.curve_csv, index=False)
+        value = float(faithfulness(*args, [circuit], metric, inputs.points_BT)[0])
+        entry = {"circuit_size": cfg.circuit_size, "circuit_edges": len(circuit), "circuit_faithfulness": value}
+        session.files.update_summary({"edge_circuits": {self.name: entry}})
+
+    @property
+    def curve_csv(self) -> Path:
+        return self.path(".csv", "_faithfulness")
+
+    def use(self, table: pd.DataFrame) -> None:
+        table["exact"] = pd.to_numeric(table["exact"], errors="coerce")
+        table["verified"] = table["verified"].astype(str) == "True"
+        table["in_circuit"] = table["in_circuit"].astype(str) == "True"
+        entry: dict = {"n_edges": len(table), "verified": int(table["verified"].sum())}
+        k = self.cfg.verify_top_k
+        if table["verified"].all() and 1 <= k < len(table):
+            exact = torch.tensor(table["exact"].to_numpy())
+            for method in ("eap", "eap_ig"):
+                agreement = ranking_agreement(torch.tensor(table[method].to_numpy()), exact, k)
+                entry[method] = {"spearman": agreement["spearman"], f"top_{k}_recall": agreement["top_k_recall"]}
+        largest = table.loc[table["exact"].abs().idxmax()] if table["verified"].any() else None
+        if largest is not None:
+            entry["largest_exact"] = {"edge": largest["edge"], "exact": float(largest["exact"])}
+        self.session.files.update_summary({"edge_attribution": {self.name: entry}})
+
+    def figures(self, table: pd.DataFrame) -> list[Path | None]:
+        metric, graph = self.session.metric, Graph.of(self.session.model)
+        curve = pd.read_csv(self.curve_csv)
+        curve_png = faithfulness_figure(curve, self.path(".png", "_faithfulness"), self.title("faithfulness against n"))
+        weights = torch.zeros(len(graph.edges), dtype=torch.float64)
+        score = "exact" if table["verified"].all() and len(table) == len(graph.edges) else "eap_ig"  # as compute's
+        index = [graph.edge_index[e] for e in table["edge"]]
+        weights[index] = torch.tensor(table[score].abs().to_numpy())
+        circuit = {graph.edge_index[e] for e in table.loc[table["in_circuit"].astype(str) == "True", "edge"]}
+        shown = "" if len(table) == len(graph.edges) else f", those into {', '.join(self.cfg.receivers)}"
+        title = self.title(f"circuit: {len(circuit)} edges by |{score}| ({metric.unit}){shown}")
+        circuit_png = self.path(".png", "_circuit")
+        atomic_savefig(draw_circuit(graph, circuit, weights, title), circuit_png, dpi=120)
+        return [self.curve_csv, curve_png, circuit_png]
+
+
+def faithfulness_figure(curve: pd.DataFrame, path: Path, title: str) -> Path:
+    """Faithfulness against the circuit's size n, a line per method; random sets as their mean and range."""
+    fig = new_figure(6, 4)
+    ax = fig.add_subplot()
+    for method, rows in curve.groupby("method", sort=False):
+        stats = rows.groupby("n")["faithfulness"].agg(["mean", "min", "max"])
+        colour = METHOD_COLOURS.get(str(method))
+        ax.plot(stats.index, stats["mean"], marker="o", markersize=3, color=colour, label=str(method))
+        if method == "random":
+            ax.fill_between(stats.index, stats["min"], stats["max"], color=colour, alpha=0.2)
+    ax.axhline(1.0, color="black", linewidth=0.6, linestyle="--")
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set(xlabel="edges kept (n, before pruning)", ylabel="faithfulness")
+    ax.legend(fontsize=8)
+    set_title(ax, title)
+    atomic_savefig(fig, path, dpi=120)
+    return Path(path)

@@ -1,0 +1,118 @@
+"""`path_patching`: the effect on the metric of each sender's corrupted output sent along the direct path into the
+receiver set only (Wang et al. 2022; headcount/circuits/path_patching.py says what is frozen and what recomputes),
+the corrupted output being the mode's (circuit_inputs.py): patch mode's counterpart prompt, resample's paired
+input, or zero.
+
+Columns: sender, receivers (the set, joined by ', '), effect (metric(patched) - metric(clean), in the metric's unit
+per score point), damage (how much it worsens the metric), rank (by damage, 1 first). With receivers_together=false
+each receiver is its own set (a row per sender and receiver). Figures: a heatmap of effects (senders by receiver
+sets) and the paths drawn as a circuit graph, arrows as wide as |effect|. summary.json's `path_patching` entry names
+the path of largest damage. No partial file: a killed scan recomputes its table, which costs one batched pass per
+64 (sender, receiver set) pairs.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.scans.circuit_inputs import (
+    check_circuit_scan,
+    check_order,
+    circuit_inputs,
+    resolve_receivers,
+    resolve_senders,
+)
+from headcount.circuits import Graph, draw_circuit, path_patch
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.errors import ConfigError
+from headcount.io import atomic_savefig
+from headcount.plotting import new_figure, set_title
+
+
+@KINDS.register
+class PathPatchingScan(Scan):
+    kind = "path_patching"
+    doc = "each sender's corrupted output sent along the direct path into the receivers only (Wang et al. 2022)"
+
+    @classmethod
+    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+        check_circuit_scan(name, cfg, settings)
+        for key in ("senders", "receivers"):
+            if not getattr(cfg, key):
+                raise ConfigError(f"ablation.scans.{name}.{key}", [], "names none: list at least one")
+
+    def prepare(self) -> None:
+        if not any(e.strip().startswith("top") for e in [*self.cfg.senders, *self.cfg.receivers]):
+            self.pairs()  # every name checked against the model before any work (top-k names need their scan)
+
+    def fingerprint_parts(self) -> tuple:
+        cfg = self.cfg
+        return (self.kind, list(cfg.senders), list(cfg.receivers), cfg.receivers_together)
+
+    def pairs(self) -> list[tuple[list[str], list[str]]]:
+        key = f"ablation.scans.{self.name}"
+        senders = resolve_senders(self.cfg.senders, self.session, f"{key}.senders")
+        receivers = resolve_receivers(self.cfg.receivers, self.session, f"{key}.receivers")
+        check_order(Graph.of(self.session.model), senders, receivers, f"{key}.receivers")
+        sets = [receivers] if self.cfg.receivers_together else [[r] for r in receivers]
+        return [([s], r) for r in sets for s in senders]
+
+    def compute(self, key: str) -> pd.DataFrame:
+        pairs = self.pairs()
+        inputs, metric = circuit_inputs(self.session, self.name)
+        with torch.no_grad():
+            effects = path_patch(
+                self.session.model, inputs.clean_ids_BT, inputs.corrupted, pairs, metric, inputs.points_BT
+            )
+        table = pd.DataFrame(
+            {
+                "sender": [s[0] for s, _ in pairs],
+                "receivers": [", ".join(r) for _, r in pairs],
+                "effect": (effects / inputs.n_points).numpy(),
+            }
+        )
+        table["damage"] = self.session.metric.damage(table["effect"], 0.0)
+        table["rank"] = table["damage"].rank(ascending=False, method="first").astype(int)
+        return table
+
+    def use(self, table: pd.DataFrame) -> None:
+        top = table.loc[table["damage"].idxmax()]
+        entry = {"sender": top["sender"], "receivers": top["receivers"], "effect": float(top["effect"])}
+        summary = {"largest_damage": entry, "paths": len(table)}
+        self.session.files.update_summary({"path_patching": {self.name: summary}})
+
+    def figures(self, table: pd.DataFrame) -> list[Path | None]:
+        metric = self.session.metric
+        heatmap = effect_heatmap(
+            table, self.path(".png"), self.title(f"path-patching effect on {metric.name} ({metric.unit})"), metric.unit
+        )
+        graph = Graph.of(self.session.model)
+        weights = torch.zeros(len(graph.edges), dtype=torch.float64)
+        for row in table.itertuples():
+            for receiver in row.receivers.split(", "):
+                weights[graph.edge_index[f"{row.sender} -> {receiver}"]] += abs(row.effect)
+        edges = set(weights.nonzero()[:, 0].tolist())
+        fig = draw_circuit(graph, edges, weights, self.title("paths patched, arrows as wide as |effect|"))
+        circuit = self.path(".png", "_circuit")
+        atomic_savefig(fig, circuit, dpi=120)
+        return [heatmap, circuit]
+
+
+def effect_heatmap(table: pd.DataFrame, path: Path, title: str, unit: str) -> Path:
+    """Effects as a grid: a row per sender, a column per receiver set, diverging around zero."""
+    grid = table.pivot(index="sender", columns="receivers", values="effect")
+    grid = grid.loc[list(dict.fromkeys(table["sender"])), list(dict.fromkeys(table["receivers"]))]
+    fig = new_figure(2.5 + 0.9 * grid.shape[1], 2 + 0.35 * grid.shape[0])
+    ax = fig.add_subplot()
+    limit = float(np.nanmax(np.abs(grid.to_numpy()))) or 1.0
+    image = ax.imshow(grid.to_numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=45, ha="right", fontsize=7)
+    ax.set_yticks(range(grid.shape[0]), grid.index, fontsize=7)
+    ax.set(xlabel="receivers", ylabel="sender")
+    fig.colorbar(image, ax=ax, label=f"effect ({unit})")
+    set_title(ax, title)
+    atomic_savefig(fig, path, dpi=120)
+    return Path(path)
