@@ -93,6 +93,23 @@ def test_bad_sweep_fails_in_one_line_before_any_job(monkeypatch, tmp_path, capsy
 
 
 @pytest.mark.parametrize(
+    "sweep, parts",
+    [
+        (["ablation.mode=zero,bogus"], ("job 1 of 2 (", "ablation.mode=bogus): ablation.mode='bogus'")),
+        # zero ablation needs no task, patching a task's corrupted prompts: only job 2 combines them wrongly
+        (["ablation.mode=zero,resample,patch"], ("job 2 of 3 (", "ablation.mode=patch): ablation.mode='patch'")),
+    ],
+)
+def test_a_sweep_whose_last_job_alone_is_wrong_fails_before_any_job_writes(monkeypatch, tmp_path, capsys, sweep, parts):
+    """The pre-flight composes and plans every job before the first starts: job 0's training would otherwise run (and
+    write its run folder, checkpoint and results) before job N's mistake is found."""
+    assert train_in_process(monkeypatch, tmp_path, ["-m", *SMOKE, "ablation=single_head", *sweep]) == 2
+    err = capsys.readouterr().err.strip()
+    assert all(part in err for part in parts) and "no job started" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "outputs").exists(), sorted(tmp_path.rglob("*"))  # no sweep folder, job folder or result
+
+
+@pytest.mark.parametrize(
     "overrides, folder",
     [([], "outputs/multirun/sweep"), (["sweep_name=heads_vs_combine"], "outputs/multirun/heads_vs_combine")],
 )
