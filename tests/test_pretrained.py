@@ -191,7 +191,10 @@ def test_a_folder_without_config_says_what_it_needs(tmp_path):
         load_pretrained(str(tmp_path))
 
 
-@pytest.mark.parametrize("package, source", [("transformers", "folder"), ("gguf", "model.gguf")])
+@pytest.mark.parametrize(
+    "package, source",
+    [("transformers", "folder"), ("gguf", "model.gguf"), ("accelerate", "folder"), ("accelerate", "model.gguf")],
+)
 def test_a_missing_package_names_the_extra(package, source, monkeypatch, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.gguf").write_bytes(b"")

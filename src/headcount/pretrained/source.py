@@ -87,8 +87,9 @@ def builtin(given: str) -> Source:
 
 
 def require(source: Source) -> ModuleType:
-    """transformers (and gguf for a GGUF file), or a ConfigError naming the extra that installs them."""
-    needed = ["transformers"] + (["gguf"] if source.kind == "gguf" else [])
+    """transformers and accelerate (which builds the converted model without a second copy of its weights), gguf for
+    a GGUF file, or a ConfigError naming the extra that installs them: a plain `pip install headcount` has none."""
+    needed = ["transformers", "accelerate"] + (["gguf"] if source.kind == "gguf" else [])
     for name in needed:
         try:
             import_module(name)
