@@ -193,3 +193,21 @@ def test_scan_runs_a_kind_with_scan_settings_releases_the_lock_and_reads_back(ru
     again = run.scan("pairs", top_k=3)
     assert "up to date" in capsys.readouterr().err
     pd.testing.assert_frame_equal(again, pairs)
+
+
+def test_top_heads_by_two_rankings_keeps_two_tables(run, run_dir, capsys):
+    """rank_by changes which heads go: its tables were one file, the second ranking's replacing the first's."""
+    by_default = run.scan("top_heads", top_fraction=0.25, random_sets=1)
+    by_importance = run.scan("top_heads", top_fraction=0.25, random_sets=1, rank_by="importance")
+    ablation = RunPaths(run_dir).ablation
+    assert (ablation / "top_heads.csv").exists() and (ablation / "top_heads.zero.by_importance.csv").exists()
+    assert by_default["mask"].iloc[0].startswith("top 2 by single_head")
+    assert by_importance["mask"].iloc[0].startswith("top 2 by importance")
+    capsys.readouterr()
+    pd.testing.assert_frame_equal(run.scan("top_heads", top_fraction=0.25, random_sets=1), by_default)
+    assert "up to date" in capsys.readouterr().err  # the second ranking did not supersede the first
+    pd.testing.assert_frame_equal(run.results("top_heads", variant=""), by_default)
+    pd.testing.assert_frame_equal(run.results("top_heads", variant="by_importance"), by_importance)
+    assert len(run.results("top_heads")) == len(by_default) + len(by_importance)
+    index = run.results_index()
+    assert set(index[index["scan"] == "top_heads"]["variant"]) == {"", "by_importance"}

@@ -188,23 +188,30 @@ class Run:
                 run_lock.release(self.path)
 
     def results(
-        self, scan: str, mode: str | None = None, metric: str | None = None, task: str | None = None
+        self,
+        scan: str,
+        mode: str | None = None,
+        metric: str | None = None,
+        task: str | None = None,
+        variant: str | None = None,
     ) -> pd.DataFrame:
         """The tables of a scan, stacked: of every mode and metric it has results in (their `mode` and `metric`
         columns tell them apart), or of one; on the run's data, or with task=<name> on that task's (its folder's
-        name: ablation/tasks/<name>). A result no mode changes (head_scores) has one table and no mode column."""
+        name: ablation/tasks/<name>). A result no mode changes (head_scores) has one table and no mode column.
+        variant: only the results of the scan's own variant (results_index's `variant`, "" for its default: top_heads
+        ranked by single_head; "by_retrieval_scores" for rank_by=retrieval_scores)."""
         task = self.task_folder(task)
         index = self.results_index()
         rows = index[(index["scan"] == scan) & (index["task"] == (task or ""))]
-        if mode is not None:
-            rows = rows[rows["mode"] == mode]
-        if metric is not None:
-            rows = rows[rows["metric"] == metric]
+        for column, wanted in (("mode", mode), ("metric", metric), ("variant", variant)):
+            if wanted is not None:
+                rows = rows[rows[column] == wanted]
         folder = ResultAddress(self.ablation_dir, task=task or "").folder
         paths = [folder / csv for csv in dict.fromkeys(rows["csv"]) if (folder / csv).exists()]
         if not paths:
             done = ", ".join(index["scan"].unique()) or "none"
-            which = " ".join(f"{k}={v}" for k, v in (("mode", mode), ("metric", metric), ("task", task)) if v)
+            given = (("mode", mode), ("metric", metric), ("task", task), ("variant", variant))
+            which = " ".join(f"{k}={v}" for k, v in given if v)
             raise ConfigError(
                 "scan",
                 scan,
@@ -214,7 +221,8 @@ class Run:
 
     def results_index(self) -> pd.DataFrame:
         """One row per scan result of the run: scan, kind, task ("" for the run's data), mode and metric (empty where
-        neither changes it), rows, csv (the file's name in its folder)."""
+        neither changes it), variant (the scan's own setting that gave it files apart, top_heads' by_<rank_by>; ""
+        at its default), rows, csv (the file's name in its folder)."""
         rows = []
         for task, folder in result_folders(self.ablation_dir):
             summary = read_summary(folder / "summary.json")
@@ -227,16 +235,17 @@ class Run:
                 for name, entry in section.get("scans", {}).items():
                     rows.append(
                         {
-                            "scan": name,
+                            "scan": entry.get("scan", name),
                             "kind": entry["kind"],
                             "task": task,
                             "mode": address["mode"],
                             "metric": address["metric"],
+                            "variant": ".".join(entry.get("variant", ())),
                             "rows": entry["rows"],
                             "csv": entry["files"][0],
                         }
                     )
-        return pd.DataFrame(rows, columns=["scan", "kind", "task", "mode", "metric", "rows", "csv"])
+        return pd.DataFrame(rows, columns=["scan", "kind", "task", "mode", "metric", "variant", "rows", "csv"])
 
     def summary(self, mode: str = "zero", metric: str = "loss", task: str | None = None) -> dict:
         """A section of summary.json: baseline, most important head, prunable fractions of one mode and metric, on the

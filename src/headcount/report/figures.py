@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from headcount.ablation.engine.metrics import table_metric
 from headcount.ablation.records.address import run_address
 from headcount.ablation.records.results import read_checked
+from headcount.ablation.scans.base import configured_variant
 from headcount.ablation.scans.mask_scan import table_metric as scan_figure_value
 from headcount.captions import describe_data, describe_model
 from headcount.io import atomic_savefig
@@ -61,8 +62,10 @@ def metric_label(metric: str) -> str:
 
 
 def ablation_csv(sweep_dir: Path, run: str, scan: str) -> Path:
-    """A run's result file for a scan, in the mode and metric (and on the task) its config asks for."""
-    return run_address(sweep_dir / run).file(scan, ".csv")
+    """A run's result file for a scan, in the mode and metric (and on the task) its config asks for, with the scan's
+    own variant as its config sets it."""
+    config = run_config(sweep_dir, run)
+    return run_address(sweep_dir / run, config).file(scan, ".csv", scan_variant=configured_variant(config, scan))
 
 
 def x_positions(values: list) -> tuple[np.ndarray, list[str]]:

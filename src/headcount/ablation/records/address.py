@@ -9,7 +9,9 @@ API, findings, reports, W&B, resume) reads it back instead of rebuilding it from
 Zero ablation measured by loss keeps the plain names, as results were named before other modes and metrics; results
 no mode changes (head_scores) keep plain names too. A setting that changes a result and names its files apart
 (patch_direction=denoise, patch_positions=each) is one entry of the address's `variant`, which ablation/plan.py fills:
-single_head.patch.logit_diff.denoise.csv beside single_head.patch.logit_diff.csv.
+single_head.patch.logit_diff.denoise.csv beside single_head.patch.logit_diff.csv. A setting of one scan that changes
+its result (top_heads' rank_by) is that scan's own variant (its kind's `variant`), after the section in its file names
+and in the name of its summary.json entry: top_heads.zero.by_retrieval_scores.csv beside top_heads.csv.
 """
 
 from dataclasses import dataclass, replace
@@ -58,11 +60,20 @@ class ResultAddress:
     def summary_path(self) -> Path:
         return self.folder / "summary.json"
 
-    def file(self, stem: str, ext: str, mode_independent: bool = False) -> Path:
+    def file(self, stem: str, ext: str, mode_independent: bool = False, scan_variant: tuple[str, ...] = ()) -> Path:
         """<folder>/<stem><tag><ext>: single_head.csv, single_head.mean.csv, single_head.mean.partial.csv; a
-        mode-independent result's file carries no tag."""
-        tag = "" if mode_independent or self.section == PLAIN_SECTION else f".{self.section}"
+        mode-independent result's file carries no section. A scan's own variant (`scan_variant`: a setting of that
+        scan alone that changes its result, top_heads' rank_by) follows the section: top_heads.zero.by_direct_effect
+        .csv beside top_heads.csv."""
+        parts = (*(() if mode_independent else self.qualifiers), *scan_variant)
+        tag = "" if parts in ((), (PLAIN_SECTION,)) else "." + ".".join(parts)
         return self.folder / f"{stem}{tag}{ext}"
+
+    @staticmethod
+    def entry_name(scan: str, scan_variant: tuple[str, ...] = ()) -> str:
+        """A scan's entry in its section of summary.json: its name, and its variant when it has one, so that the
+        results of two variants keep two records (top_heads, top_heads.by_direct_effect)."""
+        return ".".join((scan, *scan_variant))
 
     def replacements_file(self) -> Path:
         """Where the mode keeps the replacements it prepared (means, a resampling), reused by later sessions."""

@@ -143,10 +143,11 @@ class ResultFiles:
         seconds: float,
         rows: int,
         shared: bool = False,
-        **how: float,
+        **how: float | str | list[str],
     ) -> None:
-        """Record a scan's result in summary.json; `how`: how it was computed beyond its seconds (a distributed
-        scan's processes and reduction time)."""
+        """Record a scan's result in summary.json under `name` (its entry's name); `how`: how it was computed beyond
+        its seconds (a distributed scan's processes and reduction time), and a scan's own variant (`scan`,
+        `variant`)."""
         files = [f for f in files if f is not None]
         self.written.extend(files)
         if not first_process():  # it wrote none of them

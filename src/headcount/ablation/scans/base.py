@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 import pandas as pd
+from omegaconf import DictConfig, OmegaConf
 
 from headcount.ablation.engine.evaluator import MaskTotals
 from headcount.ablation.engine.masks import HeadMask
@@ -24,6 +25,7 @@ from headcount.ablation.records.distributed import evaluate_resumably
 from headcount.ablation.records.results import fingerprint, with_record, write_csv
 from headcount.ablation.records.resumable import discard_partials
 from headcount.ablation.scans.context import ScanContext
+from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 from headcount.registry import Registry
@@ -41,6 +43,8 @@ class Scan:
 
     def __init__(self, name: str, cfg: ScanConfig, session: ScanContext):
         self.name, self.cfg, self.session = name, cfg, session
+        self.variant = self.variant_of(cfg) if cfg is not None else ()
+        self.entry = session.address.entry_name(name, self.variant)  # its record in summary.json
         self.section = None if self.mode_independent else session.section
         self.csv = self.path(".csv")
         self.partial = self.path(".partial.csv")  # where a resumable scan keeps its running sums
@@ -48,7 +52,7 @@ class Scan:
 
     def path(self, ext: str, detail: str = "") -> Path:
         """<run>/ablation/<name><detail><section tag><ext>: this scan's files, named for its mode and metric."""
-        return self.session.address.file(f"{self.name}{detail}", ext, self.mode_independent)
+        return self.session.address.file(f"{self.name}{detail}", ext, self.mode_independent, self.variant)
 
     def title(self, what: str) -> str:
         """A figure title: the scan, what it shows (with its unit), the mode, then the model and the data."""
@@ -60,6 +64,13 @@ class Scan:
     @classmethod
     def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
         """ConfigError for settings this kind cannot use; needs no model, so it runs before any work."""
+
+    @classmethod
+    def variant_of(cls, cfg: ScanConfig) -> tuple[str, ...]:
+        """The scan's own settings that change what its result is (not only how it is computed), named in its file
+        names and summary.json entry so that two of them keep two results (ablation/records/address.py); () at
+        their defaults, so results named before stay where they are."""
+        return ()
 
     def prepare(self) -> None:
         """Checks against the loaded model (and anything they read), at the start of the session."""
@@ -92,7 +103,7 @@ class Scan:
 
     def read_back(self, announce: bool = True) -> pd.DataFrame | None:
         """The table, if it is up to date."""
-        return self.session.files.up_to_date(self.name, self.key(), self.csv, announce, self.mode_independent)
+        return self.session.files.up_to_date(self.entry, self.key(), self.csv, announce, self.mode_independent)
 
     def run(self, announce: bool = True) -> pd.DataFrame:
         table = self.read_back(announce)
@@ -113,8 +124,10 @@ class Scan:
             world, how = self.session.world, {}
             if world is not None and self.reduce_seconds:  # its masks were shared out over the processes
                 how = {"processes": world.size, "reduce_seconds": self.reduce_seconds}
+            if self.variant:
+                how = {**how, "scan": self.name, "variant": list(self.variant)}
             self.session.files.record(
-                self.name, self.kind, key, files, seconds, len(table), self.mode_independent, **how
+                self.entry, self.kind, key, files, seconds, len(table), self.mode_independent, **how
             )
         self.use(table)
         return table
@@ -145,3 +158,13 @@ class Scan:
         totals = evaluate_resumably(session.evaluator, masks, self.partial, key, label, progress, positions, world)
         self.reduce_seconds += 0.0 if world is None else world.reduce_seconds
         return totals
+
+
+def configured_variant(config: DictConfig, name: str) -> tuple[str, ...]:
+    """The variant of scan `name` as a run's config (its `ablation.scans.<name>`) sets it; () for a scan it does not
+    list: where every reader of a run (findings, reports, the API) finds that scan's files."""
+    section = OmegaConf.select(config, f"ablation.scans.{name}", default=None)
+    if section is None:
+        return ()
+    cfg = typed(section, ScanConfig)
+    return KINDS.get(cfg.kind, f"ablation.scans.{name}.kind").variant_of(cfg)

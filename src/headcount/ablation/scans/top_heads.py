@@ -34,6 +34,12 @@ class TopHeadsScan(MaskScan):
         if cfg.random_sets < 0:
             raise ConfigError(f"{key}.random_sets", cfg.random_sets, "must be 0 or more")
 
+    @classmethod
+    def variant_of(cls, cfg: ScanConfig) -> tuple[str, ...]:
+        """Another ranking picks other heads: a table apart (top_heads.zero.by_retrieval_scores.csv), the default's
+        (single_head) keeping its plain name."""
+        return () if cfg.rank_by == ScanConfig().rank_by else (f"by_{cfg.rank_by}",)
+
     def prepare(self) -> None:
         """The ranking scan's own checks, before any work: it runs only when top_heads asks for its ranking."""
         try:
