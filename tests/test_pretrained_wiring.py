@@ -239,6 +239,28 @@ def test_default_run_dir_and_bad_sources(monkeypatch, tmp_path, text_file, capsy
     assert sorted(p.name for p in (tmp_path / "outputs" / "pretrained").iterdir()) == ["tiny-random-llama"]
 
 
+def test_a_pretrained_run_on_a_task_is_named_after_the_task(monkeypatch, tmp_path, text_file, capsys):
+    """It was named after the data it never reads (outputs/pretrained/<model>/text-<hash>). A data-named folder that
+    holds the task's results already (made before) is found and used, with a note, rather than computed again."""
+    args = ["model=tiny_random_llama", "data=text", f"data.path={text_file}", *DATA, QUIET[0], "ablation=[baseline]"]
+    task = ["task=ioi", "task.n_prompts=8", "task.names=[A,B,C,D,E,F,G,H]"]
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.mkdir(), old.mkdir()
+    assert ablate(monkeypatch, new, [*args, *task]) == 0
+    (run_dir,) = (new / "outputs" / "pretrained" / "tiny-random-llama").iterdir()
+    assert run_dir.name.startswith("ioi-") and list((run_dir / "ablation" / "tasks" / "ioi").glob("baseline.*csv"))
+    # as before: the run on the data first, then the task's results in its folder
+    assert ablate(monkeypatch, old, args) == 0
+    (by_data,) = (old / "outputs" / "pretrained" / "tiny-random-llama").iterdir()
+    assert by_data.name.startswith("text-")
+    assert ablate(monkeypatch, old, [*args, *task, f"run_dir={by_data}"]) == 0
+    capsys.readouterr()
+    assert ablate(monkeypatch, old, [*args, *task]) == 0
+    err = capsys.readouterr().err
+    assert "holds this task's results from before runs on a task were named after the task" in err, err
+    assert "up to date" in err and [p.name for p in by_data.parent.iterdir()] == [by_data.name]
+
+
 def test_a_hub_name_without_a_network_reads_the_cache_only(monkeypatch):
     """No network: the Hub is read offline (the Hugging Face cache) at once, not after half a minute of retries."""
     from huggingface_hub import constants

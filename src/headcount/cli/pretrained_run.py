@@ -4,7 +4,8 @@
 .hydra/config.yaml (the model the checkpoint implies, the data, the seed), data_fingerprint.json and pretrained.json
 (the checkpoint's provenance; weights "as_pretrained": no checkpoint file, the model is read from the source again).
 The same command again finds the same folder and its up-to-date results. A folder that holds a training run, or the
-run of another checkpoint or other data, is refused in one line.
+run of another checkpoint or other data, is refused in one line. The default folder is named after the data, or after
+the task when the command gives one (outputs/pretrained/<checkpoint>/ioi-<hash>), since that is what it measures.
 """
 
 import hashlib
@@ -16,24 +17,47 @@ from omegaconf import DictConfig, OmegaConf
 from headcount import run_lock
 from headcount.config import TrainConfig, typed, validate_train_config
 from headcount.config.data import DataConfig
+from headcount.config.task import TaskConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text
 from headcount.pretrained.run_config import cached_pretrained, resolve_pretrained, text_tokenizer
-from headcount.processes import first_process
+from headcount.processes import console, first_process
 from headcount.run_dir import RunPaths, read_pretrained, record_data_fingerprint, record_pretrained
 
 DEFAULT_ROOT = Path("outputs") / "pretrained"
 RECORDED = ("model", "data", "seed")  # what a pretrained run directory is the run of
 
 
-def default_run_dir(source: str | None, data: DictConfig) -> str:
-    """outputs/pretrained/<checkpoint name>/<data source>-<8 hex digits of the source and the data section>."""
+def default_run_dir(source: str | None, data: DictConfig, task: DictConfig | None = None) -> str:
+    """outputs/pretrained/<checkpoint name>/<data source>-<8 hex digits of the source and the data section>; with a
+    task, what the run measures: <task name>-<8 hex digits of the source, the data and the task sections>. The
+    data-named folder of a run that holds this task's results already (made before runs on a task were named after
+    it) is found and used: its results are read back there (prepare_pretrained_run says so)."""
     if source is None:
         raise ConfigError("run_dir", None, "missing: headcount-ablate run_dir=<a finished run> or model.pretrained=...")
-    section = {k: v for k, v in OmegaConf.to_container(data, resolve=False).items() if k != "cache_dir"}
-    digest = hashlib.sha256(json.dumps([source, section], sort_keys=True, default=str).encode()).hexdigest()[:8]
-    name = Path(source.split(":", 1)[-1]).name.removesuffix(".gguf") or "model"
-    return str(DEFAULT_ROOT / name / f"{data.source}-{digest}")
+    root = DEFAULT_ROOT / (Path(source.split(":", 1)[-1]).name.removesuffix(".gguf") or "model")
+    data_section = {k: v for k, v in OmegaConf.to_container(data, resolve=False).items() if k != "cache_dir"}
+    by_data = root / f"{data.source}-{digest(source, data_section)}"
+    if task is None or task.get("source") is None:
+        return str(by_data)
+    from headcount.tasks import task_name  # the task sources load only for a run on a task
+
+    name = task_name(typed(task, TaskConfig))
+    if (RunPaths(by_data).ablation / "tasks" / name).is_dir():
+        return str(by_data)  # this task's results from before runs on a task were named after it
+    return str(root / f"{name}-{digest(source, data_section, OmegaConf.to_container(task, resolve=False))}")
+
+
+def digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def named_after_data(cfg: DictConfig) -> bool:
+    """Whether a pretrained run on a task works in the folder named after its data (one that held the task's results
+    before runs on a task were named after it, found by default_run_dir)."""
+    if cfg.task.source is None:
+        return False
+    return Path(cfg.run_dir) == Path(default_run_dir(cfg.model.pretrained, cfg.data))
 
 
 def prepare_pretrained_run(cfg: DictConfig, run_dir: Path) -> None:
@@ -50,6 +74,13 @@ def prepare_pretrained_run(cfg: DictConfig, run_dir: Path) -> None:
     wanted = plain_run(resolved)
     if paths.config.exists():
         check_same_run(run_dir, wanted)
+        if named_after_data(cfg):
+            console().print(
+                f"[yellow]note:[/yellow] {run_dir} holds this task's results from before runs on a task were named "
+                "after the task (not the data): they are read back and kept there",
+                highlight=False,
+                soft_wrap=True,
+            )
         return
     from headcount.data import HeadcountDataModule  # datasets loads only when data is built
 

@@ -51,7 +51,8 @@ class TrainConfig:
 @dataclass
 class AblateConfig:
     # A finished training run; with model.pretrained, the run directory that records the checkpoint and its scans
-    # (default: outputs/pretrained/<checkpoint name>/<data source>-<hash of the source and the data section>).
+    # (default: outputs/pretrained/<checkpoint name>/<data source>-<hash of the source and the data section>, or with
+    # a task <task name>-<hash of the source, the data and the task sections>).
     run_dir: str = MISSING
     ablation: AblationConfig = field(default_factory=AblationConfig)
     # A task to measure instead of the run's data (default: the run's own task section, if it has one)
