@@ -418,6 +418,40 @@ def test_two_prompt_files_of_one_stem_do_not_share_a_results_folder(finished_run
     assert (RunPaths(run).ablation / "tasks" / "other" / "single_head.zero.logit_diff.csv").exists()
 
 
+def test_a_task_folder_that_recorded_no_source_is_adopted_only_for_its_own_prompts(
+    finished_run, tmp_path, monkeypatch, capsys
+):
+    """Task folders written before they recorded their source: a rerun on the same prompts records the source and
+    reads its results back; another file's prompts of the same stem, whose results would replace them, are refused."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    other = tmp_path / "other" / "prompts.jsonl"
+    other.parent.mkdir()
+    write_rows(other, [{"prompt": [0, 2, 3, 4, 2], "answer": 3, "wrong": 4, "corrupted": [0, 2, 6, 4, 2]}])
+    args = [f"run_dir={run}", "ablation=single_head", "ablation.progress=false", "task=file"]
+    own = f"task.path={finished_run.parent / 'prompts.jsonl'}"
+    assert ablate_in_process(monkeypatch, tmp_path, [*args, own]) == 0
+    summary_path = RunPaths(run).ablation / "tasks" / "prompts" / "summary.json"
+    recorded = json.loads(summary_path.read_text())
+
+    def as_written_before_sources():
+        summary_path.write_text(json.dumps({k: v for k, v in recorded.items() if k != "task_source"}))
+
+    as_written_before_sources()
+    capsys.readouterr()
+    assert ablate_in_process(monkeypatch, tmp_path, [*args, own]) == 0
+    err = capsys.readouterr().err
+    assert "ablation/tasks/prompts/ recorded no source" in err and "up to date" in err, err
+    assert json.loads(summary_path.read_text())["task_source"] == recorded["task_source"]
+
+    as_written_before_sources()
+    before = files_in(summary_path.parent)
+    assert ablate_in_process(monkeypatch, tmp_path, [*args, f"task.path={other}"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "ablation/tasks/prompts/ holds results of other prompts, written before task folders recorded" in line
+    assert files_in(summary_path.parent) == before
+
+
 def files_in(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 

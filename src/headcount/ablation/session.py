@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
+from rich.markup import escape
 from torch import Tensor
 
 from headcount.ablation.checks import validate_settings
@@ -40,7 +41,7 @@ from headcount.config.ablation import AblationConfig, ScanConfig, ScanDtype
 from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
-from headcount.processes import set_first_process
+from headcount.processes import console, set_first_process
 from headcount.run_dir import RunPaths, load_run, read_pretrained
 
 
@@ -71,16 +72,39 @@ def task_source(cfg: TaskConfig) -> str:
 def check_task_folder(cfg: TaskConfig, address: ResultAddress, tokens: str) -> None:
     """ConfigError when the task's results folder holds another source's results (a prompts file of the same stem
     in another folder, other prompts): they would be replaced. The same prompts moved elsewhere are the same task;
-    task.name gives a task its own folder."""
-    recorded = read_summary(address.summary_path).get("task_source") or {}
+    task.name gives a task its own folder.
+
+    A folder written before task folders recorded their source is adopted (the session records this task's source)
+    when its results are of these prompts (a section's recorded prompt tokens are these), or when it holds none; with
+    only other prompts' results, whose source is unknown, it is refused: they might be another file's."""
+    summary = read_summary(address.summary_path)
+    key, value = ("task.name", cfg.name) if cfg.name else ("task.path", cfg.path or cfg.source)
+    recorded = summary.get("task_source") or {}
     if recorded and recorded["source"] != task_source(cfg) and recorded["tokens"] != tokens:
-        recorded = recorded["source"]
-        key, value = ("task.name", cfg.name) if cfg.name else ("task.path", cfg.path or cfg.source)
         raise ConfigError(
             key,
             value,
-            f"its results folder ablation/tasks/{address.task}/ holds the results of {recorded}: give this task a "
-            "folder of its own with task.name=<name>",
+            f"its results folder ablation/tasks/{address.task}/ holds the results of {recorded['source']}: give this "
+            "task a folder of its own with task.name=<name>",
+        )
+    if recorded:
+        return
+    sections = summary["modes"].values()
+    prompts = {section.get("data", {}).get("fingerprint", {}).get("tokens") for section in sections} - {None}
+    if prompts and tokens not in prompts:
+        raise ConfigError(
+            key,
+            value,
+            f"its results folder ablation/tasks/{address.task}/ holds results of other prompts, written before task "
+            "folders recorded their source (so whose is not known): give this task a folder of its own with "
+            "task.name=<name>, or delete that folder to replace them",
+        )
+    if prompts:
+        console().print(
+            f"[yellow]note:[/yellow] ablation/tasks/{address.task}/ recorded no source (written before task folders "
+            f"did); its results are of these prompts, so it records their source now: {escape(task_source(cfg))}",
+            highlight=False,
+            soft_wrap=True,
         )
 
 
