@@ -8,6 +8,7 @@ Each test trains in two CPU processes (gloo), one thread each, in a process grou
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from headcount import run_lock
 from headcount.cli.sweep_stop import descendants
 from headcount.run_dir import RunPaths
 
@@ -126,3 +128,47 @@ def test_ctrl_c_while_the_second_process_starts_prints_no_traceback(run_dir):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == f"error: interrupted; {RESUMES}", err[-3000:]
     assert main.returncode == 130 and not left
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", ["train", pytest.param("ablate", marks=pytest.mark.slow)])
+def test_a_node_that_never_comes_ends_the_join_in_one_line_within_the_timeout(tmp_path, command):
+    """Nodes joined by hand (MASTER_ADDR, NODE_RANK) waited torch.distributed's 30 minutes, silent, for a node that
+    was never started. Node 0 of two, alone on localhost, gives up after trainer.rendezvous_timeout_s, naming who did
+    not come and where, with its run's lock released; training and a scan alike."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "0", "TORCH_CPP_LOG_LEVEL": "FATAL"}
+    run_dir = tmp_path / "run"
+    train = [
+        sys.executable,
+        "-m",
+        "headcount.cli.train",
+        *TRAIN[:-3],
+        "trainer.max_steps=2",
+        f"hydra.run.dir={run_dir}",
+    ]
+    nodes = ["trainer.num_nodes=2", "trainer.rendezvous_timeout_s=3"]
+    if command == "ablate":  # a finished run first, then one scan over two nodes
+        subprocess.run([*train, "ablation=[single_head]"], cwd=tmp_path, env=env, check=True, capture_output=True)
+        args = [sys.executable, "-m", "headcount.cli.ablate", f"run_dir={run_dir}", "ablation=[single_head]", *nodes]
+        (RunPaths(run_dir).ablation / "summary.json").unlink()  # so that the scan is not up to date
+    else:
+        args = [*train, *nodes]
+    start = time.monotonic()
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[0] == (
+        f"error: trainer.num_nodes=2: 1 of the job's 2 processes joined at 127.0.0.1:{port} within "
+        "trainer.rendezvous_timeout_s=3 s: no other node came (NODE_RANK 1 to 1); start each node with the same "
+        "MASTER_ADDR and MASTER_PORT and its own NODE_RANK, or raise trainer.rendezvous_timeout_s"
+    )
+    assert time.monotonic() - start < 60  # imports, then 3 s of waiting: not 30 minutes
+    run_lock.check_free(run_dir, "run_dir", str(run_dir))  # released: the same command may go again at once
+    assert RunPaths(run_dir).metrics.exists() == (command == "ablate")  # nothing trained

@@ -28,7 +28,8 @@ from headcount.processes import launched_as_secondary
 from headcount.run_dir import RunPaths, is_done, read_checkpoint
 
 TRAINED = ("model", "data", "trainer", "seed")  # what a run's weights depend on
-NOT_TRAINED = ("trainer.progress_bar", "data.cache_dir", "data.num_workers")  # how, where: not what
+# how and where, not what
+NOT_TRAINED = ("trainer.progress_bar", "trainer.rendezvous_timeout_s", "data.cache_dir", "data.num_workers")
 
 
 def flat(value, prefix: str = "") -> dict:

@@ -40,6 +40,9 @@ class TrainerConfig:
     checkpoint_every_n_steps: int = 250  # steps between writes of last.ckpt, the point a killed run resumes from
     compile: bool = False  # torch.compile the model
     progress_bar: bool = True
+    # how long the processes of a job over several nodes wait for each other to join before it ends in one line
+    # (torch.distributed's own default: 30 minutes, silent); collectives after the join keep torch's default
+    rendezvous_timeout_s: int = 300
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 
@@ -102,7 +105,13 @@ def validate_trainer_config(cfg: TrainerConfig, least_steps: int = 1) -> None:
     if cfg.max_steps < least_steps:
         allowed = "must be a positive integer (0 only with model.pretrained: evaluate it as it is)"
         raise ConfigError("trainer.max_steps", cfg.max_steps, allowed if least_steps else "must be 0 or more")
-    for key in ("val_check_interval", "checkpoint_every_n_steps", "log_every_n_steps", "num_nodes"):
+    for key in (
+        "val_check_interval",
+        "checkpoint_every_n_steps",
+        "log_every_n_steps",
+        "num_nodes",
+        "rendezvous_timeout_s",
+    ):
         check_at_least(f"trainer.{key}", getattr(cfg, key), 1, "must be a positive integer")
     if cfg.limit_val_batches < 0:
         raise ConfigError("trainer.limit_val_batches", cfg.limit_val_batches, "must be 0 or more (0: no validation)")

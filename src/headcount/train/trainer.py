@@ -15,6 +15,7 @@ from headcount.train.checkpointing import AtomicCheckpointIO, LastCheckpoint
 from headcount.train.curves import TrainingCurve
 from headcount.train.progress import StepProgressBar
 from headcount.train.quiet import verbosity
+from headcount.train.rendezvous import strategy_for
 
 TRAINER_ARGUMENTS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
 
@@ -44,5 +45,6 @@ def build_trainer(cfg: DictConfig, run_dir: Path, logger: Logger | None) -> L.Tr
         callbacks=[*callbacks, *([StepProgressBar()] if t.progress_bar else [])],
         plugins=[AtomicCheckpointIO()],
         default_root_dir=run_dir,
+        strategy=strategy_for(t, t.strategy),  # over several nodes, joined within trainer.rendezvous_timeout_s
     )
     return L.Trainer(**{**passed, **translated})

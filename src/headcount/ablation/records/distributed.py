@@ -46,6 +46,7 @@ from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
 from headcount.processes import first_process
 from headcount.train.quiet import quiet_third_party
+from headcount.train.rendezvous import strategy_for
 
 SCAN_STRATEGIES = ("auto", "ddp")  # a scan's processes run the command in lockstep: DDP's launchers, not spawn
 SCAN_ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
@@ -193,7 +194,7 @@ def scan_world(t: TrainerConfig, device_setting: str = "auto") -> ScanWorld | No
             accelerator=t.accelerator,
             devices=t.devices,
             num_nodes=t.num_nodes,
-            strategy="ddp",
+            strategy=strategy_for(t, "ddp"),  # over several nodes, joined within trainer.rendezvous_timeout_s
             precision="32-true",  # the evaluator's float32 (float64 sums), whatever training used
             logger=False,
             enable_checkpointing=False,
