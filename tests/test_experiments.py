@@ -49,7 +49,9 @@ def assert_results_agree_with_their_records(ablation: Path) -> None:
             assert address.section == name and address.folder == folder
             for scan, entry in section["scans"].items():
                 table = read_checked(folder / entry["files"][0])  # refuses a table that is not the one recorded
-                assert folder / entry["files"][0] == address.file(scan, ".csv")
+                variant = tuple(entry.get("variant", ()))  # a scan's own (top_heads' rank_by), named in its entry
+                assert scan == address.entry_name(entry.get("scan", scan), variant)
+                assert folder / entry["files"][0] == address.file(entry.get("scan", scan), ".csv", scan_variant=variant)
                 for column in [c.removeprefix("delta_") for c in table.columns if c.startswith("delta_")]:
                     if column in table and f"baseline_{column}" in section:
                         delta = table[column] - section[f"baseline_{column}"]

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from headcount.ablation.engine.evaluator import MaskEvaluator
@@ -14,7 +15,7 @@ from headcount.ablation.records.results import read_checked
 from headcount.ablation.records.summary import read_mode_summary
 from headcount.ablation.scans.base import configured_variant
 from headcount.captions import describe_model, describe_run
-from headcount.run_dir import FinishedRun, load_run_config
+from headcount.run_dir import FinishedRun, RunPaths, load_run_config
 
 
 def run_evaluator(run: FinishedRun, loss_mask: Callable[[Tensor], Tensor] | None = None) -> MaskEvaluator:
@@ -29,7 +30,7 @@ def run_evaluator(run: FinishedRun, loss_mask: Callable[[Tensor], Tensor] | None
 def scan_results(run_dir: Path, scans: list[str]) -> tuple[dict, list[pd.DataFrame]]:
     """A finished run's summary.json section and the CSVs of the named scans, at the address its config asks for
     (its ablation mode and metric, on its task when it names one, each scan's own variant: top_heads' rank_by)."""
-    config = load_run_config(run_dir)
+    config = saved_config(run_dir)
     address = run_address(run_dir, config)
     tables = [read_checked(address.file(s, ".csv", scan_variant=configured_variant(config, s))) for s in scans]
     return read_mode_summary(address.folder, address.section), tables
@@ -38,8 +39,14 @@ def scan_results(run_dir: Path, scans: list[str]) -> tuple[dict, list[pd.DataFra
 def scan_file(run_dir: Path, scan: str, ext: str, mode_independent: bool = False) -> Path:
     """A scan's result file at the address the run's config asks for (plain names for a mode-independent scan), with
     the scan's own variant as the config sets it."""
-    config = load_run_config(run_dir)
+    config = saved_config(run_dir)
     return run_address(run_dir, config).file(scan, ext, mode_independent, configured_variant(config, scan))
+
+
+def saved_config(run_dir: Path) -> DictConfig:
+    """The run's .hydra/config.yaml; empty for a folder of results alone (the addresses' defaults then apply)."""
+    path = RunPaths(Path(run_dir)).config
+    return OmegaConf.load(path) if path.exists() else OmegaConf.create({})
 
 
 def run_subject(run_dir: Path, address: ResultAddress | None = None) -> str:
