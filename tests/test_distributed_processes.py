@@ -1,6 +1,7 @@
 """The processes of one job (trainer.devices=2: Lightning's DDP launcher starts the second) end together and say why:
 one killed stops the other with one line, none is left orphaned, Ctrl-C while the second is still starting prints no
-traceback, and more nodes than there are is refused before anything starts.
+traceback, and more nodes than there are is refused before anything starts; nodes joined by hand give up on one that
+never comes after trainer.rendezvous_timeout_s, in one line, and collectives after the join keep torch's timeout.
 
 Each test trains in two CPU processes (gloo), one thread each, in a process group of its own.
 """
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -170,3 +172,31 @@ def test_a_node_that_never_comes_ends_the_join_in_one_line_within_the_timeout(tm
     )
     run_lock.check_free(run_dir, "run_dir", str(run_dir))  # released: the same command may go again at once
     assert RunPaths(run_dir).metrics.exists() == (command == "ablate")  # nothing trained
+
+
+def test_after_the_join_collectives_wait_torchs_default_not_the_join_timeout(monkeypatch):
+    """The join's short timeout would also cut collectives short: a process waiting at an all-reduce for a slower one
+    (a larger share of masks, a checkpoint being written) would fail after trainer.rendezvous_timeout_s."""
+    import torch
+    import torch.distributed as dist
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from headcount.train.rendezvous import BoundedRendezvous
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    cpu = {"parallel_devices": [torch.device("cpu")], "cluster_environment": LightningEnvironment()}
+    timeouts = {}
+    for name, strategy in (("plain", DDPStrategy(timeout=timedelta(seconds=3), **cpu)), ("bounded", None)):
+        strategy = strategy or BoundedRendezvous(3, num_nodes=2, **cpu)
+        monkeypatch.setenv("MASTER_PORT", str(free_port()))
+        strategy.setup_distributed()  # a world of one process: joined at once
+        try:
+            gloo = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+            timeouts[name] = (gloo.options._timeout, dist.distributed_c10d._get_default_store().timeout)
+        finally:
+            dist.destroy_process_group()
+    assert timeouts["plain"] == (timedelta(seconds=3),) * 2  # what the test would see without the fix
+    assert (
+        timeouts["bounded"] == (dist.distributed_c10d._get_default_timeout("gloo"),) * 2 == (timedelta(minutes=30),) * 2
+    )
