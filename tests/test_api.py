@@ -2,6 +2,8 @@
 scans run by name, results read back as pandas tables with their mode."""
 
 import hashlib
+import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -211,3 +213,29 @@ def test_top_heads_by_two_rankings_keeps_two_tables(run, run_dir, capsys):
     assert len(run.results("top_heads")) == len(by_default) + len(by_importance)
     index = run.results_index()
     assert set(index[index["scan"] == "top_heads"]["variant"]) == {"", "by_importance"}
+
+
+def test_a_ranking_recorded_under_the_plain_name_before_takes_its_own(run_dir, tmp_path, capsys):
+    """A top_heads table ranked by another scan, written before rankings had names of their own, sat in top_heads.csv
+    as if ranked by single_head: it takes its own name (its fingerprint holds its rank_by), not computed again."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    run = headcount.load_run(copy, device="cpu")
+    settings = {"top_fraction": 0.25, "random_sets": 1, "rank_by": "importance"}
+    table = run.scan("top_heads", **settings)
+    ablation, summary_path = RunPaths(copy).ablation, RunPaths(copy).ablation / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    scans = summary["modes"]["zero"]["scans"]
+    scans.pop("top_heads", None)
+    entry = scans.pop("top_heads.by_importance")
+    for name in entry["files"]:  # as written before: plain names, no variant
+        (ablation / name).replace(ablation / name.replace(".zero.by_importance", ""))
+    entry = {k: v for k, v in entry.items() if k not in ("scan", "variant")}
+    scans["top_heads"] = {**entry, "files": [name.replace(".zero.by_importance", "") for name in entry["files"]]}
+    summary_path.write_text(json.dumps(summary))
+    capsys.readouterr()
+    pd.testing.assert_frame_equal(run.scan("top_heads", **settings), table)
+    err = capsys.readouterr().err
+    assert "holds top_heads.by_importance's result" in err and "up to date" in err, err
+    assert not (ablation / "top_heads.csv").exists() and (ablation / "top_heads.zero.by_importance.png").exists()
+    assert list(run.results_index().query("scan == 'top_heads'")["variant"]) == ["by_importance"]

@@ -134,6 +134,30 @@ class ResultFiles:
             self.console.print(f"[green]up to date:[/green] {csv_path}", highlight=False, soft_wrap=True)
         return read_csv(csv_path)
 
+    def adopt(self, plain: str, entry: str, key: str, rename: dict[str, str], shared: bool = False) -> None:
+        """A scan variant's result recorded under the scan's plain name, from before variants named their own files
+        (top_heads ranked by retrieval_scores in top_heads.csv): when its fingerprint is the variant's (which holds
+        the setting) and its table is the one recorded, its files take the variant's names (`rename`: each plain
+        file name to the variant's) and its record moves to the variant's entry, with a notice; else nothing."""
+        mode = None if shared else self.mode
+        old = summary_file.scan_entry(self.summary_path, mode, plain)
+        files = [self.out / name for name in old.get("files", [])]
+        if old.get("fingerprint") != key or not files or not files[0].exists() or not matches_record(files[0], old):
+            return
+        if not writable(self.out) or not all(f.name in rename for f in files):
+            return
+        for path in files:
+            if path.exists():
+                path.replace(self.out / rename[path.name])
+        moved = {**old, "files": [rename[f.name] for f in files], "scan": plain, "variant": entry.split(".")[1:]}
+        summary_file.rename_scan(self.summary_path, mode, plain, entry, moved)
+        self.console.print(
+            f"[yellow]note:[/yellow] {escape(str(files[0]))} holds {entry}'s result, named before such results had "
+            f"names of their own: now {escape(rename[files[0].name])}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
     def record(
         self,
         name: str,

@@ -137,6 +137,17 @@ def record_scan(path: Path, mode: str | None, name: str, entry: dict) -> None:
     write_if_changed(path, summary)
 
 
+def rename_scan(path: Path, mode: str | None, old: str, new: str, entry: dict) -> None:
+    """Move a scan's record from entry `old` to entry `new` (as `entry`) in a mode's section (None: the
+    mode-independent one): a result that was recorded under another name, unchanged."""
+    summary = read_summary(path)
+    section = summary["modes"].setdefault(mode, {}) if mode is not None else summary.setdefault(SHARED, {})
+    scans = section.setdefault("scans", {})
+    scans.pop(old, None)
+    scans[new] = entry
+    write_if_changed(path, summary)
+
+
 def entry_of_file(path: Path, file_name: str) -> dict | None:
     """The scan entry (of any section) whose first file, its table, is file_name; None when none records it."""
     summary = read_summary(path)

@@ -28,6 +28,7 @@ from headcount.ablation.scans.context import ScanContext
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
+from headcount.processes import first_process
 from headcount.registry import Registry
 
 KINDS: Registry[type[Scan]] = Registry(
@@ -102,8 +103,20 @@ class Scan:
         return fingerprint(session_key, *self.fingerprint_parts())
 
     def read_back(self, announce: bool = True) -> pd.DataFrame | None:
-        """The table, if it is up to date."""
+        """The table, if it is up to date (a variant's, recorded under the plain name before variants had names of
+        their own, first takes its name: one process alone, as the others read the same summary.json)."""
+        if self.variant and self.session.world is None and first_process():
+            rename = {self.plain_path(ext, d).name: self.path(ext, d).name for d, ext in self.file_names()}
+            self.session.files.adopt(self.name, self.entry, self.key(), rename, self.mode_independent)
         return self.session.files.up_to_date(self.entry, self.key(), self.csv, announce, self.mode_independent)
+
+    def plain_path(self, ext: str, detail: str = "") -> Path:
+        """Where `path` was before a variant named this scan's files apart: without the variant."""
+        return self.session.address.file(f"{self.name}{detail}", ext, self.mode_independent)
+
+    def file_names(self) -> list[tuple[str, str]]:
+        """(detail, extension) of each file a kind with variants writes: its table and its figure."""
+        return [("", ".csv"), ("", ".png")]
 
     def run(self, announce: bool = True) -> pd.DataFrame:
         table = self.read_back(announce)
