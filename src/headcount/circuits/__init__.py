@@ -24,6 +24,8 @@ from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, pr
 from headcount.circuits.figure import draw_circuit, save_circuit
 from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs, outputs_of
 from headcount.circuits.graph import Edge, Graph, Node, Receiver
+from headcount.circuits.metric import PointMetric
+from headcount.circuits.passes import PassPlan
 from headcount.circuits.path_patching import path_patch
 
 __all__ = [
@@ -31,6 +33,8 @@ __all__ = [
     "Graph",
     "Node",
     "NodeOutputs",
+    "PassPlan",
+    "PointMetric",
     "Receiver",
     "draw_circuit",
     "eap_ig_scores",
