@@ -9,7 +9,8 @@ that data for the points it is called on; a plain callable must not read per-poi
 on a wrong length when the examples are split).
 
 Every result is the sum over all points of the per-point values, in float64 and in point order: the same additions
-in the same order whatever the passes, so splitting examples changes no bit of the sum of the same per-point values.
+in the same order whatever the passes, so a split gives the same bits every time, and another split changes a sum
+only as far as a pass's size changes the rounding of the per-point values (matrix kernels block by size).
 """
 
 from collections.abc import Callable
