@@ -298,4 +298,3 @@ def clean_bytes_per_example(model: Transformer, seq_len: int, per_example: bool)
     sizes = model.activation_floats(seq_len)
     floats = model.n_layers * seq_len * (sizes.resid + sizes.z * (2 if per_example else 1))
     return floats * next(model.parameters()).element_size()
-

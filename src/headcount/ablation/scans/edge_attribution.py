@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from headcount.ablation.engine.metrics import require_differentiable
+from headcount.ablation.records.results import write_csv
 from headcount.ablation.scans.base import KINDS, Scan
 from headcount.ablation.scans.circuit_inputs import check_circuit_scan, circuit_inputs, resolve_receivers
 from headcount.circuits import (
@@ -129,7 +130,7 @@ class EdgeAttributionScan(Scan):
         budget = inputs.memory_budget
         curve = faithfulness_curve(*args, scores, sizes, metric, inputs.points_BT, cfg.random_sets, seed, budget)
         self.curve_csv.parent.mkdir(parents=True, exist_ok=True)
-        curve.to_csv(self.curve_csv, index=False)
+        write_csv(self.curve_csv, curve)  # atomically, as every result file
         value = float(faithfulness(*args, [circuit], metric, inputs.points_BT, budget)[0])
         entry = {"circuit_size": cfg.circuit_size, "circuit_edges": len(circuit), "circuit_faithfulness": value}
         session.files.update_summary({"edge_circuits": {self.name: entry}})
