@@ -157,7 +157,7 @@ def receiver_inputs(
     w None (no edge weights) the plain stream, once (X = 1) for every receiver."""
 
     def mixed(out: Tensor, d: Tensor | None, w_RX: Tensor | None) -> Tensor:
-        if w_RX is None:
+        if untouched(w_RX):
             return out[:, None]
         return out[:, None] + w_RX[:, :, None, None] * d[:, None]
 
@@ -177,10 +177,18 @@ def receiver_inputs(
     return x
 
 
+def untouched(w: Tensor | None) -> bool:
+    """No weight, or weights all zero and not differentiated: the mix is the output itself, out + 0 (out' - out) = out
+    to the bit, so a pass skips it (one receiver input shared by all, broadcast; an exact scan's pass removes a few
+    edges and leaves most senders' mixes untouched)."""
+    return w is None or (not w.requires_grad and not bool(w.any()))
+
+
 def attention_contribution(block: Block, z_BTHD: Tensor, dz_BTHD: Tensor | None, w_BXH: Tensor | None) -> Tensor:
     """(B, X, T, C): post_norm(combine(z + w dz)) per receiver, z mixed per head by that receiver's edge weights.
     Without a post-norm it is linear in z: combine(z) once plus each receiver's sum_h w_h dz_h W_O^h, which saves
     combining X copies."""
+    w_BXH = None if untouched(w_BXH) else w_BXH
     if w_BXH is not None and block.ln_attn_out is None:
         per_head_BTHC = torch.einsum("bthd,hdc->bthc", dz_BTHD, block.attn.W_O)
         mixed_BXTC = torch.einsum("bxh,bthc->bxtc", w_BXH, per_head_BTHC)
