@@ -9,11 +9,14 @@ removes edge e), every score is an effect M(removed) - M(clean):
   gradient at the receiver input). Into a post-norm layer's attention the same derivative is taken through the exact
   per-layer definition, (z'_h - z_h) . dM/dz_h read through that receiver's post_norm(combine(.)): it is the first-
   order term of the exact definition, not of a per-head sum that the post-norm does not have. One clean forward, one
-  corrupted forward (cached) and one backward to the N x E weights;
+  corrupted forward and one backward to the E weights (per pass of examples);
 - EAP-IG (Hanna et al. 2024): (out'_s - out_s) . (1/m) sum_{k=1..m} dM/dx_r at the run whose input embeddings are
   emb' + (k/m)(emb - emb'), the corrupted-to-clean straight line in embedding space (their "inputs" variant;
   right Riemann sum, the clean end included); out and out' stay the clean and corrupted runs' outputs. The m
-  interpolations run as one batch of m * B rows, one backward.
+  interpolations run as m * B rows with one backward, in passes of some steps of some examples.
+
+Every evaluation runs in passes sized to a memory budget (passes.py): exact metrics are sums over all points in
+point order whatever the passes, gradients sums over the passes' examples in float64.
 
 `ranking_agreement` compares an estimate with exact scores: rank correlation and top-k recall by |score|.
 """

@@ -14,7 +14,8 @@ MLPs, the logits):
   recorded in step 2, where every non-sender was frozen).
 
 Nothing before the first receiver's layer changes, so the pass starts there from the clean stream (prefix reuse),
-and P (sender set, receiver set) pairs run as one batch of P * B rows. For one sender and one receiver, or receivers
+and P (sender set, receiver set) pairs of B examples run as P * B rows, in passes of some pairs of some examples
+sized to a memory budget (passes.py). For one sender and one receiver, or receivers
 all in one layer, path patching equals the edge-patched forward with the edges S x R removed.
 The result is the effect, metric(patched) - metric(clean), per pair (float64, summed over the points).
 """
