@@ -17,6 +17,7 @@ import torch
 from sweep_helpers import SMOKE, command_in_process, one_line, run_dirs, train_in_process
 
 from headcount import run_lock
+from headcount.api import Run
 from headcount.cli import ablate as ablating
 from headcount.cli import preflight
 from headcount.cli.errors import discarded_if_rejected
@@ -153,6 +154,19 @@ def test_an_experiment_without_the_scans_its_finding_reads_skips_the_finding(mon
     ], err
     (run_dir,) = (tmp_path / "outputs" / "experiments" / "induction_heads").iterdir()
     assert RunPaths(run_dir).done.exists() and not (run_dir / "findings").exists()
+
+
+def test_an_experiments_settings_for_a_scan_left_out_of_the_list_run_nothing(monkeypatch, tmp_path, capsys):
+    # ioi_heads gives attribution, direct_effect and top_heads settings: with `ablation=[baseline]` those entries have
+    # no kind and once ran as single_head scans under the other scans' names.
+    assert train_in_process(monkeypatch, tmp_path, ["experiment=ioi_heads", "size=smoke", "ablation=[baseline]"]) == 0
+    (run_dir,) = (tmp_path / "outputs" / "experiments" / "ioi_heads").iterdir()
+    task_dir = RunPaths(run_dir).ablation / "tasks" / "ioi"
+    written = sorted(p.name for p in task_dir.rglob("*.csv")) if task_dir.exists() else []
+    assert not [name for name in written if not name.startswith("baseline")], written
+    assert "skipped" in capsys.readouterr().err
+    table = Run(run_dir).scan("direct_effect")  # its settings in the saved config, never selected: the kind's own
+    assert {"layer", "head"} <= set(table.columns) and len(table) == 8
 
 
 @pytest.mark.parametrize(

@@ -70,8 +70,9 @@ class Run:
         self.finished: FinishedRun = open_finished_run(self.path)
         self.config: DictConfig = self.finished.config
         self.settings: AblationConfig = typed_ablation(self.config.get("ablation") or OmegaConf.create({}))
-        # The scans the run's config lists: scan(name) takes their settings (pairs' top_k, custom's masks_file).
-        self.scan_settings: dict[str, ScanConfig] = self.settings.scans
+        # The scans the run's config lists: scan(name) takes their settings (pairs' top_k, custom's masks_file). An
+        # entry without a kind was never selected (config/ablation.py unselected_scans_dropped).
+        self.scan_settings: dict[str, ScanConfig] = {n: s for n, s in self.settings.scans.items() if s.kind}
         self.settings.scans = {}
         validate_settings(self.settings, task_config(self.config))
         self.device = resolve_device(device or self.settings.device)

@@ -37,7 +37,7 @@ from headcount.cli.errors import (
 from headcount.cli.pretrained_run import default_run_dir, prepare_pretrained_run, pretrained_requested
 from headcount.components import take_list_flag
 from headcount.config import CONF_DIR, register_configs, typed
-from headcount.config.ablation import AblationConfig
+from headcount.config.ablation import AblationConfig, unselected_scans_dropped
 from headcount.config.train import TrainerConfig, check_devices_here
 from headcount.errors import ConfigError
 from headcount.io import writable
@@ -57,6 +57,7 @@ def ablate(cfg: DictConfig, typed_keys: Sequence[str] = (), task_given: bool = F
     ablation = OmegaConf.merge(OmegaConf.structured(AblationConfig), base)
     for key in typed_keys:
         OmegaConf.update(ablation, key.removeprefix("ablation."), OmegaConf.select(cfg, key), merge=True)
+    unselected_scans_dropped(cfg)
     ablation.scans = cfg.ablation.scans
     run_cfg.ablation = ablation
     run_cfg.trainer = cfg.trainer  # the processes this command shares its scans out over, not the run's training's

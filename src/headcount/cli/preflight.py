@@ -20,7 +20,7 @@ from headcount.ablation.records.distributed import check_scan_trainer
 from headcount.ablation.scans import KINDS
 from headcount.ablation.session import typed_ablation
 from headcount.config import typed, validate_train_config
-from headcount.config.ablation import AblationConfig
+from headcount.config.ablation import AblationConfig, unselected_scans_dropped
 from headcount.config.data import DataConfig
 from headcount.config.model import ModelConfig
 from headcount.config.train import TrainerConfig
@@ -41,6 +41,7 @@ DEFAULT_MODEL = ModelConfig()
 def validate_job(cfg: DictConfig) -> None:
     """Everything about one job's config that can fail before training; raises ConfigError. With model.pretrained,
     the model checked is the one the checkpoint implies (its config is read, not its weights)."""
+    unselected_scans_dropped(cfg)
     cfg = resolve_pretrained(cfg)
     validate_train_config(cfg)
     check_precision_runs_here(cfg.trainer)

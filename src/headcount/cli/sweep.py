@@ -36,6 +36,7 @@ from headcount import run_lock
 from headcount.cli.errors import BAD_INPUT, describe, print_error
 from headcount.cli.reruns import check_rerun
 from headcount.config import CONF_DIR
+from headcount.config.ablation import unselected_scans_dropped
 from headcount.errors import ConfigError
 from headcount.findings import check_finding, missing_scans, reads_sweep
 from headcount.report.names import folder_name, override_values
@@ -226,6 +227,7 @@ class ReportAndCheckFinding(Callback):
         if finding is not None and reads_sweep(finding):
             out, runs, _ = write_report(sweep_dir)
             print_summary(out, runs)
+            unselected_scans_dropped(config)
             if not skipped_finding(finding, list(config.ablation.scans)):
                 written = check_finding(finding, sweep_dir)
                 console.print(f"[green]wrote[/green] {escape(str(written))}", soft_wrap=True)

@@ -20,6 +20,7 @@ from headcount.cli.preflight import validate_job
 from headcount.cli.sweep import check_launcher_installed, register_resolvers, skipped_finding
 from headcount.components import take_list_flag
 from headcount.config import CONF_DIR, register_configs, typed
+from headcount.config.ablation import unselected_scans_dropped
 from headcount.config.train import TrainerConfig, check_devices_here
 from headcount.findings import check_finding, reads_sweep
 from headcount.pretrained.run_config import resolve_pretrained
@@ -117,6 +118,7 @@ register_resolvers()
 @exit_on_config_error
 def train_job(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    unselected_scans_dropped(cfg)
     try:
         with discarded_if_rejected(run_dir):
             run(cfg, run_dir)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, open_dict
 
 from headcount.config.choice import Choice, check_choice
 from headcount.errors import ConfigError, check_seed
@@ -75,7 +76,10 @@ class ExportOrder(Choice):
 
 @dataclass
 class ScanConfig:
-    kind: str = "single_head"  # a kind registered in headcount.ablation.scans (one module per kind)
+    # A kind registered in headcount.ablation.scans (one module per kind), set by the option of the ablation list that
+    # selects the scan (conf/ablation/<kind>.yaml). An entry without one only holds settings (an experiment's, for a
+    # scan that `ablation=[...]` left out): it is dropped, not run as some default kind (unselected_scans_dropped).
+    kind: str | None = None
     top_k: int | None = None  # pairs: only pairs among the k most important heads (None: all pairs)
     verify_top_k: int = 10  # attribution: evaluate exactly the k heads (or head-positions) with the largest estimate
     backup_top_k: int = 0  # direct_effect: mean-ablate the k heads of largest direct effect, then measure again
@@ -263,3 +267,15 @@ def validate_l0_export(cfg: AblationConfig) -> None:
         )
     if chosen is not None and chosen not in targets:
         raise ConfigError("ablation.prune.l0_target_heads", chosen, f"must be one of the scan's targets {targets}")
+
+
+def unselected_scans_dropped(cfg: DictConfig) -> list[str]:
+    """Drop, in place, the ablation.scans entries of a composed config that no option of the ablation list selected
+    (no `kind`: settings an experiment gives a scan that the command line's `ablation=[...]` left out); returns their
+    names."""
+    scans = cfg.ablation.scans
+    dropped = [name for name, scan in scans.items() if scan.get("kind") is None]
+    with open_dict(scans):  # a composed config is in struct mode, which refuses deletions
+        for name in dropped:
+            del scans[name]
+    return dropped
