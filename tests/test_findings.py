@@ -95,13 +95,11 @@ def test_reduced_induction_heads_finding(monkeypatch, tmp_path):
 
 
 # Issue 29: another CPU kind rounds differently, so the quickstart trains to other numbers there; seeds stand in for
-# that rounding, and a verdict that differs between seeds can differ between CPUs. With learned positions in the
-# stream, seed 1 (one thread, as here) came out reproduced/not/not/not/not and seed 2 reproduced/not/not/reproduced/not:
-# no circuit. With shortformer positions (the quickstart's now) both form it, and the claims differ in one place only:
-# seed 2's induction head alone costs +3.09 nats (reproduced), seed 1's four induction heads back each other up (the
-# top alone +0.09, the four together +5.86: partly). On this project's 2-core AMD EPYC, torch 2.13.0 CPU:
-# docs/REPRODUCTIONS.md. Strict: once a setup makes them agree, this fails until the marker goes.
-@pytest.mark.xfail(strict=True, reason="issue 29: one induction head or several, by seed")
+# that rounding, and a verdict that differs between seeds can differ between CPUs. On this project's 2-core AMD EPYC
+# (torch 2.13.0 CPU) at one thread, as here, seed 1's claims came out reproduced/not/not/not/not and seed 2's
+# reproduced/not/not/reproduced/not (at two threads seed 1 reproduces every claim): docs/REPRODUCTIONS.md.
+# Strict: once a setup makes them agree, this fails until the marker goes.
+@pytest.mark.xfail(strict=True, reason="issue 29: the quickstart's verdict still depends on the seed")
 @pytest.mark.slow  # about 6 min on 2 cores: two quickstart runs of 4000 steps, one thread each
 def test_quickstart_verdict_is_the_same_for_every_seed(tmp_path):
     """`headcount-train experiment=induction_heads seed=N` for two seeds whose verdicts differed: every claim's
