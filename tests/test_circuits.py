@@ -36,6 +36,7 @@ NATIVE = {
     "gpt2": {"mlp": True},
     "neox": {"mlp": True, "parallel_residual": True, "positions": "rotary", "rotary_fraction": 0.5},
     "attn_only": {"mlp": False, "n_layers": 1},
+    "shortformer": {"mlp": False, "positions": "shortformer"},  # the quickstart's: positions inside each head's q, k
 }
 CONVERTED = ("gemma3", "gemma2", "olmo2", "llama3")  # tests/family_cases.py, 16 tokens
 HELPERS = ("neox_parallel", "llama_mqa_tied_biases_wide_heads")  # tests/pretrained_helpers.py: GPT-NeoX, MQA
@@ -261,6 +262,7 @@ PAIRS = {
     ],
     "neox": [(["L0H1"], ["L1H0.q"]), (["emb"], ["L0.mlp"]), (["L0H2", "L0.mlp"], ["L1.mlp", "L1H1.v"][:1])],
     "attn_only": [(["emb"], ["L0H2.v"]), (["L0H1"], ["logits"]), (["emb", "L0H0"], ["logits"])],
+    "shortformer": [(["L0H1"], ["L1H0.k"]), (["emb"], ["L1H2.q", "L1H1.v"]), (["L0H0", "L1H2"], ["logits"])],
     "gemma3": [
         (["L0H1"], ["L2H0.q"]),
         (["L0H1", "L1H3"], ["L2H0.k", "L2H2.v"]),

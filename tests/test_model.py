@@ -294,6 +294,8 @@ def test_activation_floats_count_the_widest_layer():
 FEATURES = {
     "rotary": {"positions": "rotary"},
     "rotary_partial": {"positions": "rotary", "rotary_fraction": 0.5, "rotary_theta": 500.0},
+    "shortformer": {"positions": "shortformer"},
+    "shortformer_gqa": {"positions": "shortformer", "attn": {"n_kv_heads": 2}},
     "rmsnorm_swiglu": {"norm": "rmsnorm", "norm_eps": 1e-6, "mlp_act": "swiglu", "mlp_hidden": 40},
     "gqa": {"attn": {"n_kv_heads": 2}},
     "mqa_rotary": {"positions": "rotary", "attn": {"n_kv_heads": 1}},
@@ -434,6 +436,39 @@ def test_rotary_turns_dimension_pairs_by_position():
     torch.testing.assert_close(dots_TT.diagonal(0), dots_TT.diagonal(0)[:1].expand(10), atol=1e-6, rtol=0)
     torch.testing.assert_close(dots_TT.diagonal(-3), dots_TT.diagonal(-3)[:1].expand(7), atol=1e-6, rtol=0)
     assert torch.equal(q_rot[..., 0, :], q_11TD[..., 0, :])  # position 0 does not turn
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("feature", ["shortformer", "shortformer_gqa"])
+def test_shortformer_positions_enter_queries_and_keys_only(feature, dtype):
+    """q_h = (x + p_t) W_Q^h + b_Q and k_h = (x + p_t) W_K^h + b_K with the layer's own table p, v_h = x W_V^h + b_V
+    without it; the stream gets no positions (embed is the token embedding), so a head that attends to one key
+    alone, wherever it sits, writes the same vector at every position."""
+    model, x = family_model(feature, dtype), tokens()
+    assert model.pos_emb is None and torch.equal(model.embed(x), model.tok_emb(x))
+    attn = model.blocks[1].attn
+    h_BTC = torch.randn(3, 12, 32, dtype=dtype)
+    q_BHTD, k_BGTD, v_BGTD = attn.project(h_BTC)
+    p_TC = attn.pos_emb.weight[:12]
+    by_hand = [
+        torch.einsum("btc,hcd->bhtd", inputs, W) + b[None, :, None]
+        for inputs, W, b in (
+            (h_BTC + p_TC, attn.W_Q, attn.b_Q),
+            (h_BTC + p_TC, attn.W_K, attn.b_K),
+            (h_BTC, attn.W_V, attn.b_V),
+        )
+    ]
+    for ours, theirs in zip((q_BHTD, k_BGTD, v_BGTD), by_hand):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=TOL[dtype])
+    assert not torch.equal(model.blocks[0].attn.pos_emb.weight, attn.pos_emb.weight)  # a table per layer
+    # The same token everywhere: without positions every head's z would be that token's value at every position;
+    # with them the pattern moves but z is still a mean of equal values, so the logits are the same everywhere.
+    same_BT = torch.full((1, 12), 7)
+    logits_BTV = model(same_BT)
+    torch.testing.assert_close(logits_BTV, logits_BTV[:, :1].expand_as(logits_BTV), rtol=0, atol=TOL[dtype] * 100)
+    cache = {}
+    model(same_BT, cache=cache, need_patterns=True)
+    assert not torch.allclose(cache["pattern", 0][0, 0, 5, :6], torch.full((6,), 1 / 6, dtype=dtype), atol=1e-3)
 
 
 def test_grouped_query_attention_shares_key_value_weights():

@@ -207,8 +207,9 @@ def attention_contribution(block: Block, z_BTHD: Tensor, dz_BTHD: Tensor | None,
 def heads_from_inputs(block: Block, x_BHWTC: Tensor) -> Tensor:
     """z (B, T, H, D) of a layer whose head h reads q, k, v from its own inputs x[:, h, 0|1|2] (pre-norm stream):
     each input goes through the layer's norm, then head h's own rows of the projection (its key/value head's for k and
-    v), q/k norms per head and rotary positions. A q/k norm over the whole projection (OLMo 2) mixes every head's
-    rows, so there each input runs through the whole projection and head h keeps its own slice."""
+    v), q/k norms per head and rotary positions (shortformer positions join q's and k's inputs). A q/k norm over the
+    whole projection (OLMo 2) mixes every head's rows, so there each input runs through the whole projection and head
+    h keeps its own slice."""
     attn = block.attn
     if attn.features.qk_norm == "projection":
         return _heads_through_whole_projection(block, x_BHWTC)
@@ -216,7 +217,10 @@ def heads_from_inputs(block: Block, x_BHWTC: Tensor) -> Tensor:
     kv_H = attn.kv_head_of
 
     def project(w: int, W_HCD: Tensor, b_HD: Tensor | None) -> Tensor:
-        out_BHTD = torch.einsum("bhtc,hcd->bhtd", normed_BHWTC[:, :, w], W_HCD)
+        inputs_BHTC = normed_BHWTC[:, :, w]
+        if w < 2 and attn.pos_emb is not None:  # shortformer positions: in q's and k's inputs, not v's
+            inputs_BHTC = inputs_BHTC + attn.pos_emb.weight[: inputs_BHTC.shape[2]]
+        out_BHTD = torch.einsum("bhtc,hcd->bhtd", inputs_BHTC, W_HCD)
         return out_BHTD if b_HD is None else out_BHTD + b_HD[:, None]
 
     q_BHTD = project(0, attn.W_Q, attn.b_Q)

@@ -24,6 +24,11 @@ class Combine(Choice):
 class Positions(Choice):
     learned = "learned"  # a learned vector per position added to the token embedding (GPT-2)
     rotary = "rotary"  # q and k rotated by the position in every layer (RoFormer; Llama, GPT-NeoX)
+    # Each layer's own learned vector per position added to the normalised input of its queries and keys, never to
+    # the values or the residual stream (Press et al. 2021's position-infused attention; TransformerLens's
+    # "shortformer", the positions of its attention-only toy models): heads can attend by position, but no head can
+    # move a position into the stream
+    shortformer = "shortformer"
 
 
 class Norm(Choice):

@@ -75,10 +75,13 @@ class MultiHeadAttention(nn.Module):
         kv_groups: list[int] | None = None,
         rotary: Rotary | None = None,
         features: AttentionFeatures | None = None,
+        qk_positions: int = 0,
     ):
         """kv_groups: query heads per key/value head, in order, adding up to n_heads; None: one key/value head per
         query head. rotary: rotary positions applied to q and k, or None (positions enter elsewhere). features:
-        sliding window, score scale, soft-cap and q/k norms (None: none of them)."""
+        sliding window, score scale, soft-cap and q/k norms (None: none of them). qk_positions: the number of positions
+        of a learned table whose row t is added to position t's input of the queries and keys, not the values
+        (model.positions=shortformer); 0: none."""
         super().__init__()
         self.features = features or AttentionFeatures()
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
@@ -98,6 +101,8 @@ class MultiHeadAttention(nn.Module):
             self.qkv = nn.Linear(d_model, (n_heads + 2 * self.n_kv_heads) * head_dim, bias=qkv_bias)
             # concat: W_o is (H*D) x C, head h owns rows h*D:(h+1)*D. sum: W_o is D x C, shared by every head.
             self.out = nn.Linear(n_heads * head_dim if combine == "concat" else head_dim, d_model, bias=out_bias)
+            # "emb" in its name: weight decay spares it, as it spares the model's other embeddings
+            self.pos_emb = nn.Embedding(qk_positions, d_model) if qk_positions else None
             f = self.features
             widths = {"head": (head_dim, head_dim), "projection": (n_heads * head_dim, self.n_kv_heads * head_dim)}
             q_width, k_width = widths.get(f.qk_norm, (0, 0))
@@ -149,6 +154,9 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x_BTC.shape
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q_BTX, k_BTX, v_BTX = self.qkv(x_BTC).split([H * D, G * D, G * D], dim=-1)
+        if self.pos_emb is not None:  # (x + p_t) W for q and k: p_t W added, the bias already in once
+            qk_TX = F.linear(self.pos_emb.weight[:T], self.qkv.weight[: (H + G) * D])
+            q_BTX, k_BTX = q_BTX + qk_TX[:, : H * D], k_BTX + qk_TX[:, H * D :]
         if self.features.qk_norm == "projection" and self.q_norm is not None:  # (a layer pruned to no heads has none)
             q_BTX, k_BTX = self.q_norm(q_BTX), self.k_norm(k_BTX)
         q_BTHD, k_BTGD = q_BTX.view(B, T, H, D), k_BTX.view(B, T, G, D)
@@ -225,7 +233,8 @@ class MultiHeadAttention(nn.Module):
         has_out_bias = self.out.bias is not None
         out_bias = has_out_bias or fold_C is not None or add_out_bias
         state = {"qkv.weight": self._select_qkv_rows(W_XC, keep_H, keep_G)}
-        state |= {name: t for name, t in self.state_dict().items() if name.startswith(("q_norm.", "k_norm."))}
+        kept_whole = ("q_norm.", "k_norm.", "pos_emb.")  # shared by the heads, or (positions) by no head in particular
+        state |= {name: t for name, t in self.state_dict().items() if name.startswith(kept_whole)}
         if self.qkv.bias is not None:
             state["qkv.bias"] = self._select_qkv_rows(self.qkv.bias.detach(), keep_H, keep_G)
         W_CX = self.out.weight.detach()
@@ -247,6 +256,7 @@ class MultiHeadAttention(nn.Module):
                 kept_groups,
                 self.rotary,
                 self.features,
+                self.pos_emb.num_embeddings if self.pos_emb is not None else 0,
             )
         selected.to(device=W_XC.device, dtype=W_XC.dtype).load_state_dict(state)
         return selected.train(self.training)

@@ -70,6 +70,7 @@ class Block(nn.Module):
             kv_groups,
             layer_rotary(cfg, layer_type),
             layer_features(cfg, layer_type),
+            cfg.n_ctx if cfg.positions == Positions.shortformer else 0,
         )
         self.ln_attn_out = make_norm(cfg) if cfg.post_norm else None
         self.drop = nn.Dropout(cfg.dropout)

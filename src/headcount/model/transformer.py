@@ -114,7 +114,7 @@ class Transformer(nn.Module):
         tok_BTC = self.tok_emb(idx_BT)
         if self.cfg.embed_scale:  # sqrt(d_model) rounded to the model's dtype, as Gemma's code does
             tok_BTC = tok_BTC * torch.tensor(math.sqrt(self.cfg.d_model), dtype=torch.float64).to(tok_BTC.dtype)
-        if self.pos_emb is None:  # rotary positions enter in every layer's attention
+        if self.pos_emb is None:  # rotary and shortformer positions enter in every layer's attention
             return self.drop(tok_BTC)
         pos_T = torch.arange(T, device=idx_BT.device)
         return self.drop(tok_BTC + self.pos_emb(pos_T))
@@ -200,7 +200,8 @@ class Transformer(nn.Module):
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.tok_emb.weight.numel() + (self.pos_emb.weight.numel() if self.pos_emb is not None else 0)
+            embeddings = ("tok_emb.weight", "pos_emb.weight")  # pos_emb: the model's, or each layer's (shortformer)
+            n -= sum(p.numel() for name, p in self.named_parameters() if name.endswith(embeddings))
             if not self.cfg.tie_embeddings:
                 n -= self.lm_head.weight.numel()
         return n
