@@ -67,14 +67,22 @@ def check_top_names(name: str, entries: list[str], settings: AblationConfig, key
         top = TOP.match(str(entry).strip())
         if not top:
             continue
-        named = settings.scans.get(top[2])
         if top[2] == name:
             raise ConfigError(key, entry, "names this scan itself: a scan cannot rank its own inputs")
-        ranker = None if named is None else KINDS.get(named.kind, f"ablation.scans.{top[2]}.kind")
-        if getattr(ranker, "ranks_senders", False):
+        senders_ranked = [
+            other
+            for other, scan in settings.scans.items()
+            if other != name and getattr(KINDS.get(scan.kind, f"ablation.scans.{other}.kind"), "ranks_senders", False)
+        ]
+        if top[2] in senders_ranked or (top[2] in KINDS and KINDS[top[2]].ranks_heads):
             continue
-        if not KINDS.get(top[2], key).ranks_heads:
-            raise ConfigError(key, entry, f"{top[2]} ranks no heads")
+        rankers = ", ".join(kind for kind in KINDS if KINDS[kind].ranks_heads)
+        raise ConfigError(
+            key,
+            entry,
+            f"{top[2]} ranks no heads: name a scan kind that does ({rankers}) or a path_patching scan of this session"
+            f" ({', '.join(senders_ranked) or 'none'})",
+        )
 
 
 class LogitsReadout(Readout):
