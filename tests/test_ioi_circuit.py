@@ -261,3 +261,32 @@ def test_bad_input_is_one_line_and_leaves_nothing(smoke_run, monkeypatch, capsys
     assert code == 2
     assert message in one_line(capsys.readouterr().err)
     assert sorted((p, p.stat().st_mtime_ns) for p in ablation.rglob("*") if "logs" not in p.parts) == before
+
+
+def test_bench_edges_runs_on_a_tiny_model():
+    """scripts/bench_edges.py (docs/BENCHMARKS.md's edge figures) still runs against the code it measures."""
+    import subprocess
+    import sys
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    command = [
+        sys.executable,
+        "bench_edges.py",
+        "--model",
+        "tiny",
+        "--prompts",
+        "6",
+        "--candidates",
+        "10",
+        "--random",
+        "5",
+    ]
+    proc = subprocess.run(command, cwd=scripts, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in (
+        "EAP, every edge",
+        "EAP-IG (5 steps), every edge",
+        "exact path patching of",
+        "recall of the exact top",
+    ):
+        assert line in proc.stdout, proc.stdout
