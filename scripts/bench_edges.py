@@ -125,7 +125,7 @@ def main() -> None:
     pairs = [([graph.edges[i].sender.name], [graph.edges[i].receiver.name]) for i in chosen]
 
     def exact_scores() -> torch.Tensor:
-        return chunked(lambda *a: path_patch(model, a[0], a[1], pairs, a[2], a[3]), task, len(task))
+        return chunked(lambda *a: path_patch(model, a[0], a[1], pairs, a[2], a[3], pairs_per_pass=16), task, len(task))
 
     exact_wall, exact_cpu, exact = timed(exact_scores)
     per_edge = exact_wall / len(chosen)
