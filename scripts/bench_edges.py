@@ -23,6 +23,7 @@ import time
 import torch
 
 from headcount.circuits import Graph, eap_ig_scores, eap_scores, path_patch, ranking_agreement
+from headcount.circuits.metric import PointMetric
 from headcount.config.task import TaskConfig
 from headcount.tasks import ByteTokens, HFTokens, build_task
 
@@ -59,10 +60,14 @@ def load(name: str):
     return model, tokens, "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)"
 
 
-def logit_diff(answers_P: torch.Tensor, wrongs_P: torch.Tensor):
-    return lambda logits_PV: (
-        logits_PV[torch.arange(len(answers_P)), answers_P] - logits_PV[torch.arange(len(wrongs_P)), wrongs_P]
-    )
+def logit_diff(answers_P: torch.Tensor, wrongs_P: torch.Tensor) -> PointMetric:
+    """logit(answer) - logit(wrong) per point, the answers handed to each pass's points (circuits/metric.py)."""
+
+    def per_point(logits_PV: torch.Tensor, answers: torch.Tensor, wrongs: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(len(answers))
+        return logits_PV[rows, answers] - logits_PV[rows, wrongs]
+
+    return PointMetric(per_point, answers_P, wrongs_P)
 
 
 def chunked(score, task, chunk: int) -> torch.Tensor:

@@ -13,7 +13,15 @@ from sweep_helpers import SMOKE, command_in_process, one_line, train_in_process
 
 import headcount
 from headcount.ablation.scans import edge_attribution, path_patching
-from headcount.circuits import NodeOutputs, eap_ig_scores, eap_scores, exact_edge_scores, node_outputs, path_patch
+from headcount.circuits import (
+    NodeOutputs,
+    PointMetric,
+    eap_ig_scores,
+    eap_scores,
+    exact_edge_scores,
+    node_outputs,
+    path_patch,
+)
 from headcount.cli import ablate as ablating
 from headcount.run_dir import RunPaths
 
@@ -45,7 +53,7 @@ def reference_inputs(run: "Reference", mode: str) -> tuple:
         corrupted = NodeOutputs(clean.emb * 0, [z * 0 for z in clean.z], [m * 0 for m in clean.mlp])
     else:
         corrupted = run.examples["source_ids"]
-    metric = lambda logits_PV: F.cross_entropy(logits_PV, answers, reduction="none")  # noqa: E731
+    metric = PointMetric(lambda logits_PV, answer_P: F.cross_entropy(logits_PV, answer_P, reduction="none"), answers)
     return ids, corrupted, where, metric, int(where.sum())
 
 

@@ -10,11 +10,20 @@ import torch
 from family_cases import hf_model
 from pretrained_helpers import converted
 
-from headcount.circuits.attribution import eap_ig_scores, eap_scores, edge_metric, exact_edge_scores, ranking_agreement
+from headcount.circuits.attribution import (
+    eap_ig_scores,
+    eap_scores,
+    edge_metric,
+    edge_plan,
+    exact_edge_scores,
+    ranking_agreement,
+)
 from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, prune, top_edges
 from headcount.circuits.figure import draw_circuit, save_circuit
 from headcount.circuits.forward import NodeOutputs, attention_contribution, edge_forward, node_outputs
 from headcount.circuits.graph import Graph
+from headcount.circuits.metric import PointMetric
+from headcount.circuits.passes import PassPlan, plan_passes
 from headcount.circuits.path_patching import path_patch
 from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.errors import ConfigError
@@ -599,6 +608,110 @@ def test_right_padded_prompts_score_as_they_score_alone():
         eap_scores(model, padded_clean, padded_corrupted, logit_diff, positions),
         sum(eap_scores(model, c, x, logit_diff) for c, x in alone),
     )
+
+
+# --- passes sized to a memory budget ----------------------------------------------------------------------------------
+
+
+def answer_logprob(logits_PV: torch.Tensor, answer_P: torch.Tensor) -> torch.Tensor:
+    return logits_PV.log_softmax(-1).gather(1, answer_P[:, None])[:, 0]
+
+
+def several_points(batch: int, T: int, seed: int = 2) -> tuple[torch.Tensor, PointMetric]:
+    """A (B, T) mask with 1 to 4 score points per prompt, and a metric that reads each point's own answer."""
+    g = torch.Generator().manual_seed(seed)
+    where = torch.zeros(batch, T, dtype=torch.bool)
+    for b in range(batch):
+        where[b, torch.randperm(T, generator=g)[: 1 + b % 4]] = True
+    answers = torch.randint(0, VOCAB, (int(where.sum()),), generator=g)
+    return where, PointMetric(answer_logprob, answers)
+
+
+def every_edge_evaluation(model: Transformer, clean, corrupted, where, metric, budget: int | None) -> dict:
+    graph = Graph.of(model)
+    edges = sampled_edges(model, 12)
+    pairs = [(["L0H1"], ["L1H0.k", "L1H2.q"]), (["emb", "L0H0"], ["logits"]), (["L0H2"], ["L1H1.v"])]
+    circuits = [set(edges), set(range(len(graph.edges))) - set(edges)]
+    args = (model, clean, corrupted)
+    return {
+        "exact": exact_edge_scores(*args, metric, where, edges=edges, memory_budget=budget),
+        "eap": eap_scores(*args, metric, where, memory_budget=budget),
+        "eap_ig": eap_ig_scores(*args, metric, 3, where, memory_budget=budget),
+        "path_patching": path_patch(*args, pairs, metric, where, memory_budget=budget),
+        "faithfulness": faithfulness(*args, circuits, metric, where, memory_budget=budget),
+    }
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gemma3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_passes_of_one_row_of_one_example_equal_one_pass(family, dtype, monkeypatch):
+    """A budget too small for anything splits every evaluation into passes of one weight row (pair, step) of one
+    example; every number equals the one-pass result: float64 to 1e-12, float32 within rounding. Several points per
+    prompt, each with its own answer (a PointMetric), so each pass reads its own points' answers."""
+    import headcount.circuits.attribution as attribution
+
+    model = make_model(family, dtype)
+    clean, corrupted = prompts(batch=5, T=16 if family in CONVERTED else 7)
+    where, metric = several_points(*clean.shape)
+    whole = every_edge_evaluation(model, clean, corrupted, where, metric, 2**40)
+    passes = []
+    stream = attribution.edge_stream
+    monkeypatch.setattr(
+        attribution, "edge_stream", lambda model, emb, *a, **k: passes.append(emb.shape) or stream(model, emb, *a, **k)
+    )
+    split = every_edge_evaluation(model, clean, corrupted, where, metric, 1)
+    assert {shape[-3] for shape in passes} == {1} and len(passes) > 5 * 13  # one example per pass, each row alone
+    tol = 1e-12 if dtype == torch.float64 else 1e-4
+    for name, value in whole.items():
+        torch.testing.assert_close(split[name], value, atol=tol, rtol=tol, msg=name)
+    assert split["exact"].abs().max() > 1e-2 and split["path_patching"].abs().max() > 1e-2
+
+
+def test_a_split_is_the_same_additions_every_time():
+    """The metric is summed over all points in point order whatever the passes: a split gives the same bits every
+    time, and other splits differ only where a pass's size changes the rounding of the per-point values."""
+    model = make_model("neox")
+    clean, corrupted = prompts(batch=6)
+    where, metric = several_points(*clean.shape)
+    edges = sampled_edges(model, 10)
+    splits = [(None, 2**40), (3, 1), (1, 2**40), (None, 1), (3, 1)]
+    results = [
+        exact_edge_scores(model, clean, corrupted, metric, where, edges=edges, rows_per_pass=rows, memory_budget=b)
+        for rows, b in splits
+    ]
+    assert torch.equal(results[1], results[4])
+    for result in results[1:]:
+        torch.testing.assert_close(result, results[0], atol=1e-13, rtol=1e-13)
+
+
+def test_passes_fit_the_budget():
+    """The planner's largest pass stays under the budget whenever one row of one example fits it, holds everything
+    when the budget is ample, and splits examples before rows only when one row of every example does not fit."""
+    model = make_model("gpt2", torch.float32)
+    where = torch.ones(40, 16, dtype=torch.bool)
+    unit = edge_plan(model, where, 1, 2**40).unit_bytes
+    for budget in [unit * k for k in (2, 5, 40, 41, 100, 1000, 5000)]:
+        for grad, reference, rows in [(False, False, 300), (True, False, 1), (True, True, 5)]:
+            plan = edge_plan(model, where, rows, budget, grad=grad, reference=reference)
+            if plan.unit_bytes + plan.example_bytes <= budget:
+                assert plan.bytes <= budget and (plan.examples == 40 or plan.rows == 1)
+            else:
+                assert (plan.rows, plan.examples) == (1, 1)
+    ample = edge_plan(model, where, 300, 2**40)
+    assert (ample.rows, ample.examples) == (300, 40)
+    assert edge_plan(model, where, 300, 1).bytes > 1  # nothing fits: one row of one example
+    assert edge_plan(model, where, 300, 2**40, grad=True).unit_bytes > ample.unit_bytes  # autograd keeps every layer
+    assert plan_passes(10, 5, 100, 8, 1000, rows=7) == PassPlan(7, 8, 10, 5)  # rows as given, examples that fit
+
+
+def test_a_plain_metric_that_reads_per_point_data_fails_loudly_when_examples_split():
+    model = make_model("gpt2")
+    clean, corrupted = prompts(batch=4)
+    answers = torch.arange(4)
+    per_prompt = lambda logits_PV: logits_PV[torch.arange(4), answers]  # noqa: E731
+    eap_scores(model, clean, corrupted, per_prompt)  # one pass: fine
+    with pytest.raises((ValueError, IndexError)):
+        eap_scores(model, clean, corrupted, per_prompt, memory_budget=1)
 
 
 def test_ranking_agreement():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from headcount.ablation.engine.evaluator import CPU_MEMORY_BUDGET, MaskEvaluator, MaskTotals, default_memory_budget
+from headcount.ablation.engine.evaluator import MaskEvaluator, MaskTotals
 from headcount.ablation.engine.masks import (
     HeadMask,
     all_heads,
@@ -20,6 +20,7 @@ from headcount.ablation.records.results import fingerprint
 from headcount.ablation.records.resumable import load_partial
 from headcount.metrics import token_nll_and_correct
 from headcount.model import AttentionConfig, ModelConfig, Transformer
+from headcount.model.memory import CPU_MEMORY_BUDGET, default_memory_budget
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 LOSS = ("loss", "acc")  # the loss metric's columns

@@ -66,7 +66,8 @@ def test_offline_wandb_run_holds_curves_ablation_tables_and_summary(compose_trai
     overrides = [
         "logger=wandb",
         "trainer.log_every_n_steps=1",
-        "ablation=[single_head,pruning]",
+        "ablation=[single_head,pruning,edge_attribution]",
+        "ablation.scans.edge_attribution.exact_all=true",
         "ablation.progress=false",
     ]
     cfg = compose_train(SMOKE + overrides)
@@ -79,12 +80,20 @@ def test_offline_wandb_run_holds_curves_ablation_tables_and_summary(compose_trai
     history = logged_keys(run_file, "history")
     assert {"train/loss", "val/loss", "ablation/table/single_head", "ablation/table/pruning"} <= history
     assert {"ablation/figure/single_head", "ablation/figure/pruning", "ablation/pruning_curves_table"} <= history
+    edges = {"ablation/table/edge_attribution", "ablation/table/edge_attribution_faithfulness"}
+    assert (
+        edges | {"ablation/figure/edge_attribution_faithfulness", "ablation/figure/edge_attribution_circuit"} <= history
+    )
     summary = summary_values(run_file)
     expected = read_mode_summary(RunPaths(tmp_path).ablation, "zero")
     assert summary["ablation/baseline_loss"] == pytest.approx(expected["baseline_loss"])
     assert summary["ablation/most_important_head"] == expected["most_important_head"]["mask"]
     assert summary["ablation/prunable_fraction/gradient"] == expected["prunable_fraction"]["gradient"]
     assert summary["params"] == json.loads(RunPaths(tmp_path).metrics.read_text())["params"]
+    circuit = expected["edge_circuits"]["edge_attribution"]["circuit_faithfulness"]
+    assert summary["ablation/edge_attribution/circuit_faithfulness"] == pytest.approx(circuit)
+    spearman = expected["edge_attribution"]["edge_attribution"]["eap"]["spearman"]
+    assert summary["ablation/edge_attribution/eap_spearman"] == pytest.approx(spearman)
     media = offline_run / "files" / "media"
     (table_file,) = (media / "table" / "ablation" / "table").glob("single_head_*.table.json")
     table = json.loads(table_file.read_text())

@@ -1,10 +1,14 @@
 """Circuit analysis: how heads connect. Nodes and edges (graph.py), the exact edge-patched forward (forward.py), path
 patching (path_patching.py), edge attribution: exact, EAP and EAP-IG (attribution.py), circuits and their
-faithfulness (faithfulness.py) and a circuit's picture (figure.py). docs/DESIGN.md, "Circuits: nodes, edges, path
-patching", has the definitions. Imports only headcount.model, headcount.config and headcount.errors, so scans can
-wrap it; every function takes (model, clean ids, corrupted ids, ..., metric, score positions). For example:
+faithfulness (faithfulness.py) and a circuit's picture (figure.py), every evaluation in passes of some rows of some
+examples sized to a memory budget (passes.py). docs/DESIGN.md, "Circuits: nodes, edges, path patching", has the
+definitions. Imports only headcount.model, headcount.config and headcount.errors, so scans can wrap it; every
+function takes (model, clean ids, corrupted ids, ..., metric, score positions). For example:
 
     metric = lambda logits_BV: logits_BV[:, io_token] - logits_BV[:, s_token]  # per point; summed in float64
+    # each prompt's own answers (io_B, s_B): a PointMetric, which every pass hands its points' rows
+    logit_diff = lambda logits, io, s: (logits.gather(1, io[:, None]) - logits.gather(1, s[:, None]))[:, 0]
+    metric = PointMetric(logit_diff, io_B, s_B)
     eap = eap_scores(model, clean_ids, corrupted_ids, metric)  # one score per Graph.of(model).edges
     exact = exact_edge_scores(model, clean_ids, corrupted_ids, metric, edges=eap.abs().argsort()[-20:].tolist())
     effect = path_patch(model, clean_ids, corrupted_ids, [(["L0H1"], ["L1H0.k"])], metric)
@@ -24,6 +28,8 @@ from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, pr
 from headcount.circuits.figure import draw_circuit, save_circuit
 from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs, outputs_of
 from headcount.circuits.graph import Edge, Graph, Node, Receiver
+from headcount.circuits.metric import PointMetric
+from headcount.circuits.passes import PassPlan
 from headcount.circuits.path_patching import path_patch
 
 __all__ = [
@@ -31,6 +37,8 @@ __all__ = [
     "Graph",
     "Node",
     "NodeOutputs",
+    "PassPlan",
+    "PointMetric",
     "Receiver",
     "draw_circuit",
     "eap_ig_scores",

@@ -9,11 +9,14 @@ removes edge e), every score is an effect M(removed) - M(clean):
   gradient at the receiver input). Into a post-norm layer's attention the same derivative is taken through the exact
   per-layer definition, (z'_h - z_h) . dM/dz_h read through that receiver's post_norm(combine(.)): it is the first-
   order term of the exact definition, not of a per-head sum that the post-norm does not have. One clean forward, one
-  corrupted forward (cached) and one backward to the N x E weights;
+  corrupted forward and one backward to the E weights (per pass of examples);
 - EAP-IG (Hanna et al. 2024): (out'_s - out_s) . (1/m) sum_{k=1..m} dM/dx_r at the run whose input embeddings are
   emb' + (k/m)(emb - emb'), the corrupted-to-clean straight line in embedding space (their "inputs" variant;
   right Riemann sum, the clean end included); out and out' stay the clean and corrupted runs' outputs. The m
-  interpolations run as one batch of m * B rows, one backward.
+  interpolations run as m * B rows with one backward, in passes of some steps of some examples.
+
+Every evaluation runs in passes sized to a memory budget (passes.py): exact metrics are sums over all points in
+point order whatever the passes, gradients sums over the passes' examples in float64.
 
 `ranking_agreement` compares an estimate with exact scores: rank correlation and top-k recall by |score|.
 """
@@ -22,9 +25,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs, outputs_of
+from headcount.circuits.forward import NodeOutputs, edge_stream, node_outputs, outputs_of
 from headcount.circuits.graph import Graph
-from headcount.circuits.metric import Metric, last_positions, metric_sums
+from headcount.circuits.metric import Metric, metric_at, point_values, points_mask
+from headcount.circuits.passes import PassPlan, budget_of, edge_unit_bytes, example_bytes, plan_passes
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 
@@ -36,19 +40,61 @@ def edge_metric(
     weights_NE: Tensor,
     metric: Metric,
     score_positions_B: Tensor | None = None,
-    rows_per_pass: int = 64,
+    rows_per_pass: int | None = None,
+    memory_budget: int | None = None,
 ) -> Tensor:
-    """(N,) float64: the metric of the edge-patched forward at each row of edge weights (1 = removed), in passes of
-    rows_per_pass rows."""
-    positions = last_positions(clean_ids_BT) if score_positions_B is None else score_positions_B
-    corrupted = outputs_of(model, corrupted_ids_BT)
-    sums = []
+    """(N,) float64: the metric of the edge-patched forward at each row of edge weights (1 = removed), summed over
+    the points. Passes hold rows_per_pass rows (None: as many as fit) of as many examples as fit memory_budget bytes
+    (None: the default budget, passes.py)."""
+    points_BT = points_mask(clean_ids_BT, score_positions_B)
+    plan = edge_plan(model, points_BT, len(weights_NE), memory_budget, rows_per_pass)
+    values_NP = torch.empty(len(weights_NE), int(points_BT.sum()), dtype=torch.float64)
     with torch.no_grad():
-        emb = model.embed(clean_ids_BT)
-        for chunk in weights_NE.split(rows_per_pass):
-            logits, _ = edge_forward(model, emb, chunk.to(emb.dtype), corrupted)
-            sums.append(metric_sums(logits, positions, metric))
-    return torch.cat(sums)
+        for examples, columns in example_chunks(plan, points_BT):
+            corrupted = outputs_at(model, corrupted_ids_BT, examples)
+            emb = model.embed(clean_ids_BT[examples])
+            for rows in plan.row_chunks(len(weights_NE)):
+                stream, _ = edge_stream(model, emb, weights_NE[rows].to(emb), corrupted)
+                values_NP[rows, columns] = point_values(
+                    logits_at(model, stream, points_BT[examples]), metric_at(metric, columns)
+                )
+    return values_NP.sum(1)
+
+
+def edge_plan(
+    model: Transformer,
+    points_BT: Tensor,
+    n_rows: int,
+    memory_budget: int | None,
+    rows: int | None = None,
+    grad: bool = False,
+    reference: bool = False,
+) -> PassPlan:
+    """The passes of an edge-patched evaluation of n_rows weight rows over the examples of points_BT."""
+    B, T = points_BT.shape
+    points = int(points_BT.sum(1).max()) if B else 0
+    unit = edge_unit_bytes(model, T, points, grad, reference)
+    fixed = example_bytes(model, T, 3 if reference else 2)
+    return plan_passes(unit, fixed, n_rows, B, budget_of(model, memory_budget), rows)
+
+
+def example_chunks(plan: PassPlan, points_BT: Tensor) -> list[tuple[slice, slice]]:
+    """Each pass's examples and the columns of their points in the point order (row-major: contiguous)."""
+    ends = [0, *points_BT.sum(1).cumsum(0).tolist()]
+    return [(ex, slice(ends[ex.start], ends[ex.stop])) for ex in plan.example_chunks(len(points_BT))]
+
+
+def outputs_at(model: Transformer, run: Tensor | NodeOutputs, examples: slice) -> NodeOutputs:
+    """The corrupted (or any) run's outputs for these examples: run on their ids, or sliced from given outputs."""
+    if isinstance(run, NodeOutputs):
+        return NodeOutputs(run.emb[examples], [z[examples] for z in run.z], [m[examples] for m in run.mlp])
+    return outputs_of(model, run[examples])
+
+
+def logits_at(model: Transformer, stream_RTC: Tensor, points_BT: Tensor) -> Tensor:
+    """(N, P, V): the logits at the P points of each of the N runs stacked along the batch, unembedded there only."""
+    N = stream_RTC.shape[0] // points_BT.shape[0]
+    return model.unembed(stream_RTC.view(N, *points_BT.shape, -1)[:, points_BT])
 
 
 def exact_edge_scores(
@@ -58,14 +104,16 @@ def exact_edge_scores(
     metric: Metric,
     score_positions_B: Tensor | None = None,
     edges: list[int] | None = None,
-    rows_per_pass: int = 64,
+    rows_per_pass: int | None = None,
+    memory_budget: int | None = None,
 ) -> Tensor:
     """(E,) float64 (or one per index in `edges`): M(edge removed alone) - M(clean)."""
     n_edges = len(Graph.of(model).edges)
     chosen = list(range(n_edges)) if edges is None else edges
     weights = torch.zeros(len(chosen) + 1, n_edges, dtype=torch.float64)
     weights[torch.arange(len(chosen)) + 1, chosen] = 1.0  # row 0: nothing removed
-    sums = edge_metric(model, clean_ids_BT, corrupted_ids_BT, weights, metric, score_positions_B, rows_per_pass)
+    args = (model, clean_ids_BT, corrupted_ids_BT, weights, metric, score_positions_B)
+    sums = edge_metric(*args, rows_per_pass, memory_budget)
     return sums[1:] - sums[0]
 
 
@@ -75,15 +123,22 @@ def eap_scores(
     corrupted_ids_BT: Tensor | NodeOutputs,
     metric: Metric,
     score_positions_B: Tensor | None = None,
+    memory_budget: int | None = None,
 ) -> Tensor:
-    """(E,) float64: EAP's first-order estimate of every edge's exact score."""
-    positions = last_positions(clean_ids_BT) if score_positions_B is None else score_positions_B
-    corrupted = outputs_of(model, corrupted_ids_BT)
-    emb = model.embed(clean_ids_BT).detach()
-    weights = emb.new_zeros(1, len(Graph.of(model).edges), requires_grad=True)
-    logits, _ = edge_forward(model, emb, weights, corrupted)
-    (grad,) = torch.autograd.grad(metric_sums(logits, positions, metric).sum(), weights)
-    return grad[0].double()
+    """(E,) float64: EAP's first-order estimate of every edge's exact score, the gradients of the passes' examples
+    added in float64."""
+    points_BT = points_mask(clean_ids_BT, score_positions_B)
+    plan = edge_plan(model, points_BT, 1, memory_budget, grad=True)
+    grad_E = torch.zeros(len(Graph.of(model).edges), dtype=torch.float64)
+    for examples, columns in example_chunks(plan, points_BT):
+        corrupted = outputs_at(model, corrupted_ids_BT, examples)
+        emb = model.embed(clean_ids_BT[examples]).detach()
+        weights = emb.new_zeros(1, len(grad_E), requires_grad=True)
+        stream, _ = edge_stream(model, emb, weights, corrupted)
+        values = point_values(logits_at(model, stream, points_BT[examples]), metric_at(metric, columns))
+        (grad,) = torch.autograd.grad(values.sum(), weights)
+        grad_E += grad[0].double().cpu()
+    return grad_E
 
 
 def eap_ig_scores(
@@ -93,18 +148,29 @@ def eap_ig_scores(
     metric: Metric,
     steps: int = 5,
     score_positions_B: Tensor | None = None,
+    memory_budget: int | None = None,
 ) -> Tensor:
-    """(E,) float64: EAP-IG with `steps` interpolations of the input embeddings between corrupted and clean."""
+    """(E,) float64: EAP-IG with `steps` interpolations of the input embeddings between corrupted and clean, in
+    passes of some steps of some examples, the gradients added in float64."""
     if not isinstance(steps, int) or steps < 1:
         raise ConfigError("edge_attribution.steps", steps, "EAP-IG needs an integer number of steps >= 1")
-    positions = last_positions(clean_ids_BT) if score_positions_B is None else score_positions_B
-    clean, corrupted = node_outputs(model, clean_ids_BT), outputs_of(model, corrupted_ids_BT)
-    alpha_N = torch.arange(1, steps + 1, dtype=clean.emb.dtype) / steps
-    emb_NBTC = corrupted.emb + alpha_N[:, None, None, None] * (clean.emb - corrupted.emb)
-    weights = clean.emb.new_zeros(steps, len(Graph.of(model).edges), requires_grad=True)
-    logits, _ = edge_forward(model, emb_NBTC, weights, corrupted, reference=clean)
-    (grad,) = torch.autograd.grad(metric_sums(logits, positions, metric).sum(), weights)
-    return grad.double().mean(0)
+    points_BT = points_mask(clean_ids_BT, score_positions_B)
+    plan = edge_plan(model, points_BT, steps, memory_budget, grad=True, reference=True)
+    grad_NE = torch.zeros(steps, len(Graph.of(model).edges), dtype=torch.float64)
+    for examples, columns in example_chunks(plan, points_BT):
+        clean = node_outputs(model, clean_ids_BT[examples])
+        corrupted = outputs_at(model, corrupted_ids_BT, examples)
+        for rows in plan.row_chunks(steps):
+            alpha_N = (
+                torch.arange(rows.start + 1, rows.stop + 1, dtype=clean.emb.dtype, device=clean.emb.device) / steps
+            )
+            emb_NBTC = corrupted.emb + alpha_N[:, None, None, None] * (clean.emb - corrupted.emb)
+            weights = clean.emb.new_zeros(len(alpha_N), grad_NE.shape[1], requires_grad=True)
+            stream, _ = edge_stream(model, emb_NBTC, weights, corrupted, reference=clean)
+            values = point_values(logits_at(model, stream, points_BT[examples]), metric_at(metric, columns))
+            (grad,) = torch.autograd.grad(values.sum(), weights)
+            grad_NE[rows] += grad.double().cpu()
+    return grad_NE.mean(0)
 
 
 def ranking_agreement(estimate: Tensor, exact: Tensor, k: int) -> dict[str, float]:

@@ -54,14 +54,16 @@ def faithfulness(
     circuits: list[set[int]],
     metric: Metric,
     score_positions_B: Tensor | None = None,
+    memory_budget: int | None = None,
 ) -> Tensor:
-    """(K,) float64: each circuit's faithfulness, all in batched edge-patched passes."""
+    """(K,) float64: each circuit's faithfulness, all in edge-patched passes sized to memory_budget bytes (None: the
+    default budget, passes.py)."""
     n_edges = len(Graph.of(model).edges)
     weights = torch.ones(len(circuits) + 2, n_edges, dtype=torch.float64)
     weights[0] = 0.0  # clean; row 1: every edge removed
     for k, circuit in enumerate(circuits):
         weights[k + 2, list(circuit)] = 0.0
-    sums = edge_metric(model, clean_ids_BT, corrupted_ids_BT, weights, metric, score_positions_B)
+    sums = edge_metric(model, clean_ids_BT, corrupted_ids_BT, weights, metric, score_positions_B, None, memory_budget)
     return (sums[2:] - sums[1]) / (sums[0] - sums[1])
 
 
@@ -75,10 +77,11 @@ def faithfulness_curve(
     score_positions_B: Tensor | None = None,
     random_draws: int = 5,
     seed: int = 0,
+    memory_budget: int | None = None,
 ) -> pd.DataFrame:
     """Faithfulness against n: per scoring method (name -> (E,) scores) and per size n, the top-n circuit; and
-    `random_draws` random circuits per n ("random", seeded). Columns: method, n, edges (after pruning), draw,
-    faithfulness."""
+    `random_draws` random circuits per n ("random", seeded), in passes sized to memory_budget. Columns: method, n,
+    edges (after pruning), draw, faithfulness."""
     graph = Graph.of(model)
     generator = torch.Generator().manual_seed(seed)
     rows, circuits = [], []
@@ -91,7 +94,7 @@ def faithfulness_curve(
             chosen = torch.randperm(len(graph.edges), generator=generator)[:n].tolist()
             circuits.append(prune(graph, set(chosen)))
             rows.append({"method": "random", "n": n, "draw": draw})
-    values = faithfulness(model, clean_ids_BT, corrupted_ids_BT, circuits, metric, score_positions_B)
+    values = faithfulness(model, clean_ids_BT, corrupted_ids_BT, circuits, metric, score_positions_B, memory_budget)
     for row, circuit, value in zip(rows, circuits, values.tolist()):
         row.update(edges=len(circuit), faithfulness=value)
     return pd.DataFrame(rows, columns=["method", "n", "edges", "draw", "faithfulness"])

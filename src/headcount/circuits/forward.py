@@ -86,6 +86,19 @@ def edge_forward(
     edge order (None: no edge touched, the plain forward). emb_BTC: this run's embedding, (B, T, C) shared by the
     N rows, or (N, B, T, C), one per row. corrupted, reference: (B, ...) outputs of the corrupted run and of the
     reference run (None: this run's own outputs, i.e. exact edge patching at weights in {0, 1})."""
+    stream_RTC, outs = edge_stream(model, emb_BTC, weights, corrupted, reference)
+    return model.unembed(stream_RTC), outs
+
+
+def edge_stream(
+    model: Transformer,
+    emb_BTC: Tensor,
+    weights: Tensor | None = None,
+    corrupted: NodeOutputs | None = None,
+    reference: NodeOutputs | None = None,
+) -> tuple[Tensor, NodeOutputs]:
+    """edge_forward's logits input (N*B, T, C), before the unembedding (which callers apply at their score points
+    only), and the run's sender outputs."""
     if model.training:
         raise ValueError("the edge-patched forward applies no dropout: call it on a model in eval mode")
     graph = Graph.of(model)
@@ -96,22 +109,30 @@ def edge_forward(
         raise ValueError(f"weights has {weights.shape[1]} edges; this model has {len(graph.edges)}")
     emb_BTC = emb_BTC.flatten(0, 1) if emb_BTC.ndim == 4 else emb_BTC.repeat(n, 1, 1)
     rows = emb_BTC.shape[0]
-    w_RE = None if weights is None else weights.repeat_interleave(rows // n, dim=0)
     target = None if corrupted is None else corrupted.repeat(n) if n > 1 else corrupted
     ref = None if reference is None else reference.repeat(n) if n > 1 else reference
     outs = NodeOutputs(emb_BTC, [], [])
+    # out' - ref per sender, each computed once, as the sender's output appears (ref: this run's own outputs unless a
+    # reference run is given)
+    base = outs if ref is None else ref
+    delta = None if target is None else NodeOutputs(target.emb - base.emb, [], [])
+
+    def grow_delta(kind: str) -> None:
+        if delta is not None:
+            done = getattr(delta, kind)
+            done.append(getattr(target, kind)[len(done)] - getattr(base, kind)[len(done)])
 
     def inputs(receiver_slice: slice, count: int, n_senders: int) -> Tensor:
         """(rows, count, T, C): the inputs of `count` receivers whose edges are receiver_slice, n_senders each."""
-        w = None if w_RE is None else w_RE[:, receiver_slice].view(rows, count, n_senders)
-        delta = None if target is None else target.minus(ref if ref is not None else outs)
+        w = None if weights is None else weights[:, receiver_slice].repeat_interleave(rows // n, dim=0)
+        w = None if w is None else w.view(rows, count, n_senders)
         return receiver_inputs(model, graph, outs, delta, w, n_senders).expand(-1, count, -1, -1)
 
     for layer, block in enumerate(model.blocks):
         receivers = graph.layer_receivers(layer)
         n_heads, start = graph.heads_per_layer[layer], graph.sender_start(layer)
         first = graph.edge_slices[receivers[0]].start if receivers else 0
-        if w_RE is None:  # every head reads the same stream: the layer's own (fused) attention
+        if weights is None:  # every head reads the same stream: the layer's own (fused) attention
             z_BTHD = block.attn.heads(block.ln_attn(inputs(slice(first, first), 1, start)[:, 0]))
         elif n_heads:
             x_RXTC = inputs(slice(first, first + 3 * n_heads * start), 3 * n_heads, start)
@@ -119,13 +140,14 @@ def edge_forward(
         else:
             z_BTHD = emb_BTC.new_zeros(rows, emb_BTC.shape[1], 0, block.attn.head_dim)
         outs.z.append(z_BTHD)
+        grow_delta("z")
         if graph.mlp:
             mlp_receiver = receivers[-1]
             x_BTC = inputs(graph.edge_slices[mlp_receiver], 1, graph.n_senders(mlp_receiver))[:, 0]
             outs.mlp.append(block.drop(block.mlp_out(x_BTC)))
+            grow_delta("mlp")
     logits_receiver = graph.receivers[-1]
-    x_BTC = inputs(graph.edge_slices[logits_receiver], 1, len(graph.senders))[:, 0]
-    return model.unembed(x_BTC), outs
+    return inputs(graph.edge_slices[logits_receiver], 1, len(graph.senders))[:, 0], outs
 
 
 def receiver_inputs(
@@ -135,7 +157,7 @@ def receiver_inputs(
     w None (no edge weights) the plain stream, once (X = 1) for every receiver."""
 
     def mixed(out: Tensor, d: Tensor | None, w_RX: Tensor | None) -> Tensor:
-        if w_RX is None:
+        if untouched(w_RX):
             return out[:, None]
         return out[:, None] + w_RX[:, :, None, None] * d[:, None]
 
@@ -155,10 +177,18 @@ def receiver_inputs(
     return x
 
 
+def untouched(w: Tensor | None) -> bool:
+    """No weight, or weights all zero and not differentiated: the mix is the output itself, out + 0 (out' - out) = out
+    to the bit, so a pass skips it (one receiver input shared by all, broadcast; an exact scan's pass removes a few
+    edges and leaves most senders' mixes untouched)."""
+    return w is None or (not w.requires_grad and not bool(w.any()))
+
+
 def attention_contribution(block: Block, z_BTHD: Tensor, dz_BTHD: Tensor | None, w_BXH: Tensor | None) -> Tensor:
     """(B, X, T, C): post_norm(combine(z + w dz)) per receiver, z mixed per head by that receiver's edge weights.
     Without a post-norm it is linear in z: combine(z) once plus each receiver's sum_h w_h dz_h W_O^h, which saves
     combining X copies."""
+    w_BXH = None if untouched(w_BXH) else w_BXH
     if w_BXH is not None and block.ln_attn_out is None:
         per_head_BTHC = torch.einsum("bthd,hdc->bthc", dz_BTHD, block.attn.W_O)
         mixed_BXTC = torch.einsum("bxh,bthc->bxtc", w_BXH, per_head_BTHC)

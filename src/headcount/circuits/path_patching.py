@@ -14,7 +14,8 @@ MLPs, the logits):
   recorded in step 2, where every non-sender was frozen).
 
 Nothing before the first receiver's layer changes, so the pass starts there from the clean stream (prefix reuse),
-and P (sender set, receiver set) pairs run as one batch of P * B rows. For one sender and one receiver, or receivers
+and P (sender set, receiver set) pairs of B examples run as P * B rows, in passes of some pairs of some examples
+sized to a memory budget (passes.py). For one sender and one receiver, or receivers
 all in one layer, path patching equals the edge-patched forward with the edges S x R removed.
 The result is the effect, metric(patched) - metric(clean), per pair (float64, summed over the points).
 """
@@ -22,16 +23,12 @@ The result is the effect, metric(patched) - metric(clean), per pair (float64, su
 import torch
 from torch import Tensor
 
-from headcount.circuits.forward import (
-    NodeOutputs,
-    attention_contribution,
-    heads_from_inputs,
-    node_outputs,
-    outputs_of,
-)
+from headcount.circuits.attribution import example_chunks, logits_at, outputs_at
+from headcount.circuits.forward import NodeOutputs, attention_contribution, heads_from_inputs, node_outputs
 from headcount.circuits.forward import receiver_inputs as stream_into
 from headcount.circuits.graph import Graph, Node, Receiver
-from headcount.circuits.metric import Metric, last_positions, metric_sums
+from headcount.circuits.metric import Metric, metric_at, point_values, points_mask
+from headcount.circuits.passes import budget_of, example_bytes, path_unit_bytes, plan_passes
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 
@@ -43,22 +40,34 @@ def path_patch(
     pairs: list[tuple[list[str], list[str]]],
     metric: Metric,
     score_positions_B: Tensor | None = None,
-    pairs_per_pass: int = 64,
+    pairs_per_pass: int | None = None,
+    memory_budget: int | None = None,
 ) -> Tensor:
     """(P,) float64 effects of the P (sender names, receiver input names) pairs, e.g. (["L0H1"], ["L1H0.k"]), in
-    passes of pairs_per_pass pairs."""
+    passes of pairs_per_pass pairs (None: as many as fit) of as many examples as fit memory_budget bytes (None: the
+    default budget, passes.py)."""
     graph = Graph.of(model)
-    positions = last_positions(clean_ids_BT) if score_positions_B is None else score_positions_B
-    clean, corrupted = node_outputs(model, clean_ids_BT), outputs_of(model, corrupted_ids_BT)
     resolved = [_resolve(graph, senders, receivers) for senders, receivers in pairs]
-    sums = []
+    points_BT = points_mask(clean_ids_BT, score_positions_B)
+    B, T = points_BT.shape
+    points = int(points_BT.sum(1).max()) if B else 0
+    unit = path_unit_bytes(model, T, points, max((len(r) for _, r in resolved), default=0))
+    plan = plan_passes(unit, example_bytes(model, T), len(pairs), B, budget_of(model, memory_budget), pairs_per_pass)
+    patched_NP = torch.empty(len(pairs), int(points_BT.sum()), dtype=torch.float64)
+    clean_P = torch.empty(patched_NP.shape[1], dtype=torch.float64)
     with torch.no_grad():
-        clean_sum = metric_sums(model(clean_ids_BT), positions, metric)
-        for start in range(0, len(resolved), pairs_per_pass):
-            chunk = resolved[start : start + pairs_per_pass]
-            patched = patched_inputs(model, graph, clean, corrupted, chunk)
-            sums.append(metric_sums(run_with_inputs(model, graph, clean, patched, len(chunk)), positions, metric))
-    return torch.cat(sums) - clean_sum
+        for examples, columns in example_chunks(plan, points_BT):
+            clean = node_outputs(model, clean_ids_BT[examples])
+            corrupted = outputs_at(model, corrupted_ids_BT, examples)
+            at_points, chunk_metric = points_BT[examples], metric_at(metric, columns)
+            clean_stream = stream_into(model, graph, clean, None, None, len(graph.senders))[:, 0]
+            clean_P[columns] = point_values(logits_at(model, clean_stream, at_points), chunk_metric)[0]
+            for rows in plan.row_chunks(len(pairs)):
+                chunk = resolved[rows]
+                patched = patched_inputs(model, graph, clean, corrupted, chunk)
+                logits = logits_at(model, run_with_inputs(model, graph, clean, patched, len(chunk)), at_points)
+                patched_NP[rows, columns] = point_values(logits, chunk_metric)
+    return patched_NP.sum(1) - clean_P.sum()
 
 
 def _resolve(graph: Graph, senders: list[str], receivers: list[str]) -> tuple[list[Node], list[Receiver]]:
@@ -94,7 +103,8 @@ def patched_inputs(
 def run_with_inputs(
     model: Transformer, graph: Graph, clean: NodeOutputs, patched: dict[tuple[int, Receiver], Tensor], n_pairs: int
 ) -> Tensor:
-    """Logits (n_pairs * B, T, V) of the model run with the receivers' inputs replaced, pair p in rows p*B.."""
+    """The logits' input (n_pairs * B, T, C) of the model run with the receivers' inputs replaced, pair p in rows
+    p*B.. (the unembedding is the caller's, at its score points)."""
     B = clean.emb.shape[0]
     layers = [r.node.layer for _, r in patched]
     start = min(layers)
@@ -121,7 +131,7 @@ def run_with_inputs(
         stream = stream + attn + block.drop(block.mlp_out(mlp_in))
     if start == graph.n_layers:
         stream = stream_into(model, graph, clean, None, None, len(graph.senders))[:, 0].repeat(n_pairs, 1, 1)
-    return model.unembed(_replace(stream, patched, Node("logits", graph.n_layers), B))
+    return _replace(stream, patched, Node("logits", graph.n_layers), B)
 
 
 def _replace(x_RTC: Tensor, patched: dict[tuple[int, Receiver], Tensor], node: Node, B: int) -> Tensor:

@@ -33,6 +33,20 @@ def summary_headline(summary: dict, mode: str = "zero") -> dict[str, Any]:
     return headline
 
 
+def edge_headline(section: dict) -> dict[str, Any]:
+    """A summary.json section's edge scan numbers, per scan name: EAP's and EAP-IG's agreement with the exact scores,
+    the largest exact edge, and the circuit's faithfulness."""
+    numbers: dict[str, Any] = {}
+    for name, entry in section.get("edge_attribution", {}).items():
+        for method in ("eap", "eap_ig"):
+            numbers |= {f"{name}/{method}_{key}": value for key, value in entry.get(method, {}).items()}
+        if top := entry.get("largest_exact"):
+            numbers |= {f"{name}/largest_exact_edge": top["edge"], f"{name}/largest_exact": top["exact"]}
+    for name, entry in section.get("edge_circuits", {}).items():
+        numbers[f"{name}/circuit_faithfulness"] = entry["circuit_faithfulness"]
+    return numbers
+
+
 def read_summary_json(folder: str | Path) -> dict:
     path = Path(folder) / "summary.json"
     return json.loads(path.read_text()) if path.exists() else {}
@@ -46,8 +60,8 @@ def run_headline(run_dir: str | Path) -> dict[str, Any]:
 
 def log_ablation_results(run_dir: str | Path, wandb_run: Any) -> None:
     """Send <run>/ablation/ to a W&B run: each CSV as a table, each figure as an image, the pruning curves of the run's
-    mode as a line plot with one series per order (mean over seeds), and summary.json's headline numbers into the run
-    summary (other modes' under ablation/<mode>/)."""
+    mode as a line plot with one series per order (mean over seeds), and summary.json's headline numbers and edge scan
+    numbers into the run summary (other modes' under ablation/<mode>/)."""
     import wandb
 
     ablation = RunPaths(Path(run_dir)).ablation
@@ -68,6 +82,9 @@ def log_ablation_results(run_dir: str | Path, wandb_run: Any) -> None:
             is_headline = folder == configured.folder and section == configured.section
             where = prefix if is_headline else f"{prefix}/{section}"
             headline |= {f"{where}/{key}": value for key, value in summary_headline(summary, section).items()}
+            headline |= {
+                f"{where}/{key}": value for key, value in edge_headline(mode_summary(summary, section)).items()
+            }
     if (pruning := configured.file("pruning", ".csv")).exists():
         curves = read_checked(pruning)
         metric = table_metric(curves)

@@ -37,10 +37,8 @@ from torch import Tensor
 from headcount.ablation.engine.heads import existing_heads
 from headcount.ablation.engine.metrics import Loss, Metric, Targets, batch_sums
 from headcount.ablation.engine.modes import BatchReplacement, Replacements, Zero
+from headcount.model.memory import default_memory_budget
 from headcount.model.transformer import Transformer
-
-CPU_MEMORY_BUDGET = 64 * 2**20  # bytes of activations per pass, at least (see default_memory_budget)
-CUDA_FREE_MEMORY_SHARE = 0.5
 
 
 @dataclass
@@ -300,13 +298,3 @@ def clean_bytes_per_example(model: Transformer, seq_len: int, per_example: bool)
     sizes = model.activation_floats(seq_len)
     floats = model.n_layers * seq_len * (sizes.resid + sizes.z * (2 if per_example else 1))
     return floats * next(model.parameters()).element_size()
-
-
-def default_memory_budget(model: Transformer) -> int:
-    """Half the free CUDA memory; on CPU, CPU_MEMORY_BUDGET or the weights' size, whichever is larger."""
-    param = next(model.parameters())
-    if param.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(param.device)
-        return int(free * CUDA_FREE_MEMORY_SHARE)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return max(CPU_MEMORY_BUDGET, weight_bytes)

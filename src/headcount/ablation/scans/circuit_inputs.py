@@ -9,8 +9,10 @@ scan's config names.
   the reference input it is paired with), so an edge carries the sender's output on that input; zero makes every
   sender's output zero (the embeddings, each head's z, each MLP's output), as zero ablation does to a head's z. mean
   is refused: its replacement exists only for heads' z, and an edge from the embeddings or an MLP needs one too.
-- The metric: the session's metric object read at the score points, summed in float64; tables divide by the number
-  of points, so scores are in the metric's unit per point, as every other scan reports.
+- The metric: the session's metric object read at the score points, summed in float64 (a PointMetric: the core
+  evaluates a share of the examples per pass and hands it those points' answers); tables divide by the number of
+  points, so scores are in the metric's unit per point, as every other scan reports.
+- Passes: sized to `ablation.memory_budget_mb`, the budget the evaluator's passes are sized to (None: its default).
 - Names: node and receiver names as the circuits graph spells them (L0H1, L1H0.k), a layer's heads (L2, or L2.q for
   their queries), every head of the model (heads, heads.v), or another scan kind's top k heads (top3:direct_effect,
   top3:direct_effect.q), read through the session's `provided`; or the top k sender heads of one of the session's
@@ -28,7 +30,7 @@ from headcount.ablation.engine.heads import top_heads
 from headcount.ablation.engine.metrics import Readout, Targets
 from headcount.ablation.engine.modes import MODES, AblationMode, Zero
 from headcount.ablation.scans.base import KINDS
-from headcount.circuits import Graph, NodeOutputs, node_outputs
+from headcount.circuits import Graph, NodeOutputs, PointMetric
 from headcount.circuits.graph import QKV
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
@@ -99,10 +101,15 @@ class CircuitInputs:
     corrupted: Tensor | NodeOutputs  # the corrupted run's ids, or its outputs given directly (zero)
     points_BT: Tensor  # the score points
     n_points: int
+    memory_budget: int | None  # bytes of activations per pass (None: the default budget)
 
-    def metric(self, metric, targets: Targets):
-        """The core's metric callable: the session metric's primary column at the P points."""
-        return lambda logits_PV: metric.values(LogitsReadout(logits_PV, targets.answer_N, targets.wrong_N))[:, 0]
+    def metric(self, metric, targets: Targets) -> PointMetric:
+        """The core's metric: the session metric's primary column at the points it is called on."""
+
+        def primary(logits_PV: Tensor, answer_P: Tensor, wrong_P: Tensor | None) -> Tensor:
+            return metric.values(LogitsReadout(logits_PV, answer_P, wrong_P))[:, 0]
+
+        return PointMetric(primary, targets.answer_N, targets.wrong_N)
 
 
 def joined_batch(batches: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -124,14 +131,25 @@ def circuit_inputs(session, scan_name: str) -> tuple[CircuitInputs, object]:
         )
     ids = batch["input_ids"]
     if corrupted_run(type(session.mode)) == "all zeros":
-        clean = node_outputs(session.model, ids)
-        zeros = [torch.zeros_like(z) for z in clean.z]
-        corrupted = NodeOutputs(torch.zeros_like(clean.emb), zeros, [torch.zeros_like(m) for m in clean.mlp])
+        corrupted = zero_outputs(session.model, ids)
     else:
         corrupted = batch["source_ids"]
     targets = Targets.of(batch)
-    inputs = CircuitInputs(ids, corrupted, targets.where_BT, len(targets))
+    budget_mb = session.settings.memory_budget_mb
+    inputs = CircuitInputs(
+        ids, corrupted, targets.where_BT, len(targets), None if budget_mb is None else budget_mb * 2**20
+    )
     return inputs, inputs.metric(session.metric, targets)
+
+
+def zero_outputs(model, ids_BT: Tensor) -> NodeOutputs:
+    """Every sender's output zero, as views of one zero (no memory per example; passes copy their share)."""
+    param = next(model.parameters())
+    zero = torch.zeros((), dtype=param.dtype, device=param.device)
+    B, T, C = *ids_BT.shape, model.cfg.d_model
+    z = [zero.expand(B, T, block.attn.n_heads, block.attn.head_dim) for block in model.blocks]
+    mlp = [zero.expand(B, T, C) for block in model.blocks if block.mlp is not None]
+    return NodeOutputs(zero.expand(B, T, C), z, mlp)
 
 
 def named_heads(entry: str, session, key: str) -> list[str] | None:

@@ -11,8 +11,9 @@ random edge sets, the faithfulness of the top-n circuit against n. summary.json'
 Spearman correlation and top-k recall of EAP and EAP-IG against the exact scores (when every edge is exact and k is
 below the number of edges); its `edge_circuits` entry the circuit's faithfulness. Figures: the faithfulness curve
 and the circuit drawn.
-No partial file: a killed scan recomputes its table (one backward for EAP and for EAP-IG, one edge-patched forward
-row per exact edge).
+Passes are sized to `ablation.memory_budget_mb` (circuits/passes.py): examples and weight rows (EAP-IG: steps) split
+so that a pass fits, the sums exact whatever the split. No partial file: a killed scan recomputes its table (one
+backward for EAP and for EAP-IG, one edge-patched forward row per exact edge).
 """
 
 from pathlib import Path
@@ -21,6 +22,7 @@ import pandas as pd
 import torch
 
 from headcount.ablation.engine.metrics import require_differentiable
+from headcount.ablation.records.results import write_csv
 from headcount.ablation.scans.base import KINDS, Scan
 from headcount.ablation.scans.circuit_inputs import check_circuit_scan, circuit_inputs, resolve_receivers
 from headcount.circuits import (
@@ -91,14 +93,15 @@ class EdgeAttributionScan(Scan):
         model, graph = session.model, Graph.of(session.model)
         inputs, metric = circuit_inputs(session, self.name)
         args = (model, inputs.clean_ids_BT, inputs.corrupted, metric)
-        eap = eap_scores(*args, inputs.points_BT)
-        eap_ig = eap_ig_scores(*args, cfg.steps, inputs.points_BT)
+        budget = inputs.memory_budget
+        eap = eap_scores(*args, inputs.points_BT, memory_budget=budget)
+        eap_ig = eap_ig_scores(*args, cfg.steps, inputs.points_BT, memory_budget=budget)
         chosen = self.chosen_edges()
         rank = eap[chosen].abs().argsort(descending=True)
         exact_edges = chosen if cfg.exact_all else [chosen[i] for i in rank[: cfg.verify_top_k].tolist()]
         exact = torch.full((len(graph.edges),), float("nan"), dtype=torch.float64)
         if exact_edges:
-            exact[exact_edges] = exact_edge_scores(*args, inputs.points_BT, edges=exact_edges)
+            exact[exact_edges] = exact_edge_scores(*args, inputs.points_BT, edges=exact_edges, memory_budget=budget)
         scores = {"eap": eap, "eap_ig": eap_ig, **({"exact": exact} if cfg.exact_all and not cfg.receivers else {})}
         circuit = top_edges(graph, scores.get("exact", eap_ig), min(cfg.circuit_size, len(graph.edges)))
         self.record_circuit(graph, circuit, scores, inputs, metric, key)
@@ -124,10 +127,11 @@ class EdgeAttributionScan(Scan):
         sizes = self.sizes(len(graph.edges))
         args = (session.model, inputs.clean_ids_BT, inputs.corrupted)
         seed = session.settings.seed
-        curve = faithfulness_curve(*args, scores, sizes, metric, inputs.points_BT, cfg.random_sets, seed)
+        budget = inputs.memory_budget
+        curve = faithfulness_curve(*args, scores, sizes, metric, inputs.points_BT, cfg.random_sets, seed, budget)
         self.curve_csv.parent.mkdir(parents=True, exist_ok=True)
-        curve.to_csv(self.curve_csv, index=False)
-        value = float(faithfulness(*args, [circuit], metric, inputs.points_BT)[0])
+        write_csv(self.curve_csv, curve)  # atomically, as every result file
+        value = float(faithfulness(*args, [circuit], metric, inputs.points_BT, budget)[0])
         entry = {"circuit_size": cfg.circuit_size, "circuit_edges": len(circuit), "circuit_faithfulness": value}
         session.files.update_summary({"edge_circuits": {self.name: entry}})
 

@@ -7,8 +7,8 @@ Columns: sender, receivers (the set, joined by ', '), effect (metric(patched) - 
 per score point), damage (how much it worsens the metric), rank (by damage, 1 first). With receivers_together=false
 each receiver is its own set (a row per sender and receiver). Figures: a heatmap of effects (senders by receiver
 sets) and the paths drawn as a circuit graph, arrows as wide as |effect|. summary.json's `path_patching` entry names
-the path of largest damage. No partial file: a killed scan recomputes its table, which costs one batched pass per
-64 (sender, receiver set) pairs.
+the path of largest damage. No partial file: a killed scan recomputes its table, in passes of as many (sender,
+receiver set) pairs and examples as fit `ablation.memory_budget_mb` (circuits/passes.py).
 
 With skip_unreached, a sender's receiver set keeps only the receivers that read it (a later layer), and a sender none
 of them reads has no row: senders [heads] into receivers another scan finds, in whatever layers they are. Another
@@ -78,9 +78,8 @@ class PathPatchingScan(Scan):
         pairs = self.pairs()
         inputs, metric = circuit_inputs(self.session, self.name)
         with torch.no_grad():
-            effects = path_patch(
-                self.session.model, inputs.clean_ids_BT, inputs.corrupted, pairs, metric, inputs.points_BT
-            )
+            args = (self.session.model, inputs.clean_ids_BT, inputs.corrupted, pairs, metric, inputs.points_BT)
+            effects = path_patch(*args, memory_budget=inputs.memory_budget)
         table = pd.DataFrame(
             {
                 "sender": [s[0] for s, _ in pairs],
