@@ -94,6 +94,11 @@ class ScanConfig:
     senders: list[str] = field(default_factory=list)
     receivers: list[str] = field(default_factory=list)
     receivers_together: bool = True  # path_patching: one path per sender into the whole receiver set, or each alone
+    # path_patching: leave out each sender's receivers that do not read it (its own layer or earlier) rather than
+    # refuse them, and a sender none of them reads (senders [heads] into heads found by another scan)
+    skip_unreached: bool = False
+    from_position: str | None = None  # position_attention: attend from this named position (S2), not the scored one
+    heads: list[str] = field(default_factory=list)  # head_circuit: the circuit's heads (names, layers, top-k)
     steps: int = 5  # edge_attribution: EAP-IG's interpolation steps
     exact_all: bool = False  # edge_attribution: every edge's exact score, not only the verify_top_k largest EAP's
     circuit_size: int = 20  # edge_attribution: the edges of the circuit drawn and scored

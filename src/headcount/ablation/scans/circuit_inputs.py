@@ -14,8 +14,9 @@ scan's config names.
   points, so scores are in the metric's unit per point, as every other scan reports.
 - Passes: sized to `ablation.memory_budget_mb`, the budget the evaluator's passes are sized to (None: its default).
 - Names: node and receiver names as the circuits graph spells them (L0H1, L1H0.k), a layer's heads (L2, or L2.q for
-  their queries), or another scan kind's top k heads (top3:direct_effect, top3:direct_effect.q), read through the
-  session's `provided`.
+  their queries), every head of the model (heads, heads.v), or another scan kind's top k heads (top3:direct_effect,
+  top3:direct_effect.q), read through the session's `provided`; or the top k sender heads of one of the session's
+  path_patching scans, by its name (top3:s_inhibition.v: the 3 heads whose paths into its receivers do most damage).
 """
 
 import re
@@ -35,6 +36,7 @@ from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 
 LAYER = re.compile(r"^L(\d+)(?:\.([qkv]))?$")
+EVERY_HEAD = re.compile(r"^heads(?:\.([qkv]))?$")
 TOP = re.compile(r"^top(\d+):(\w+)(?:\.([qkv]))?$")
 
 
@@ -57,10 +59,32 @@ def check_circuit_scan(name: str, cfg: ScanConfig, settings: AblationConfig) -> 
             f"use one of {', '.join(usable)}",
         )
     for key in ("senders", "receivers"):
-        for entry in getattr(cfg, key):
-            top = TOP.match(str(entry).strip())
-            if top and not KINDS.get(top[2], f"ablation.scans.{name}.{key}").ranks_heads:
-                raise ConfigError(f"ablation.scans.{name}.{key}", entry, f"{top[2]} ranks no heads")
+        check_top_names(name, getattr(cfg, key), settings, f"ablation.scans.{name}.{key}")
+
+
+def check_top_names(name: str, entries: list[str], settings: AblationConfig, key: str) -> None:
+    """Each top-k entry names a scan kind that ranks heads, or another of the session's scans that ranks its
+    senders (a path_patching scan)."""
+    for entry in entries:
+        top = TOP.match(str(entry).strip())
+        if not top:
+            continue
+        if top[2] == name:
+            raise ConfigError(key, entry, "names this scan itself: a scan cannot rank its own inputs")
+        senders_ranked = [
+            other
+            for other, scan in settings.scans.items()
+            if other != name and getattr(KINDS.get(scan.kind, f"ablation.scans.{other}.kind"), "ranks_senders", False)
+        ]
+        if top[2] in senders_ranked or (top[2] in KINDS and KINDS[top[2]].ranks_heads):
+            continue
+        rankers = ", ".join(kind for kind in KINDS if KINDS[kind].ranks_heads)
+        raise ConfigError(
+            key,
+            entry,
+            f"{top[2]} ranks no heads: name a scan kind that does ({rankers}) or a path_patching scan of this session"
+            f" ({', '.join(senders_ranked) or 'none'})",
+        )
 
 
 class LogitsReadout(Readout):
@@ -133,12 +157,20 @@ def named_heads(entry: str, session, key: str) -> list[str] | None:
     plain node or receiver name."""
     graph, text = Graph.of(session.model), entry.strip()
     suffix = lambda m: f".{m}" if m else ""  # noqa: E731
+    if every := EVERY_HEAD.match(text):
+        return [f"L{n}H{h}{suffix(every[1])}" for n in range(graph.n_layers) for h in range(graph.heads_per_layer[n])]
     if layer := LAYER.match(text):
         n = int(layer[1])
         if n >= graph.n_layers:
             raise ConfigError(key, entry, f"no layer {n}: the model has layers 0..{graph.n_layers - 1}")
         return [f"L{n}H{h}{suffix(layer[2])}" for h in range(graph.heads_per_layer[n])]
     if top := TOP.match(text):
+        ranking = session.scans.get(top[2])
+        if ranking is not None and getattr(ranking, "ranks_senders", False):  # a path_patching scan, by its name
+            heads = ranking.top_sender_heads(int(top[1]))
+            if not heads:
+                raise ConfigError(key, entry, f"{top[2]}'s table has no head among its senders to rank")
+            return [f"{h}{suffix(top[3])}" for h in heads]
         score_LH = session.provided(top[2])
         return [f"L{lh[0]}H{lh[1]}{suffix(top[3])}" for lh in top_heads(score_LH, graph.heads_per_layer, int(top[1]))]
     return None

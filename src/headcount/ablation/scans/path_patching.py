@@ -9,8 +9,13 @@ each receiver is its own set (a row per sender and receiver). Figures: a heatmap
 sets) and the paths drawn as a circuit graph, arrows as wide as |effect|. summary.json's `path_patching` entry names
 the path of largest damage. No partial file: a killed scan recomputes its table, in passes of as many (sender,
 receiver set) pairs and examples as fit `ablation.memory_budget_mb` (circuits/passes.py).
+
+With skip_unreached, a sender's receiver set keeps only the receivers that read it (a later layer), and a sender none
+of them reads has no row: senders [heads] into receivers another scan finds, in whatever layers they are. Another
+circuit scan ranks this one's sender heads by name (`top3:<this scan's name>`): by their rows' damage added up.
 """
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +41,7 @@ from headcount.plotting import new_figure, set_title
 class PathPatchingScan(Scan):
     kind = "path_patching"
     doc = "each sender's corrupted output sent along the direct path into the receivers only (Wang et al. 2022)"
+    ranks_senders = True  # other circuit scans name its top sender heads (circuit_inputs.named_heads)
 
     @classmethod
     def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
@@ -50,15 +56,23 @@ class PathPatchingScan(Scan):
 
     def fingerprint_parts(self) -> tuple:
         cfg = self.cfg
-        return (self.kind, list(cfg.senders), list(cfg.receivers), cfg.receivers_together)
+        parts = (self.kind, list(cfg.senders), list(cfg.receivers), cfg.receivers_together)
+        return (*parts, "skip_unreached") if cfg.skip_unreached else parts  # earlier results keep their fingerprint
 
     def pairs(self) -> list[tuple[list[str], list[str]]]:
         key = f"ablation.scans.{self.name}"
         senders = resolve_senders(self.cfg.senders, self.session, f"{key}.senders")
         receivers = resolve_receivers(self.cfg.receivers, self.session, f"{key}.receivers")
-        check_order(Graph.of(self.session.model), senders, receivers, f"{key}.receivers")
+        graph = Graph.of(self.session.model)
         sets = [receivers] if self.cfg.receivers_together else [[r] for r in receivers]
-        return [([s], r) for r in sets for s in senders]
+        if not self.cfg.skip_unreached:
+            check_order(graph, senders, receivers, f"{key}.receivers")
+            return [([s], r) for r in sets for s in senders]
+        reads = lambda s, r: graph.senders.index(graph.node(s)) < graph.n_senders(graph.receiver(r))  # noqa: E731
+        pairs = [([s], [r for r in rs if reads(s, r)]) for rs in sets for s in senders]
+        if not (pairs := [(s, rs) for s, rs in pairs if rs]):
+            raise ConfigError(f"{key}.receivers", receivers, f"read none of the senders {', '.join(senders)}")
+        return pairs
 
     def compute(self, key: str) -> pd.DataFrame:
         pairs = self.pairs()
@@ -76,6 +90,10 @@ class PathPatchingScan(Scan):
         table["damage"] = self.session.metric.damage(table["effect"], 0.0)
         table["rank"] = table["damage"].rank(ascending=False, method="first").astype(int)
         return table
+
+    def top_sender_heads(self, k: int) -> list[str]:
+        """The k sender heads whose rows do the most damage added up (largest first), from this scan's table."""
+        return top_sender_heads(self.run(announce=False), k)
 
     def use(self, table: pd.DataFrame) -> None:
         top = table.loc[table["damage"].idxmax()]
@@ -98,6 +116,16 @@ class PathPatchingScan(Scan):
         circuit = self.path(".png", "_circuit")
         atomic_savefig(fig, circuit, dpi=120)
         return [heatmap, circuit]
+
+
+HEAD = re.compile(r"^L\d+H\d+$")
+
+
+def top_sender_heads(table: pd.DataFrame, k: int) -> list[str]:
+    """A path_patching table's k sender heads of largest damage, added up over their rows (largest first)."""
+    heads = table[table["sender"].map(lambda s: bool(HEAD.match(str(s))))]
+    damage = heads.groupby("sender", sort=False)["damage"].sum()
+    return damage.sort_values(ascending=False, kind="stable").index[:k].tolist()
 
 
 def effect_heatmap(table: pd.DataFrame, path: Path, title: str, unit: str) -> Path:

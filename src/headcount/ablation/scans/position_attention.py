@@ -1,7 +1,11 @@
 """`position_attention`: how much attention each head pays, from each scored position of a task's prompts, to each
 of the task's named positions (ioi: from the end to IO, S1, S1+1, S2), the mean over the prompts that have the
 position. Read off the clean model's attention patterns, so the same in every mode and metric. Name movers (Wang et
-al. 2022) attend from the end to the indirect object more than to the subject."""
+al. 2022) attend from the end to the indirect object more than to the subject.
+
+With `from_position` (a named position, S2) the attention is read from that position of each prompt instead, to every
+named position: induction heads attend from S2 to S1+1, duplicate-token heads to S1; a position after the query reads
+0 (causal attention)."""
 
 from pathlib import Path
 
@@ -31,9 +35,17 @@ class PositionAttentionScan(Scan):
                 f"reads a task's named positions, and task {self.session.task.name} names none but its end: use a "
                 "task that names them (ioi, kv_retrieval, needle)",
             )
+        start = self.cfg.from_position
+        if start is not None and start not in self.session.positions:
+            raise ConfigError(
+                f"ablation.scans.{self.name}.from_position",
+                start,
+                f"is not a named position of task {self.session.task.name}: one of {', '.join(self.session.positions)}",
+            )
 
     def fingerprint_parts(self) -> tuple:
-        return (self.kind, self.session.positions)
+        start = self.cfg.from_position
+        return (self.kind, self.session.positions, *([] if start is None else [f"from {start}"]))
 
     def compute(self, key: str) -> pd.DataFrame:
         session = self.session
@@ -45,7 +57,7 @@ class PositionAttentionScan(Scan):
             cache: dict = {}
             with torch.no_grad():
                 session.model(batch["input_ids"], cache=cache, need_patterns=True)
-            b, t = Targets.of(batch).where_BT.nonzero(as_tuple=True)
+            b, t = self.query_points(batch)
             for k, name in enumerate(names):
                 to = batch["named_pos"][b, session.positions.index(name)]
                 has = to >= 0
@@ -66,13 +78,22 @@ class PositionAttentionScan(Scan):
             }
         )
 
+    def query_points(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prompt, position) of every query the attention is read from: the scored points, or from_position."""
+        if self.cfg.from_position is None:
+            return Targets.of(batch).where_BT.nonzero(as_tuple=True)
+        at = batch["named_pos"][:, self.session.positions.index(self.cfg.from_position)]
+        b = (at >= 0).nonzero()[:, 0]
+        return b, at[b]
+
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
+        start = "the scored position" if self.cfg.from_position is None else self.cfg.from_position
         return [
             head_heatmap(
                 table,
                 self.path(".png", f"_{column}"),
                 column,
-                self.title(f"attention from the scored position {column.replace('_', ' ')} (share)"),
+                self.title(f"attention from {start} {column.replace('_', ' ')} (share)"),
                 "share of attention (fraction)",
             )
             for column in table.columns

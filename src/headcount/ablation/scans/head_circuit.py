@@ -1,0 +1,107 @@
+"""`head_circuit`: how much of the behaviour a set of heads carries alone. The circuit's heads (`heads`: head names,
+a layer's heads `L3`, another scan kind's top k `top3:direct_effect`, or a path_patching scan's top k sender heads
+by its name `top3:s_inhibition`) are kept and every other head is ablated by the session's mode (patch: its output
+on the corrupted prompt), beside `random_sets` circuits of as many heads drawn at random (seeded by ablation.seed)
+and the model with every head ablated. Embeddings and MLPs are kept, as Wang et al. 2022 keep them.
+
+Faithfulness = (M(circuit kept) - M(no head kept)) / (M(clean) - M(no head kept)): 1 when the circuit does what the
+whole model does, 0 when it does what no head does. In edge terms it is the circuit of every edge between the
+embeddings, the MLPs, the logits and the circuit's heads (removing all of a head's out-edges is ablating its z), but
+evaluated as head masks on the fast evaluator. One row per mask (a mask scan: the metric, its delta, gap_fraction),
+plus `faithfulness` and `kept` (the heads kept); summary.json's `head_circuit` entry has the circuit's faithfulness
+beside the random circuits'.
+"""
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from headcount.ablation.engine.heads import all_heads, head_name
+from headcount.ablation.engine.masks import HeadMask, joined_name
+from headcount.ablation.scans.base import KINDS
+from headcount.ablation.scans.circuit_inputs import check_top_names, named_heads
+from headcount.ablation.scans.custom import CustomScan
+from headcount.ablation.scans.mask_scan import MaskScan
+from headcount.circuits import Graph
+from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.errors import ConfigError
+
+CIRCUIT, NONE_KEPT = "circuit", "no head kept"
+
+
+@KINDS.register
+class HeadCircuitScan(MaskScan):
+    kind = "head_circuit"
+    doc = "a circuit's heads kept, every other head ablated: faithfulness beside random circuits of as many heads"
+
+    @classmethod
+    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+        key = f"ablation.scans.{name}"
+        if not cfg.heads:
+            raise ConfigError(f"{key}.heads", [], "names none: list the circuit's heads")
+        if cfg.random_sets < 0:
+            raise ConfigError(f"{key}.random_sets", cfg.random_sets, "must be 0 or more")
+        check_top_names(name, cfg.heads, settings, f"{key}.heads")
+
+    def prepare(self) -> None:
+        if not any(str(e).strip().startswith("top") for e in self.cfg.heads):
+            self.kept()  # every name checked against the model before any work (top-k names need their scan)
+
+    def kept(self) -> tuple[tuple[int, int], ...]:
+        """The circuit's heads, (layer, head), in the model's order."""
+        key, graph = f"ablation.scans.{self.name}.heads", Graph.of(self.session.model)
+        heads = set()
+        for entry in self.cfg.heads:
+            for name in named_heads(str(entry), self.session, key) or [str(entry).strip()]:
+                node = graph.node(name, key)
+                if node.kind != "head":
+                    raise ConfigError(key, name, "is not a head: a head circuit keeps heads (L3H1, L3, top3:...)")
+                heads.add((node.layer, node.head))
+        return tuple(sorted(heads))
+
+    def masks(self) -> list[HeadMask]:
+        session, everything = self.session, all_heads(self.session.heads_per_layer)
+        kept = self.kept()
+        off = lambda keep: tuple(h for h in everything if h not in set(keep))  # noqa: E731
+        masks = [HeadMask(f"{CIRCUIT}: {joined_name(kept)}", off(kept)), HeadMask(NONE_KEPT, tuple(everything))]
+        for s in range(self.cfg.random_sets):
+            pick = torch.randperm(len(everything), generator=torch.Generator().manual_seed(session.settings.seed + s))
+            chosen = tuple(sorted(everything[i] for i in pick[: len(kept)].tolist()))
+            name = f"random {len(kept)} (seed {session.settings.seed + s}): {joined_name(chosen)}"
+            masks.append(HeadMask(name, off(chosen)))
+        return masks
+
+    def compute(self, key: str) -> pd.DataFrame:
+        table = super().compute(key)
+        everything = all_heads(self.session.heads_per_layer)
+        kept = [[h for h in everything if h not in set(m.heads_off)] for m in self.head_masks]
+        table["kept"] = [" ".join(head_name(*h) for h in k) for k in kept]
+        return with_faithfulness(table, self.session.baseline[self.session.metric.primary], self.session.metric.primary)
+
+    def use(self, table: pd.DataFrame) -> None:
+        circuit, random = circuit_and_random(table)
+        entry = {
+            "heads": str(circuit["kept"]).split(),
+            "faithfulness": float(circuit["faithfulness"]),
+            "random_faithfulness": [float(v) for v in random["faithfulness"]],
+        }
+        self.session.files.update_summary({"head_circuit": {self.name: entry}})
+
+    @classmethod
+    def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
+        return CustomScan.figure(table, path, subject)
+
+
+def with_faithfulness(table: pd.DataFrame, clean: float, metric: str) -> pd.DataFrame:
+    """The table with each mask's faithfulness, (M(mask) - M(no head kept)) / (M(clean) - M(no head kept))."""
+    none_kept = float(table.loc[table["mask"] == NONE_KEPT, metric].iloc[0])
+    gap = clean - none_kept
+    table["faithfulness"] = (table[metric] - none_kept) / gap if gap != 0 else float("nan")
+    return table
+
+
+def circuit_and_random(table: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame]:
+    """A head_circuit table's circuit row and its random circuits' rows."""
+    circuit = table[table["mask"].astype(str).str.startswith(f"{CIRCUIT}: ")].iloc[0]
+    return circuit, table[table["mask"].astype(str).str.startswith("random ")]

@@ -1,0 +1,292 @@
+"""The ioi_circuit experiment (issue 28): its claims' verdicts on made-up tables; the experiment at smoke size, each
+scan reading the one before (a path_patching scan's top sender heads by its name, skip_unreached, every head as
+senders, attention from S2) with every claim evaluated; a kept head circuit's faithfulness equal to the edge-patched
+forward's with every other head's out-edges removed (float32 and float64); bad input as one line."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from sweep_helpers import command_in_process, one_line, train_in_process
+
+from headcount.ablation.scans.path_patching import top_sender_heads
+from headcount.circuits import Graph, edge_metric, node_outputs
+from headcount.cli import ablate as ablating
+from headcount.config.model import AttentionConfig, ModelConfig
+from headcount.findings import check_finding
+from headcount.findings.claims import VERDICTS
+from headcount.findings.ioi_circuit import (
+    faithfulness_claim,
+    induction_claim,
+    name_movers_claim,
+    s_inhibition_claim,
+)
+from headcount.model import Transformer
+from headcount.run_dir import RunPaths
+
+HEADS = ["L2H0", "L2H1", "L1H0"]
+
+
+def attention(rows: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """A position_attention table: one row per head named in rows, its attention to each named position."""
+    records = []
+    for name, shares in rows.items():
+        layer, head = (int(x) for x in name[1:].split("H"))
+        base = {"attn_to_IO": 0.0, "attn_to_S1": 0.0, "attn_to_S1+1": 0.0, "attn_to_S2": 0.0}
+        records.append({"layer": layer, "head": head, **base, **shares})
+    return pd.DataFrame(records)
+
+
+def effects(value: float = -0.5) -> pd.Series:
+    return pd.Series({h: value for h in HEADS})
+
+
+def test_name_movers_pass_when_they_attend_to_io_more_than_to_both_mentions_of_s():
+    cases = [
+        {"L2H0": {"attn_to_IO": 0.6, "attn_to_S2": 0.3}, "L2H1": {"attn_to_IO": 0.5}, "L1H0": {"attn_to_IO": 0.4}},
+        # IO 0.5 above S2 0.3 alone, but not above S1 + S2 = 0.6: fails, as the claim counts both mentions
+        {
+            "L2H0": {"attn_to_IO": 0.5, "attn_to_S1": 0.3, "attn_to_S2": 0.3},
+            "L2H1": {"attn_to_IO": 0.5},
+            "L1H0": {"attn_to_IO": 0.2},
+        },
+        {"L2H0": {"attn_to_S2": 0.7}, "L2H1": {"attn_to_S1": 0.2}, "L1H0": {"attn_to_IO": 0.1, "attn_to_S2": 0.2}},
+    ]
+    verdicts = [name_movers_claim(HEADS, effects(1.0), attention(c))[0].verdict for c in cases]
+    assert verdicts == list(VERDICTS)
+    claim, numbers = name_movers_claim(HEADS, effects(1.0), attention(cases[0]))
+    assert (
+        numbers == {"name_movers": HEADS, "name_movers_attend_io": 3} and "L2H0 (direct effect +1.00)" in claim.measured
+    )
+
+
+def test_s_inhibition_heads_pass_when_they_attend_from_the_end_to_s2_more_than_to_io():
+    cases = [
+        {h: {"attn_to_S2": 0.4, "attn_to_IO": 0.1} for h in HEADS},
+        {"L2H0": {"attn_to_S2": 0.4}, "L2H1": {"attn_to_S2": 0.2, "attn_to_IO": 0.1}, "L1H0": {"attn_to_IO": 0.3}},
+        {"L2H0": {"attn_to_S2": 0.4}, "L2H1": {"attn_to_IO": 0.2}, "L1H0": {"attn_to_IO": 0.3, "attn_to_S2": 0.3}},
+    ]
+    assert [s_inhibition_claim(HEADS, effects(), attention(c))[0].verdict for c in cases] == list(VERDICTS)
+
+
+def test_induction_heads_pass_when_they_attend_from_s2_to_s1_plus_1_or_s1_more_than_to_io():
+    cases = [
+        {"L2H0": {"attn_to_S1+1": 0.5}, "L2H1": {"attn_to_S1": 0.4, "attn_to_IO": 0.1}, "L1H0": {"attn_to_S1": 0.3}},
+        {"L2H0": {"attn_to_S1+1": 0.5}, "L2H1": {"attn_to_IO": 0.4}, "L1H0": {"attn_to_S1": 0.3}},
+        {"L2H0": {"attn_to_IO": 0.5}, "L2H1": {"attn_to_IO": 0.4, "attn_to_S1": 0.3}, "L1H0": {"attn_to_S1+1": 0.3}},
+    ]
+    verdicts = [induction_claim(HEADS, effects(), attention(c))[0].verdict for c in cases]
+    assert verdicts == list(VERDICTS)
+    measured = induction_claim(HEADS, effects(), attention(cases[0]))[0].measured
+    assert "(induction)" in measured and "(duplicate token)" in measured  # each head named by where it attends
+
+
+def test_no_candidates_of_a_class_is_not_reproduced():
+    assert induction_claim([], effects(), attention({}))[0].verdict == "not reproduced"
+
+
+def circuit_table(circuit: float, random: list[float]) -> pd.DataFrame:
+    rows = [{"mask": "circuit: L1H0+L2H0", "kept": "L1H0 L2H0", "faithfulness": circuit}]
+    rows.append({"mask": "no head kept", "kept": "", "faithfulness": 0.0})
+    rows += [
+        {"mask": f"random 2 (seed {i}): L0H0+L0H1", "kept": "L0H0 L0H1", "faithfulness": v}
+        for i, v in enumerate(random)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_the_circuit_is_faithful_when_it_keeps_most_of_the_behaviour_and_beats_random_circuits():
+    tables = [circuit_table(0.9, [0.1, 0.3]), circuit_table(0.6, [0.1, 0.3]), circuit_table(0.2, [0.1, 0.3])]
+    assert [faithfulness_claim(t)[0].verdict for t in tables] == list(VERDICTS)
+    claim, numbers = faithfulness_claim(tables[0])
+    assert numbers["circuit_heads"] == ["L1H0", "L2H0"] and numbers["random_faithfulness_max"] == 0.3
+    assert "faithfulness 90%" in claim.measured and "10% to 30%" in claim.measured
+
+
+def test_a_path_patching_table_ranks_its_sender_heads_by_damage_added_over_rows():
+    table = pd.DataFrame(
+        {
+            "sender": ["emb", "L0H1", "L0H1", "L0H2", "L1.mlp", "L0H0"],
+            "damage": [9.0, 0.2, 0.3, 0.4, 5.0, -1.0],
+        }
+    )
+    assert top_sender_heads(table, 2) == ["L0H1", "L0H2"]  # 0.5 over two rows beats 0.4; emb and MLPs are no heads
+    assert top_sender_heads(table, 5) == ["L0H1", "L0H2", "L0H0"]
+
+
+# --- the head circuit is the edge circuit without the ablated heads' out-edges -----------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_keeping_heads_equals_removing_every_other_heads_out_edges(dtype):
+    """A head mask (kept heads' gates 1, the others' z replaced by the corrupted run's) gives the metric of the
+    edge-patched forward with every out-edge of the other heads removed: what head_circuit's faithfulness rests on."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        n_layers=3, d_model=32, n_ctx=16, vocab_size=50, attn=AttentionConfig(n_heads=4, n_kv_heads=2),
+        positions="rotary", norm="rmsnorm", mlp=True, mlp_act="swiglu",
+    )  # fmt: skip
+    model = Transformer(cfg).to(dtype).eval()
+    ids, corrupted = torch.randint(0, 50, (5, 9)), torch.randint(0, 50, (5, 9))
+    metric = lambda logits_BV: logits_BV[:, 3] - logits_BV[:, 7]  # noqa: E731
+    kept = {(0, 1), (1, 3), (2, 0)}
+    graph = Graph.of(model)
+    removed = [
+        i for i, e in enumerate(graph.edges) if e.sender.kind == "head" and (e.sender.layer, e.sender.head) not in kept
+    ]
+    weights = torch.zeros(2, len(graph.edges), dtype=torch.float64)
+    weights[1, removed] = 1.0
+    clean_sum, edges_sum = edge_metric(model, ids, corrupted, weights, metric).tolist()
+    gates = torch.zeros(3, 4, dtype=dtype)
+    for layer, head in kept:
+        gates[layer, head] = 1.0
+    with torch.no_grad():
+        replacements = node_outputs(model, corrupted).z
+        masked = model(ids, gates=gates, replacements=replacements)[:, -1]
+        plain = model(ids)[:, -1]
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-10}
+    torch.testing.assert_close(torch.tensor(edges_sum, dtype=torch.float64), metric(masked).double().sum(), **tolerance)
+    torch.testing.assert_close(torch.tensor(clean_sum, dtype=torch.float64), metric(plain).double().sum(), **tolerance)
+    assert abs(edges_sum - clean_sum) > 1e-3  # the removed edges matter: the comparison can fail
+
+
+# --- the experiment at smoke size ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ioi_circuit")
+    mp = pytest.MonkeyPatch()
+    try:
+        args = ["experiment=ioi_circuit", "size=smoke", "ablation.progress=false", "hydra.run.dir=run"]
+        assert train_in_process(mp, root, args) == 0
+    finally:
+        mp.undo()
+    return root / "run"
+
+
+def task_table(run_dir: Path, name: str, tagged: bool = True) -> pd.DataFrame:
+    folder = RunPaths(run_dir).ablation / "tasks" / "ioi"
+    return pd.read_csv(folder / (f"{name}.patch.logit_diff.csv" if tagged else f"{name}.csv"))
+
+
+def test_the_experiment_at_smoke_size_evaluates_every_claim(smoke_run):
+    findings = json.loads((smoke_run / "findings" / "findings.json").read_text())
+    assert len(findings["claims"]) == 5 and all(c["verdict"] in VERDICTS for c in findings["claims"])
+    assert all(c["measured"] for c in findings["claims"]) and findings["numbers"]["circuit_heads"]
+    assert all((smoke_run / "findings" / figure).exists() for figure in findings["figures"])
+    again = json.loads(check_finding("ioi_circuit", smoke_run).with_suffix(".json").read_text())
+    assert again["claims"] == findings["claims"]  # read back from the tables alone
+
+
+def test_each_scan_reads_the_heads_the_one_before_found(smoke_run):
+    direct = task_table(smoke_run, "direct_effect")
+    name_movers = [f"L{r.layer}H{r.head}" for r in direct.nlargest(3, "direct_effect").itertuples()]
+    s_inhibition = task_table(smoke_run, "s_inhibition")
+    layer = lambda name: int(name[1:].split("H")[0])  # noqa: E731
+    every_reaching = [f"L{l}H{h}" for l in range(3) for h in range(4) if any(layer(n) > l for n in name_movers)]
+    assert s_inhibition["sender"].tolist() == every_reaching  # senders [heads], those no name mover reads skipped
+    for row in s_inhibition.itertuples():
+        expected = [f"{n}.q" for n in name_movers if layer(n) > layer(row.sender)]
+        assert row.receivers.split(", ") == expected
+    induction = task_table(smoke_run, "induction")
+    chosen = top_sender_heads(s_inhibition, 3)
+    receivers = {r for rs in induction["receivers"] for r in rs.split(", ")}
+    assert receivers == {f"{h}.v" for h in chosen if layer(h) > 0}
+    circuit = task_table(smoke_run, "circuit")
+    kept = set(circuit.loc[circuit["mask"].str.startswith("circuit: "), "kept"].iloc[0].split())
+    assert kept == {*name_movers, *chosen, *top_sender_heads(induction, 3)}
+    assert circuit.loc[circuit["mask"] == "no head kept", "faithfulness"].iloc[0] == 0.0
+    assert (circuit["mask"].str.startswith("random ")).sum() == 5
+
+
+def test_attention_from_s2_is_read_at_each_prompts_s2(smoke_run):
+    from omegaconf import OmegaConf
+
+    from headcount.ablation.session import AblationSession
+
+    config = OmegaConf.load(RunPaths(smoke_run).config)
+    config.ablation.scans = {}
+    session = AblationSession(config, smoke_run)
+    table = task_table(smoke_run, "attention_from_s2", tagged=False)
+    positions = session.positions
+    sums, n = torch.zeros(4, 3, 4, dtype=torch.float64), 0
+    for batch in session.batches:
+        cache = {}
+        with torch.no_grad():
+            session.model(batch["input_ids"], cache=cache, need_patterns=True)
+        for b in range(batch["input_ids"].shape[0]):
+            s2 = int(batch["named_pos"][b, positions.index("S2")])
+            for k, name in enumerate(["IO", "S1", "S1+1", "S2"]):
+                to = int(batch["named_pos"][b, positions.index(name)])
+                for layer in range(3):
+                    sums[k, layer] += cache["pattern", layer][b, :, s2, to].double()
+            n += 1
+    for k, name in enumerate(["IO", "S1", "S1+1", "S2"]):
+        expected = (sums[k] / n)[table["layer"].tolist(), table["head"].tolist()]
+        torch.testing.assert_close(torch.tensor(table[f"attn_to_{name}"].to_numpy()), expected, rtol=1e-5, atol=1e-7)
+
+
+BAD = [
+    (
+        ["ablation=position_attention", "ablation.scans.position_attention.from_position=S3"],
+        "from_position='S3': is not a named position",
+    ),
+    (
+        ["ablation=path_patching", "ablation.scans.path_patching.receivers=[top3:nothing.v]"],
+        "receivers='top3:nothing.v': nothing ranks no heads",
+    ),
+    (["ablation=path_patching", "ablation.scans.path_patching.senders=[top3:path_patching]"], "names this scan itself"),
+    (["ablation=head_circuit", "ablation.scans.head_circuit.heads=[]"], "head_circuit.heads=[]: names none"),
+    (["ablation=head_circuit", "ablation.scans.head_circuit.heads=[L0.mlp]"], "heads='L0.mlp': is not a head"),
+    (
+        [
+            "ablation=path_patching",
+            "ablation.scans.path_patching.senders=[L2H0]",
+            "ablation.scans.path_patching.receivers=[L1H0.q]",
+            "ablation.scans.path_patching.skip_unreached=true",
+        ],
+        "read none of the senders L2H0",
+    ),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD, ids=[b[1].split(":")[0] for b in BAD])
+def test_bad_input_is_one_line_and_leaves_nothing(smoke_run, monkeypatch, capsys, args, message):
+    ablation = RunPaths(smoke_run).ablation
+    before = sorted((p, p.stat().st_mtime_ns) for p in ablation.rglob("*") if "logs" not in p.parts)
+    code = command_in_process(ablating.main, monkeypatch, smoke_run.parent, [f"run_dir={smoke_run}", *args])
+    assert code == 2
+    assert message in one_line(capsys.readouterr().err)
+    assert sorted((p, p.stat().st_mtime_ns) for p in ablation.rglob("*") if "logs" not in p.parts) == before
+
+
+def test_bench_edges_runs_on_a_tiny_model():
+    """scripts/bench_edges.py (docs/BENCHMARKS.md's edge figures) still runs against the code it measures."""
+    import subprocess
+    import sys
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    command = [
+        sys.executable,
+        "bench_edges.py",
+        "--model",
+        "tiny",
+        "--prompts",
+        "6",
+        "--candidates",
+        "10",
+        "--random",
+        "5",
+    ]
+    proc = subprocess.run(command, cwd=scripts, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in (
+        "EAP, every edge",
+        "EAP-IG (5 steps), every edge",
+        "exact path patching of",
+        "recall of the exact top",
+    ):
+        assert line in proc.stdout, proc.stdout
