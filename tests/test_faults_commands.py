@@ -24,6 +24,7 @@ from headcount.cli.errors import discarded_if_rejected
 from headcount.cli.sweep_stop import descendants
 from headcount.cli.train import run
 from headcount.config import typed
+from headcount.config.ablation import unselected_scans_dropped
 from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths
@@ -392,3 +393,13 @@ def test_devices_this_machine_does_not_have_are_one_line(monkeypatch, finished_r
     assert command_in_process(ablating.main, monkeypatch, tmp_path, ablate) == 2
     assert one_line(capsys.readouterr().err).startswith(f"error: {message}")
     assert sorted(p.relative_to(finished_run) for p in finished_run.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    "experiment", ["induction_heads", "ioi_circuit", "ioi_heads", "retrieval_heads", "voita_gates", "pretrained_heads"]
+)
+def test_an_ablation_list_on_the_command_line_is_the_scans_that_run(compose_train, experiment):
+    # An experiment's own scans are options of its ablation list: `ablation=[baseline]` leaves them all out.
+    cfg = compose_train([f"experiment={experiment}", "ablation=[baseline]"])
+    unselected_scans_dropped(cfg)
+    assert list(cfg.ablation.scans) == ["baseline"]
