@@ -160,6 +160,7 @@ BAD = [
     ({"edges_removed": {"a": [3]}}, "edges_removed=[3]: a list of edge names such as"),
     ({"edges_removed": ["L0H3 -> L1H2.k"], "mode": "mean"}, "mode='mean': evaluating edges_removed needs every"),
     ({"masks": ["L0H0"], "circuit": []}, "evaluate='masks, circuit': give exactly one of masks, edges_removed="),
+    ({"circuit": {}}, "circuit={}: give at least one edge set"),
 ]
 
 

@@ -6,6 +6,7 @@
     run.model, run.config, run.eval_batches  # in eval mode; the run's config; the batches the scans evaluate on
     run.evaluate({"prev": [(0, 3)]}, mode="mean")  # loss, acc and deltas per mask, as a scan computes them
     run.evaluate(["L1H3"], mode="patch", metric="logit_diff", task="prompts.jsonl")  # a behaviour, patched
+    run.evaluate(edges_removed=["L0H3 -> L1H2.k"], mode="zero")  # edges (api_edges.py); circuit=[...] keeps only those
     run.scan("single_head", mode="resample")  # a scan kind with the run's settings; files in <run>/ablation/
     run.results("single_head")  # its tables of every mode and metric, stacked, with `mode` and `metric` columns
 

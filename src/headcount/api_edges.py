@@ -47,6 +47,8 @@ def edge_sets(graph: Graph, spec: EdgeSets, key: str) -> list[tuple[str, list[in
         if not isinstance(names, Sequence) or not all(isinstance(e, str) for e in names):
             raise ConfigError(key, edges, ALLOWED)
         sets.append((str(name), sorted({edge_index(graph, edge, key) for edge in names})))
+    if not sets:
+        raise ConfigError(key, spec, "give at least one edge set (an empty list is one set: no edge)")
     return sets
 
 
@@ -90,7 +92,7 @@ def evaluate_edges(
             inputs.metric(metric, targets, k),
             inputs.points_BT,
             memory_budget=inputs.memory_budget,
-        )
+        ).cpu()
         / inputs.n_points
         for k, column in enumerate(metric.columns)
     }
