@@ -22,6 +22,7 @@ from headcount.circuits import Graph, NodeOutputs, PointMetric, draw_circuit, no
 from headcount.cli.train import run as train
 from headcount.config import CONF_DIR
 from headcount.errors import ConfigError
+from headcount.io import atomic_savefig
 from headcount.run_dir import RunPaths
 
 SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "logger=none", "ablation.progress=false"]
@@ -208,18 +209,26 @@ def test_exact_scores_of_some_edges_leave_the_choice_to_eap_ig(run, run_dir):
 
 
 def test_the_circuit_figure_names_its_score_and_faithfulness_and_dashes_edges_that_help(run, monkeypatch):
-    drawn = {}
+    drawn, saved = {}, {}
 
     def keep(graph, circuit, weights, title):
         drawn.update(circuit=circuit, weights=weights, title=title)
         return draw_circuit(graph, circuit, weights, title)
 
+    def save(fig, path, **kwargs):
+        saved[Path(path).name] = fig
+        return atomic_savefig(fig, path, **kwargs)
+
     monkeypatch.setattr(edge_attribution, "draw_circuit", keep)
+    monkeypatch.setattr(edge_attribution, "atomic_savefig", save)
     (RunPaths(run.path).ablation / "edge_attribution.csv").unlink(missing_ok=True)  # computed again, drawn
     table = run.scan("edge_attribution", mode="zero", exact_all=True, **SCAN)
     entry = json.loads((RunPaths(run.path).ablation / "summary.json").read_text())["modes"]["zero"]["edge_circuits"]
     faithfulness = entry["edge_attribution"]["circuit_faithfulness"]
     assert f"edges by |exact| (nats), faithfulness {faithfulness:.2f}" in drawn["title"]
+    star = [line for line in saved["edge_attribution_faithfulness.png"].axes[0].lines if "drawn" in line.get_label()]
+    assert [line.get_label() for line in star] == ["drawn circuit (by exact)"]
+    assert list(star[0].get_xdata()) == [SCAN["circuit_size"]] and list(star[0].get_ydata()) == [faithfulness]
     graph = Graph.of(run.model)
     assert drawn["circuit"] == {graph.edge_index[e] for e in table.loc[table["in_circuit"], "edge"]}
     signed = dict(zip(table["edge"], table["exact"]))  # loss: a positive exact score is damage

@@ -172,7 +172,10 @@ class EdgeAttributionScan(Scan):
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         metric, graph = self.session.metric, Graph.of(self.session.model)
         curve = pd.read_csv(self.curve_csv)
-        curve_png = faithfulness_figure(curve, self.path(".png", "_faithfulness"), self.title("faithfulness against n"))
+        entry = self.circuit_entry
+        curve_png = faithfulness_figure(
+            curve, self.path(".png", "_faithfulness"), self.title("faithfulness against n"), entry
+        )
         weights = torch.zeros(len(graph.edges), dtype=torch.float64)
         score = str(table["circuit_by"].iloc[0])
         index = [graph.edge_index[e] for e in table["edge"]]
@@ -181,7 +184,6 @@ class EdgeAttributionScan(Scan):
         weights[index] = metric.damage(torch.tensor(table[score].to_numpy(), dtype=torch.float64), 0.0)
         circuit = {graph.edge_index[e] for e in table.loc[table["in_circuit"].astype(str) == "True", "edge"]}
         shown = "" if len(table) == len(graph.edges) else f"; drawn: those into {', '.join(self.cfg.receivers)}"
-        entry = self.circuit_entry
         title = self.title(
             f"circuit of {entry['circuit_edges']} edges by |{score}| ({metric.unit}), faithfulness "
             f"{entry['circuit_faithfulness']:.2f}{shown}"
@@ -200,8 +202,9 @@ def circuit_score(scores: dict[str, torch.Tensor]) -> str:
     return "exact" if "exact" in scores else "eap_ig"
 
 
-def faithfulness_figure(curve: pd.DataFrame, path: Path, title: str) -> Path:
-    """Faithfulness against the circuit's size n, a line per method; random sets as their mean and range."""
+def faithfulness_figure(curve: pd.DataFrame, path: Path, title: str, circuit: dict | None = None) -> Path:
+    """Faithfulness against the circuit's size n, a line per method; random sets as their mean and range; the drawn
+    circuit (its summary entry: circuit_size, circuit_by, circuit_faithfulness) as a star."""
     fig = new_figure(6, 4)
     ax = fig.add_subplot()
     for method, rows in curve.groupby("method", sort=False):
@@ -210,8 +213,15 @@ def faithfulness_figure(curve: pd.DataFrame, path: Path, title: str) -> Path:
         ax.plot(stats.index, stats["mean"], marker="o", markersize=3, color=colour, label=str(method))
         if method == "random":
             ax.fill_between(stats.index, stats["min"], stats["max"], color=colour, alpha=0.2)
+    if circuit is not None:
+        label = f"drawn circuit (by {circuit['circuit_by']})"
+        colour = METHOD_COLOURS.get(circuit["circuit_by"])
+        ax.plot([circuit["circuit_size"]], [circuit["circuit_faithfulness"]], "*", ms=12, color=colour, label=label)
     ax.axhline(1.0, color="black", linewidth=0.6, linestyle="--")
     ax.set_xscale("symlog", linthresh=1)
+    sizes = sorted(int(n) for n in curve["n"].unique())
+    ax.set_xticks(sizes, [str(n) for n in sizes])  # the sizes measured, not the log scale's decades
+    ax.minorticks_off()
     ax.set(xlabel="edges kept (n, before pruning)", ylabel="faithfulness")
     ax.legend(fontsize=8)
     set_title(ax, title)
