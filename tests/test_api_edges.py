@@ -138,18 +138,25 @@ def test_one_edge_removed_equals_path_patching_of_that_edge(run_dir, dtype):
     assert effects.abs().max() > 1e-4
 
 
-def test_a_task_in_patch_mode_every_edge_removed_closes_the_gap(run, run_dir):
+@pytest.mark.parametrize("direction", ["noise", "denoise"])
+def test_a_task_in_patch_mode_every_edge_removed_closes_the_gap(run, run_dir, direction):
+    """Noising runs the clean prompts with the corrupted ones' outputs along removed edges, denoising the reverse:
+    either way every edge removed is the counterpart run, the whole gap."""
     prompts = str(run_dir.parent / "prompts.jsonl")
     every = list(Graph.of(run.model).edge_index)
-    table = run.evaluate(circuit={"none": [], "all": every}, mode="patch", metric="logit_diff", task=prompts)
-    masks = run.evaluate(["L0H0"], mode="patch", metric="logit_diff", task=prompts)
+    how = {"mode": "patch", "metric": "logit_diff", "task": prompts, "patch_direction": direction}
+    table = run.evaluate(circuit={"none": [], "all": every}, **how)
+    masks = run.evaluate(["L0H0"], **how)
     none, all_kept = table.iloc[0], table.iloc[1]
     assert none["gap_fraction"] == pytest.approx(1.0, abs=1e-5) and none["faithfulness"] == 0.0
     assert all_kept["gap_fraction"] == 0.0 and all_kept["faithfulness"] == 1.0
     baseline = masks["logit_diff"].iloc[0] - masks["delta_logit_diff"].iloc[0]
     assert all_kept["logit_diff"] == pytest.approx(baseline, rel=1e-5, abs=1e-6)
     assert set(table["task"]) == {"prompts"} and set(table["metric"]) == {"logit_diff"}
-    assert list(table["n_targets"]) == [3, 3]
+    assert list(table["n_targets"]) == [3, 3] and set(table["split"]) == {
+        "prompts" if direction == "noise" else "corrupted"
+    }
+    assert abs(none["delta_logit_diff"]) > 1e-3  # the prompts' gap is no zero
 
 
 BAD = [
