@@ -8,12 +8,13 @@ every sender whose edge is removed (the edge-patched forward, headcount/circuits
 - `edges_removed`: these edges removed, every other edge kept (one edge: the edge_attribution scan's `exact` score);
 - `circuit`: these edges kept, every other edge removed (the faithfulness definition, circuits/faithfulness.py).
 
-Edges are named as the scans name them (`L0H3 -> L1H2.k`, `emb -> logits`, `L1.mlp -> logits`). The table has a row
-per edge set, the columns `Run.evaluate` gives a head mask (the metric's columns, their deltas against the clean model,
-gap_fraction on a task with corrupted prompts, then how it was computed), with `n_edges_removed` in place of
-`n_heads_off`, and `faithfulness`: (M(set) - M(every edge removed)) / (M(clean) - M(every edge removed)) on the
-metric's primary column, 1 for the whole model, 0 with every edge removed. The clean and every-edge-removed runs are
-two more rows of the same edge-patched passes, so every number is one computation's. Writes nothing.
+Edges are named as the scans name them (`L0H3 -> L1H2.k`, `emb -> logits`, `L1.mlp -> logits`). The table has a row per
+edge set with the columns `Run.evaluate` gives a head mask (mask: the set's name, mode, the metric's columns, their
+deltas against the clean model, gap_fraction on a task with corrupted prompts, then how it was computed) but layer and
+head, `n_edges_removed` in place of `n_heads_off`, and `faithfulness`: (M(set) - M(every edge removed)) / (M(clean) -
+M(every edge removed)) on the metric's primary column, 1 for the whole model, 0 with every edge removed. The clean and
+every-edge-removed runs are two more rows of the same edge-patched passes, so every number is one computation's. Writes
+nothing.
 """
 
 from collections.abc import Mapping, Sequence
