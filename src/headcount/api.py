@@ -6,6 +6,7 @@
     run.model, run.config, run.eval_batches  # in eval mode; the run's config; the batches the scans evaluate on
     run.evaluate({"prev": [(0, 3)]}, mode="mean")  # loss, acc and deltas per mask, as a scan computes them
     run.evaluate(["L1H3"], mode="patch", metric="logit_diff", task="prompts.jsonl")  # a behaviour, patched
+    run.evaluate(edges_removed=["L0H3 -> L1H2.k"], mode="zero")  # edges (api_edges.py); circuit=[...] keeps only those
     run.scan("single_head", mode="resample")  # a scan kind with the run's settings; files in <run>/ablation/
     run.results("single_head")  # its tables of every mode and metric, stacked, with `mode` and `metric` columns
 
@@ -44,6 +45,7 @@ from headcount.ablation.records.results import read_checked, with_record
 from headcount.ablation.records.summary import read_summary
 from headcount.ablation.scans.mask_scan import scan_table
 from headcount.ablation.session import AblationSession, resolve_device, typed_ablation
+from headcount.api_edges import EdgeSets, evaluate_edges
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.config.task import TaskConfig
@@ -119,10 +121,13 @@ class Run:
 
     def evaluate(
         self,
-        masks: dict[str, MaskSpec] | list[MaskSpec],
+        masks: dict[str, MaskSpec] | list[MaskSpec] | None = None,
         mode: str | None = None,
         metric: Any = None,
         task: TaskSpec = None,
+        *,
+        edges_removed: EdgeSets | None = None,
+        circuit: EdgeSets | None = None,
         **settings: Any,
     ) -> pd.DataFrame:
         """The metric with each mask's heads ablated, one row per mask: mask, layer, head (where the mask is one
@@ -136,9 +141,24 @@ class Run:
         mode: zero, mean, resample or patch (default: the run's ablation.mode). metric: a metric name or
         {"_target_": ...} (default: the run's, else loss on the data, logit_diff on a task with wrong answers).
         task: as on the command line (a source such as "ioi", a prompts file, a mapping of task.* keys); default:
-        the run's own task, else its data. settings: other ablation.* keys (patch_direction="denoise", ...)."""
+        the run's own task, else its data. settings: other ablation.* keys (patch_direction="denoise", ...).
+
+        Instead of masks, edges (named as the edge scans name them, "L0H3 -> L1H2.k", "L1.mlp -> logits"), in mode
+        zero, resample or patch: edges_removed=[...] removes those edges, each receiver reading the mode's
+        replacement from them and clean outputs from every other edge; circuit=[...] keeps only those, every other
+        edge removed. A list is one set (a row named "edges_removed" or "circuit"), a mapping name -> list one row
+        per set. The row has n_edges_removed in place of n_heads_off and `faithfulness`, the share of the clean-to-
+        every-edge-removed gap the kept edges keep (headcount/api_edges.py)."""
+        given = {"masks": masks, "edges_removed": edges_removed, "circuit": circuit}
+        given = [name for name, value in given.items() if value is not None]
+        if len(given) != 1:
+            what = ", ".join(given) or "none"
+            raise ConfigError("evaluate", what, "give exactly one of masks, edges_removed= or circuit=")
         s = self.mode_settings(mode, metric, **settings)
         planned = plan(s, self.task_settings(task), lambda _: self.task(task), self.ablation_dir)
+        if masks is None:
+            table, data, n_points = evaluate_edges(self, edges_removed, circuit, s, planned)
+            return with_record(table, self.evaluation_record(data, planned, n_points))
         mode_object, chosen_metric, task_set, positions = planned.mode, planned.metric, planned.task, planned.positions
         head_masks = requested_masks(masks, self.model.heads_per_layer, positions=positions)
         if not head_masks:
@@ -150,17 +170,7 @@ class Run:
         position_M = torch.tensor([positions.index(m.position) if m.position else -1 for m in head_masks])
         totals = evaluator.accumulate(masks_to_gates(head_masks, self.model.heads_per_layer), position_M=position_M)
         table = scan_table("evaluate", s.mode, head_masks, totals, baseline, chosen_metric, counterpart)
-        reference = data.reference
-        record = {
-            "metric": chosen_metric.name,
-            **({} if task_set is None else {"task": task_set.name}),
-            "split": data.split,
-            "n_eval": len(data.examples["input_ids"]),
-            "n_targets": baseline["n_targets"],
-            "reference_split": None if reference is None else data.reference_split,
-            "n_reference": None if reference is None else len(reference["input_ids"]),
-        }
-        return with_record(table.drop(columns="scan"), record)
+        return with_record(table.drop(columns="scan"), self.evaluation_record(data, planned, baseline["n_targets"]))
 
     def scan(
         self, name: str, mode: str | None = None, metric: Any = None, task: TaskSpec = None, **scan_settings: Any
@@ -306,6 +316,19 @@ class Run:
             allowed = ", ".join(f.name for f in dataclasses.fields(TaskConfig))
             raise ConfigError(f"task.{unknown[0]}", dict(task)[unknown[0]], f"no such task key; allowed: {allowed}")
         return typed(OmegaConf.create(dict(task)), TaskConfig)
+
+    def evaluation_record(self, data: EvaluationSet, planned, n_targets: int) -> dict:
+        """The columns that say how an evaluation was computed: metric, [task], split, n_eval, n_targets, reference."""
+        reference = data.reference
+        return {
+            "metric": planned.metric.name,
+            **({} if planned.task is None else {"task": planned.task.name}),
+            "split": data.split,
+            "n_eval": len(data.examples["input_ids"]),
+            "n_targets": n_targets,
+            "reference_split": None if reference is None else data.reference_split,
+            "n_reference": None if reference is None else len(reference["input_ids"]),
+        }
 
     def evaluation(self, s: AblationConfig, mode, metric, task: TaskSet | None) -> tuple[EvaluationSet, Evaluation]:
         """The evaluation set and evaluator for the settings, built once per mode, metric and task."""

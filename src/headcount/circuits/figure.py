@@ -1,9 +1,11 @@
 """A circuit drawn as a graph: layers as rows (emb at the bottom, the logits at the top), a layer's heads side by side
 with its MLP above them, one arrow per edge, coloured by the input it enters (a head's q, k or v, or an MLP / the
-logits) and as wide as its weight (|score|, scaled to the largest). Arrows into a head end at three points of it, q
-left, k centre, v right, so a reader sees which input each edge feeds. Every node of the model is drawn, those the
-circuit uses solid and the rest faint. Each arrow carries its edge's name as its gid, so what was drawn can be read
-back. Built on matplotlib's object API with the Agg canvas, as headcount's other figures: no pyplot state."""
+logits) and as wide as its weight (|score|, scaled to the largest), dashed where the weight is negative (an edge whose
+removal makes the metric better, when weights are signed as damage: not a carrier of the behaviour). Arrows into a head
+end at three points of it, q left, k centre, v right, so a reader sees which input each edge feeds. Every node of the
+model is drawn, those the circuit uses solid and the rest faint. Each arrow carries its edge's name as its gid, so what
+was drawn can be read back. Built on matplotlib's object API with the Agg canvas, as headcount's other figures: no
+pyplot state."""
 
 from pathlib import Path
 
@@ -29,7 +31,8 @@ def node_position(graph: Graph, node: Node) -> tuple[float, float]:
 
 
 def draw_circuit(graph: Graph, edges: set[int], weights: Tensor | None = None, title: str = "") -> Figure:
-    """The figure of the circuit `edges` (indices into graph.edges); weights (E,) set the arrows' widths."""
+    """The figure of the circuit `edges` (indices into graph.edges); weights (E,) set the arrows' widths (|weight|)
+    and styles (negative: dashed)."""
     width_of = (lambda i: 1.5) if weights is None else _widths(weights, edges)
     used = {graph.edges[i].sender for i in edges} | {graph.edges[i].receiver.node for i in edges}
     nodes = graph.senders + [Node("logits", graph.n_layers)]
@@ -51,6 +54,7 @@ def draw_circuit(graph: Graph, edges: set[int], weights: Tensor | None = None, t
             mutation_scale=10,
             color=INPUT_COLOURS[e.receiver.input],
             linewidth=width_of(i),
+            linestyle="--" if weights is not None and float(weights[i]) < 0 else "-",
             connectionstyle="arc3,rad=0.15",
             shrinkA=11,
             shrinkB=11,
@@ -60,6 +64,8 @@ def draw_circuit(graph: Graph, edges: set[int], weights: Tensor | None = None, t
         ax.add_patch(arrow)
     for name, colour in INPUT_COLOURS.items():
         ax.plot([], [], color=colour, label=f".{name}" if name else "MLP / logits")
+    if weights is not None and any(float(weights[i]) < 0 for i in edges):
+        ax.plot([], [], color="black", linestyle="--", label="removing it helps")
     ax.legend(loc="upper left", fontsize=7, frameon=False)
     ax.set_yticks(range(graph.n_layers + 2), ["emb", *[f"L{layer}" for layer in range(graph.n_layers)], "logits"])
     ax.set_xticks([])

@@ -48,16 +48,21 @@ def corrupted_run(mode: type[AblationMode]) -> str | None:
     return "all zeros" if issubclass(mode, Zero) else None
 
 
-def check_circuit_scan(name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
-    """The checks that need no model: a mode with a corrupted run, and the top-k names' kinds."""
-    if corrupted_run(MODES.get(settings.mode, "ablation.mode")) is None:
-        usable = [mode for mode in MODES.names() if corrupted_run(MODES[mode]) is not None]
+def check_edge_mode(mode: str, key: str, what: str) -> None:
+    """A one-line ConfigError for a mode without a corrupted run of every sender (mean), naming `what` needs one."""
+    if corrupted_run(MODES.get(mode, key)) is None:
+        usable = [name for name in MODES.names() if corrupted_run(MODES[name]) is not None]
         raise ConfigError(
-            "ablation.mode",
-            settings.mode,
-            f"the {name} scan needs every sender's replacement output (the embeddings' and MLPs' too): "
+            key,
+            mode,
+            f"{what} needs every sender's replacement output (the embeddings' and MLPs' too): "
             f"use one of {', '.join(usable)}",
         )
+
+
+def check_circuit_scan(name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    """The checks that need no model: a mode with a corrupted run, and the top-k names' kinds."""
+    check_edge_mode(settings.mode, "ablation.mode", f"the {name} scan")
     for key in ("senders", "receivers"):
         check_top_names(name, getattr(cfg, key), settings, f"ablation.scans.{name}.{key}")
 
@@ -103,13 +108,13 @@ class CircuitInputs:
     n_points: int
     memory_budget: int | None  # bytes of activations per pass (None: the default budget)
 
-    def metric(self, metric, targets: Targets) -> PointMetric:
-        """The core's metric: the session metric's primary column at the points it is called on."""
+    def metric(self, metric, targets: Targets, column: int = 0) -> PointMetric:
+        """The core's metric: the session metric's column `column` (0: the primary) at the points it is called on."""
 
-        def primary(logits_PV: Tensor, answer_P: Tensor, wrong_P: Tensor | None) -> Tensor:
-            return metric.values(LogitsReadout(logits_PV, answer_P, wrong_P))[:, 0]
+        def values(logits_PV: Tensor, answer_P: Tensor, wrong_P: Tensor | None) -> Tensor:
+            return metric.values(LogitsReadout(logits_PV, answer_P, wrong_P))[:, column]
 
-        return PointMetric(primary, targets.answer_N, targets.wrong_N)
+        return PointMetric(values, targets.answer_N, targets.wrong_N)
 
 
 def joined_batch(batches: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -121,25 +126,30 @@ def joined_batch(batches: list[dict[str, Tensor]]) -> dict[str, Tensor]:
 
 def circuit_inputs(session, scan_name: str) -> tuple[CircuitInputs, object]:
     """The clean ids, the corrupted run, the score points and the core metric callable of the session."""
-    batch = joined_batch(session.batches)
+    inputs, targets = edge_inputs(
+        session.batches, session.mode, session.model, session.settings.memory_budget_mb, f"ablation.scans.{scan_name}"
+    )
+    return inputs, inputs.metric(session.metric, targets)
+
+
+def edge_inputs(
+    batches: list[dict[str, Tensor]], mode: AblationMode, model, memory_budget_mb: int | None, key: str
+) -> tuple[CircuitInputs, Targets]:
+    """The circuits core's inputs from evaluation batches prepared by `mode` (a scan session's, or Run.evaluate's),
+    and their score points' targets; `key` names what a task whose prompts are shifted is refused for."""
+    batch = joined_batch(batches)
     if "source_pos" in batch:
         raise ConfigError(
-            f"ablation.scans.{scan_name}",
+            key,
             "source_pos",
             "edges need clean and corrupted prompts aligned position by position; this task shifts them "
             "(task.align=last with prompts of different lengths)",
         )
     ids = batch["input_ids"]
-    if corrupted_run(type(session.mode)) == "all zeros":
-        corrupted = zero_outputs(session.model, ids)
-    else:
-        corrupted = batch["source_ids"]
+    corrupted = zero_outputs(model, ids) if corrupted_run(type(mode)) == "all zeros" else batch["source_ids"]
     targets = Targets.of(batch)
-    budget_mb = session.settings.memory_budget_mb
-    inputs = CircuitInputs(
-        ids, corrupted, targets.where_BT, len(targets), None if budget_mb is None else budget_mb * 2**20
-    )
-    return inputs, inputs.metric(session.metric, targets)
+    budget = None if memory_budget_mb is None else memory_budget_mb * 2**20
+    return CircuitInputs(ids, corrupted, targets.where_BT, len(targets), budget), targets
 
 
 def zero_outputs(model, ids_BT: Tensor) -> NodeOutputs:

@@ -4,13 +4,15 @@ edge) evaluated exactly by the edge-patched forward (headcount/circuits/attribut
 (circuit_inputs.py). `receivers` restricts the table to the edges into those receiver inputs (all edges: none).
 
 Columns: edge, sender, receiver, eap, eap_ig, exact (empty unless evaluated), rank (by |eap|, 1 first), verified,
-in_circuit (the `circuit_size` edges of largest |exact| when every edge is exact, else |eap_ig|, pruned to those on a
-path from the embeddings to the logits); scores in the metric's unit per score point. A second table,
-`<name>_faithfulness.csv`, holds the faithfulness curve: for EAP, EAP-IG, exact (with exact_all) and `random_sets`
-random edge sets, the faithfulness of the top-n circuit against n. summary.json's `edge_attribution` entry has the
-Spearman correlation and top-k recall of EAP and EAP-IG against the exact scores (when every edge is exact and k is
-below the number of edges); its `edge_circuits` entry the circuit's faithfulness. Figures: the faithfulness curve
-and the circuit drawn.
+in_circuit (the `circuit_size` edges of largest |score| by the best score every edge of the model has: exact when
+every edge has an exact score, with exact_all and no receivers or verify_top_k at least the number of edges, else
+EAP-IG; pruned to those on a path from the embeddings to the logits), circuit_by (that score's column); scores in
+the metric's unit per score point. A second table, `<name>_faithfulness.csv`, holds the faithfulness curve: for EAP,
+EAP-IG, exact (when every edge has it) and `random_sets` random edge sets, the faithfulness of the top-n circuit
+against n. summary.json's `edge_attribution` entry has the Spearman correlation and top-k recall of EAP and EAP-IG
+against the exact scores (when every edge is exact and k is below the number of edges); its `edge_circuits` entry
+the circuit's size, the score that chose it (`circuit_by`) and its faithfulness. Figures: the faithfulness curve and
+the circuit drawn (titled with its score and faithfulness; an edge whose removal helps the metric dashed).
 Passes are sized to `ablation.memory_budget_mb` (circuits/passes.py): examples and weight rows (EAP-IG: steps) split
 so that a pass fits, the sums exact whatever the split. No partial file: a killed scan recomputes its table (one
 backward for EAP and for EAP-IG, one edge-patched forward row per exact edge).
@@ -41,6 +43,7 @@ from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
 
+CIRCUIT_RULE = "circuit_by: exact where every edge has an exact score, else eap_ig"
 METHOD_COLOURS = {"eap": "tab:blue", "eap_ig": "tab:orange", "exact": "black", "random": "tab:gray"}
 
 
@@ -73,7 +76,8 @@ class EdgeAttributionScan(Scan):
         cfg = self.cfg
         sizes = None if cfg.circuit_sizes is None else list(cfg.circuit_sizes)
         parts = (cfg.steps, cfg.verify_top_k, cfg.exact_all, cfg.circuit_size, sizes, cfg.random_sets)
-        return (self.kind, list(cfg.receivers), *parts)
+        # CIRCUIT_RULE: tables chosen by the earlier rule (EAP-IG unless exact_all over every edge) are computed again
+        return (self.kind, list(cfg.receivers), *parts, CIRCUIT_RULE)
 
     def chosen_edges(self) -> list[int]:
         """The edges the table holds: all, or those into the listed receivers."""
@@ -102,9 +106,10 @@ class EdgeAttributionScan(Scan):
         exact = torch.full((len(graph.edges),), float("nan"), dtype=torch.float64)
         if exact_edges:
             exact[exact_edges] = exact_edge_scores(*args, inputs.points_BT, edges=exact_edges, memory_budget=budget)
-        scores = {"eap": eap, "eap_ig": eap_ig, **({"exact": exact} if cfg.exact_all and not cfg.receivers else {})}
-        circuit = top_edges(graph, scores.get("exact", eap_ig), min(cfg.circuit_size, len(graph.edges)))
-        self.record_circuit(graph, circuit, scores, inputs, metric, key)
+        scores = {"eap": eap, "eap_ig": eap_ig, **({"exact": exact} if not exact.isnan().any() else {})}
+        circuit_by = circuit_score(scores)
+        circuit = top_edges(graph, scores[circuit_by], min(cfg.circuit_size, len(graph.edges)))
+        self.record_circuit(graph, circuit, circuit_by, scores, inputs, metric, key)
         n = inputs.n_points
         table = pd.DataFrame(
             {
@@ -119,9 +124,12 @@ class EdgeAttributionScan(Scan):
         table["rank"] = table["eap"].abs().rank(ascending=False, method="first").astype(int)
         table["verified"] = table["exact"].notna()
         table["in_circuit"] = [i in circuit for i in chosen]
+        table["circuit_by"] = circuit_by
         return table
 
-    def record_circuit(self, graph: Graph, circuit: set[int], scores: dict, inputs, metric, key: str) -> None:
+    def record_circuit(
+        self, graph: Graph, circuit: set[int], circuit_by: str, scores: dict, inputs, metric, key: str
+    ) -> None:
         """The faithfulness curve (its table) and the chosen circuit's faithfulness (summary.json)."""
         session, cfg = self.session, self.cfg
         sizes = self.sizes(len(graph.edges))
@@ -132,8 +140,14 @@ class EdgeAttributionScan(Scan):
         self.curve_csv.parent.mkdir(parents=True, exist_ok=True)
         write_csv(self.curve_csv, curve)  # atomically, as every result file
         value = float(faithfulness(*args, [circuit], metric, inputs.points_BT, budget)[0])
-        entry = {"circuit_size": cfg.circuit_size, "circuit_edges": len(circuit), "circuit_faithfulness": value}
+        entry = {
+            "circuit_size": cfg.circuit_size,
+            "circuit_by": circuit_by,
+            "circuit_edges": len(circuit),
+            "circuit_faithfulness": value,
+        }
         session.files.update_summary({"edge_circuits": {self.name: entry}})
+        self.circuit_entry = entry  # the circuit figure's title (figures() follows compute())
 
     @property
     def curve_csv(self) -> Path:
@@ -158,21 +172,39 @@ class EdgeAttributionScan(Scan):
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         metric, graph = self.session.metric, Graph.of(self.session.model)
         curve = pd.read_csv(self.curve_csv)
-        curve_png = faithfulness_figure(curve, self.path(".png", "_faithfulness"), self.title("faithfulness against n"))
+        entry = self.circuit_entry
+        curve_png = faithfulness_figure(
+            curve, self.path(".png", "_faithfulness"), self.title("faithfulness against n"), entry
+        )
         weights = torch.zeros(len(graph.edges), dtype=torch.float64)
-        score = "exact" if table["verified"].all() and len(table) == len(graph.edges) else "eap_ig"  # as compute's
+        score = str(table["circuit_by"].iloc[0])
         index = [graph.edge_index[e] for e in table["edge"]]
-        weights[index] = torch.tensor(table[score].abs().to_numpy())
+        # signed as damage (positive: removing the edge makes the metric worse), so the figure dashes the edges whose
+        # removal helps
+        weights[index] = metric.damage(torch.tensor(table[score].to_numpy(), dtype=torch.float64), 0.0)
         circuit = {graph.edge_index[e] for e in table.loc[table["in_circuit"].astype(str) == "True", "edge"]}
-        shown = "" if len(table) == len(graph.edges) else f", those into {', '.join(self.cfg.receivers)}"
-        title = self.title(f"circuit: {len(circuit)} edges by |{score}| ({metric.unit}){shown}")
+        shown = "" if len(table) == len(graph.edges) else f"; drawn: those into {', '.join(self.cfg.receivers)}"
+        title = self.title(
+            f"circuit of {entry['circuit_edges']} edges by |{score}| ({metric.unit}), faithfulness "
+            f"{entry['circuit_faithfulness']:.2f}{shown}"
+        )
         circuit_png = self.path(".png", "_circuit")
         atomic_savefig(draw_circuit(graph, circuit, weights, title), circuit_png, dpi=120)
         return [self.curve_csv, curve_png, circuit_png]
 
 
-def faithfulness_figure(curve: pd.DataFrame, path: Path, title: str) -> Path:
-    """Faithfulness against the circuit's size n, a line per method; random sets as their mean and range."""
+def circuit_score(scores: dict[str, torch.Tensor]) -> str:
+    """The score the drawn circuit is chosen by: exact where every edge has an exact score, else EAP-IG. Exact scores
+    of some edges only are not mixed in: an edge's |exact| and another's |EAP-IG| are not on one scale (EAP-IG misses
+    exact scores by more than their size where zeroing an edge is far from the first-order regime), and an order
+    that puts the exact-scored edges first keeps edges into unscored receivers out of every small circuit, which
+    pruning then empties (docs/DESIGN.md, "Circuits")."""
+    return "exact" if "exact" in scores else "eap_ig"
+
+
+def faithfulness_figure(curve: pd.DataFrame, path: Path, title: str, circuit: dict | None = None) -> Path:
+    """Faithfulness against the circuit's size n, a line per method; random sets as their mean and range; the drawn
+    circuit (its summary entry: circuit_size, circuit_by, circuit_faithfulness) as a star."""
     fig = new_figure(6, 4)
     ax = fig.add_subplot()
     for method, rows in curve.groupby("method", sort=False):
@@ -181,8 +213,15 @@ def faithfulness_figure(curve: pd.DataFrame, path: Path, title: str) -> Path:
         ax.plot(stats.index, stats["mean"], marker="o", markersize=3, color=colour, label=str(method))
         if method == "random":
             ax.fill_between(stats.index, stats["min"], stats["max"], color=colour, alpha=0.2)
+    if circuit is not None:
+        label = f"drawn circuit (by {circuit['circuit_by']})"
+        colour = METHOD_COLOURS.get(circuit["circuit_by"])
+        ax.plot([circuit["circuit_size"]], [circuit["circuit_faithfulness"]], "*", ms=12, color=colour, label=label)
     ax.axhline(1.0, color="black", linewidth=0.6, linestyle="--")
     ax.set_xscale("symlog", linthresh=1)
+    sizes = sorted(int(n) for n in curve["n"].unique())
+    ax.set_xticks(sizes, [str(n) for n in sizes])  # the sizes measured, not the log scale's decades
+    ax.minorticks_off()
     ax.set(xlabel="edges kept (n, before pruning)", ylabel="faithfulness")
     ax.legend(fontsize=8)
     set_title(ax, title)

@@ -1,0 +1,113 @@
+"""`Run.evaluate` with edges: the metric of the model with a set of edges corrupted, exactly, on the run's data or a
+task, in any metric and any mode that corrupts every sender (zero, resample, patch).
+
+Each receiver input reads the clean output of every sender whose edge into it is kept and the mode's replacement from
+every sender whose edge is removed (the edge-patched forward, headcount/circuits/forward.py; docs/DESIGN.md,
+"Circuits"). Two ways to name what is removed:
+
+- `edges_removed`: these edges removed, every other edge kept (one edge: the edge_attribution scan's `exact` score);
+- `circuit`: these edges kept, every other edge removed (the faithfulness definition, circuits/faithfulness.py).
+
+Edges are named as the scans name them (`L0H3 -> L1H2.k`, `emb -> logits`, `L1.mlp -> logits`). The table has a row per
+edge set with the columns `Run.evaluate` gives a head mask (mask: the set's name, mode, the metric's columns, their
+deltas against the clean model, gap_fraction on a task with corrupted prompts, then how it was computed) but layer and
+head, `n_edges_removed` in place of `n_heads_off`, and `faithfulness`: (M(set) - M(every edge removed)) / (M(clean) -
+M(every edge removed)) on the metric's primary column, 1 for the whole model, 0 with every edge removed. The clean and
+every-edge-removed runs are two more rows of the same edge-patched passes, so every number is one computation's. Writes
+nothing.
+"""
+
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+import torch
+
+from headcount.ablation.engine.evaluation import EvaluationSet, counterpart_baseline
+from headcount.ablation.scans.circuit_inputs import check_edge_mode, edge_inputs
+from headcount.circuits import Graph, edge_metric
+from headcount.config.ablation import AblationConfig
+from headcount.errors import ConfigError
+
+EdgeSets = str | Sequence[str] | Mapping[str, str | Sequence[str]]
+ALLOWED = "a list of edge names such as ['L0H3 -> L1H2.k', 'L1.mlp -> logits'], or a mapping name -> such a list"
+
+
+def edge_sets(graph: Graph, spec: EdgeSets, key: str) -> list[tuple[str, list[int]]]:
+    """(row name, edge indices) per set: a list (or one name) is one set, named after the argument `key`; a mapping
+    gives one set per name. Every edge is checked by the graph: one line naming `key`, the edge, what is wrong and the
+    closest name."""
+    if isinstance(spec, str) or (isinstance(spec, Sequence) and not isinstance(spec, bytes)):
+        named = {key: spec}
+    elif isinstance(spec, Mapping):
+        named = dict(spec)
+    else:
+        raise ConfigError(key, spec, ALLOWED)
+    sets = []
+    for name, edges in named.items():
+        names = [edges] if isinstance(edges, str) else edges
+        if not isinstance(names, Sequence) or not all(isinstance(e, str) for e in names):
+            raise ConfigError(key, edges, ALLOWED)
+        sets.append((str(name), sorted({edge_index(graph, edge, key) for edge in names})))
+    if not sets:
+        raise ConfigError(key, spec, "give at least one edge set (an empty list is one set: no edge)")
+    return sets
+
+
+def edge_index(graph: Graph, edge: str, key: str) -> int:
+    """The index of the edge `edge` names; the graph's one-line error names the whole edge where it named a part."""
+    try:
+        return graph.edges_named([edge], key)[0]
+    except ConfigError as error:
+        if error.value == edge:
+            raise
+        raise ConfigError(key, edge, f"{error.value}: {error.allowed}") from None
+
+
+def evaluate_edges(
+    run, removed: EdgeSets | None, kept: EdgeSets | None, s: AblationConfig, planned
+) -> tuple[pd.DataFrame, EvaluationSet, int]:
+    """Run.evaluate's table for edge sets removed (`removed`) or circuits kept (`kept`), under settings `s` and the
+    plan (mode, metric, task) Run.evaluate made from them, before its record columns; the evaluation set and its
+    number of score points, which those columns report."""
+    key = "edges_removed" if removed is not None else "circuit"
+    check_edge_mode(s.mode, "mode", f"evaluating {key}")
+    model, graph = run.model, Graph.of(run.model)
+    sets = edge_sets(graph, removed if removed is not None else kept, key)
+    data, evaluated = run.evaluation(s, planned.mode, planned.metric, planned.task)
+    inputs, targets = edge_inputs(evaluated.batches, planned.mode, model, s.memory_budget_mb, "task")
+    weights = torch.zeros(len(sets) + 2, len(graph.edges), dtype=torch.float64)
+    weights[1] = 1.0  # row 0: the clean model; row 1: every edge removed (the corrupted run)
+    for row, (_, edges) in enumerate(sets, start=2):
+        if removed is not None:
+            weights[row, edges] = 1.0
+        else:
+            weights[row] = 1.0
+            weights[row, edges] = 0.0
+    metric = planned.metric
+    values = {
+        column: edge_metric(
+            model,
+            inputs.clean_ids_BT,
+            inputs.corrupted,
+            weights,
+            inputs.metric(metric, targets, k),
+            inputs.points_BT,
+            memory_budget=inputs.memory_budget,
+        ).cpu()
+        / inputs.n_points
+        for k, column in enumerate(metric.columns)
+    }
+    table = pd.DataFrame({"mask": [name for name, _ in sets], "mode": s.mode})
+    for column, value in values.items():
+        table[column] = value[2:].numpy()
+    for column, value in values.items():
+        table[f"delta_{column}"] = (value[2:] - value[0]).numpy()
+    primary = values[metric.primary]
+    counterpart = counterpart_baseline(s, metric, model, data, run.device)
+    if counterpart is not None:
+        gap = counterpart[metric.primary] - float(primary[0])
+        table["gap_fraction"] = (primary[2:] - primary[0]).numpy() / gap if gap != 0 else float("nan")
+    table["n_edges_removed"] = weights[2:].sum(1).long().numpy()
+    span = float(primary[0] - primary[1])
+    table["faithfulness"] = ((primary[2:] - primary[1]) / span).numpy() if span != 0 else float("nan")
+    return table, data, inputs.n_points
