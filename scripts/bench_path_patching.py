@@ -12,10 +12,9 @@ same senders), to check that a faster implementation gives the same numbers.
 
 import argparse
 import resource
-import time
 
 import torch
-from bench_edges import load, logit_diff
+from bench_edges import load, logit_diff, timed
 
 from headcount.circuits import Graph, path_patch
 from headcount.config.task import TaskConfig
@@ -51,15 +50,23 @@ def main() -> None:
     b = torch.arange(len(last))
     metric = logit_diff(task.answer_ids[b, last], task.wrong_ids[b, last])
     ids, corrupted = task.input_ids[:, :T], task.corrupted_ids[:, :T]
-    wall, cpu = time.perf_counter(), time.process_time()
-    effects = path_patch(model, ids, corrupted, pairs, metric, last)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    start = min(graph.receiver(r).node.layer for r in RECEIVERS)
+    with torch.no_grad():  # the model's own layers from the receivers' first layer on, the mean of 5 runs
+        stream = model.embed(ids)
+        forward_wall, forward_cpu, _ = timed(lambda: [model.forward_layers(stream, start) for _ in range(5)])
+        forward_wall, forward_cpu = forward_wall / 5, forward_cpu / 5
+    wall, cpu, effects = timed(lambda: path_patch(model, ids, corrupted, pairs, metric, last))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(
         f"{described}: {len(pairs)} of the {n_all} paths into {', '.join(RECEIVERS)}, {len(task)} IOI prompts of "
         f"{int(task.lengths.min())}-{T} tokens; {torch.get_num_threads()} threads, torch {torch.__version__}: "
         f"{wall:.1f} s wall, {cpu:.1f} s CPU, {wall / len(pairs):.3f} s per path (all {n_all}: "
         f"{wall / len(pairs) * n_all:.0f} s); peak memory {peak:.1f} GiB"
+    )
+    print(
+        f"the model's own layers {start}-{graph.n_layers - 1} on the {len(task)} prompts (no unembedding): "
+        f"{forward_wall:.3f} s wall, {forward_cpu:.3f} s CPU; a path costs {wall / len(pairs) / forward_wall:.1f}x "
+        f"that in wall time, {cpu / len(pairs) / forward_cpu:.1f}x in CPU time"
     )
     per_prompt = effects / len(task)
     order = per_prompt.argsort()[:3].tolist()
