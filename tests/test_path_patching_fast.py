@@ -94,3 +94,18 @@ def test_running_streams_and_plain_forward_are_the_general_formulas_bits(family)
     torch.testing.assert_close(logits, edge_forward(model, model.embed(clean_ids))[0], atol=1e-5, rtol=1e-5)
     for fast_z, general_z in zip(outs.z, general.z):
         torch.testing.assert_close(fast_z, general_z, atol=1e-5, rtol=1e-5)
+
+
+def test_bench_path_patching_runs_on_a_tiny_model(tmp_path):
+    """scripts/bench_path_patching.py (docs/BENCHMARKS.md's path-patching figures) still runs against the code it
+    measures, and its --compare reads what its --save wrote (here the same run's: difference 0)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    saved = str(tmp_path / "effects.pt")
+    command = [sys.executable, "bench_path_patching.py", "--model", "tiny", "--prompts", "4", "--senders", "5"]
+    proc = subprocess.run([*command, "--save", saved, "--compare", saved], cwd=scripts, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "5 of the" in proc.stdout and "largest difference from" in proc.stdout and " 0 (summed" in proc.stdout
