@@ -15,7 +15,9 @@ MLPs, the logits):
 
 Nothing before the first receiver's layer changes, so the pass starts there from the clean stream (prefix reuse),
 and P (sender set, receiver set) pairs of B examples run as P * B rows, in passes of some pairs of some examples
-sized to a memory budget (passes.py). For one sender and one receiver, or receivers
+sized to a memory budget (passes.py). A pair costs about the model's forward from that layer on: its receivers'
+inputs are the clean streams into them plus one change (patched_inputs), and each layer runs as the model runs it,
+only its receiver heads again from their own inputs (run_with_inputs). For one sender and one receiver, or receivers
 all in one layer, path patching equals the edge-patched forward with the edges S x R removed.
 The result is the effect, metric(patched) - metric(clean), per pair (float64, summed over the points).
 """
