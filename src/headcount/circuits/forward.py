@@ -29,7 +29,7 @@ differentiates at a = 0 on interpolated inputs with ref the clean run. Dropout i
 eval mode).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -46,6 +46,8 @@ class NodeOutputs:
     emb: Tensor
     z: list[Tensor]
     mlp: list[Tensor]
+    # the plain streams into receivers, by how many senders they read (plain_streams fills it once, when first asked)
+    streams: dict[int, Tensor] | None = field(default=None, repr=False, compare=False)
 
     def repeat(self, n: int) -> "NodeOutputs":
         """n copies along the batch (copy i holds rows i*B .. (i+1)*B - 1), as an (n, E) weight batch runs."""
@@ -66,7 +68,7 @@ class NodeOutputs:
 def node_outputs(model: Transformer, ids_BT: Tensor) -> NodeOutputs:
     """One plain run's sender outputs (no edge touched), without gradients."""
     with torch.no_grad():
-        return edge_forward(model, model.embed(ids_BT))[1]
+        return edge_stream(model, model.embed(ids_BT))[1]
 
 
 def outputs_of(model: Transformer, run: "Tensor | NodeOutputs") -> NodeOutputs:
@@ -102,6 +104,8 @@ def edge_stream(
     if model.training:
         raise ValueError("the edge-patched forward applies no dropout: call it on a model in eval mode")
     graph = Graph.of(model)
+    if weights is None and corrupted is None and reference is None and emb_BTC.ndim == 3:
+        return _plain_stream(model, graph, emb_BTC)
     n = 1 if weights is None else weights.shape[0]
     if weights is not None and corrupted is None:
         raise ValueError("edge weights need the corrupted run's outputs (corrupted=node_outputs(model, ids))")
@@ -148,6 +152,42 @@ def edge_stream(
             grow_delta("mlp")
     logits_receiver = graph.receivers[-1]
     return inputs(graph.edge_slices[logits_receiver], 1, len(graph.senders))[:, 0], outs
+
+
+def _plain_stream(model: Transformer, graph: Graph, emb_BTC: Tensor) -> tuple[Tensor, NodeOutputs]:
+    """edge_stream with no edge touched, as one running sum: the same additions in the same order as receiver_inputs
+    without weights makes for every receiver (so the same bits), without re-adding every earlier sender per layer."""
+    outs = NodeOutputs(emb_BTC, [], [])
+    stream_BTC = emb_BTC
+    for block in model.blocks:
+        z_BTHD = block.attn.heads(block.ln_attn(stream_BTC))
+        outs.z.append(z_BTHD)
+        mid_BTC = stream_BTC + attention_contribution(block, z_BTHD, None, None)[:, 0]
+        if graph.mlp:
+            outs.mlp.append(block.drop(block.mlp_out(stream_BTC if graph.parallel_residual else mid_BTC)))
+            mid_BTC = mid_BTC + outs.mlp[-1]
+        stream_BTC = mid_BTC
+    return stream_BTC, outs
+
+
+def plain_streams(model: Transformer, graph: Graph, outs: NodeOutputs, counts: set[int]) -> dict[int, Tensor]:
+    """{n: (B, T, C) the stream into a receiver that reads the first n senders} for each n in counts, every edge
+    carrying outs: receiver_inputs without weights, the same additions in the same order (so the same bits). One
+    running sum gives every count; outs keeps them (a run's streams are asked for again and again: per pass of
+    path-patching pairs)."""
+    if outs.streams is None:
+        x_BTC, pos = outs.emb, 1
+        found = {pos: x_BTC}
+        for layer, block in enumerate(model.blocks):
+            x_BTC = x_BTC + attention_contribution(block, outs.z[layer], None, None)[:, 0]
+            pos += graph.heads_per_layer[layer]
+            found.setdefault(pos, x_BTC)  # a layer without heads adds only its bias: receivers at pos read before it
+            if graph.mlp:
+                x_BTC = x_BTC + outs.mlp[layer]
+                pos += 1
+                found.setdefault(pos, x_BTC)
+        outs.streams = found
+    return {n: outs.streams[n] for n in counts}
 
 
 def receiver_inputs(
@@ -204,17 +244,19 @@ def attention_contribution(block: Block, z_BTHD: Tensor, dz_BTHD: Tensor | None,
     return out_NTC.view(B, X, *out_NTC.shape[1:])
 
 
-def heads_from_inputs(block: Block, x_BHWTC: Tensor) -> Tensor:
+def heads_from_inputs(block: Block, x_BHWTC: Tensor, heads: Tensor | None = None) -> Tensor:
     """z (B, T, H, D) of a layer whose head h reads q, k, v from its own inputs x[:, h, 0|1|2] (pre-norm stream):
     each input goes through the layer's norm, then head h's own rows of the projection (its key/value head's for k and
     v), q/k norms per head and rotary positions (shortformer positions join q's and k's inputs). A q/k norm over the
     whole projection (OLMo 2) mixes every head's rows, so there each input runs through the whole projection and head
-    h keeps its own slice."""
+    h keeps its own slice. heads: the layer's head indices x holds, in its order (None: all of them)."""
     attn = block.attn
+    if heads is None:
+        heads = torch.arange(attn.n_heads, device=x_BHWTC.device)
     if attn.features.qk_norm == "projection":
-        return _heads_through_whole_projection(block, x_BHWTC)
+        return _heads_through_whole_projection(block, x_BHWTC, heads)
     normed_BHWTC = block.ln_attn(x_BHWTC)
-    kv_H = attn.kv_head_of
+    kv_H = attn.kv_head_of[heads]
 
     def project(w: int, W_HCD: Tensor, b_HD: Tensor | None) -> Tensor:
         inputs_BHTC = normed_BHWTC[:, :, w]
@@ -223,7 +265,7 @@ def heads_from_inputs(block: Block, x_BHWTC: Tensor) -> Tensor:
         out_BHTD = torch.einsum("bhtc,hcd->bhtd", inputs_BHTC, W_HCD)
         return out_BHTD if b_HD is None else out_BHTD + b_HD[:, None]
 
-    q_BHTD = project(0, attn.W_Q, attn.b_Q)
+    q_BHTD = project(0, attn.W_Q[heads], None if attn.b_Q is None else attn.b_Q[heads])
     k_BHTD = project(1, attn.W_K[kv_H], None if attn.b_K is None else attn.b_K[kv_H])
     v_BHTD = project(2, attn.W_V[kv_H], None if attn.b_V is None else attn.b_V[kv_H])
     if attn.features.qk_norm == "head":
@@ -234,14 +276,14 @@ def heads_from_inputs(block: Block, x_BHWTC: Tensor) -> Tensor:
     return z_BHTD.transpose(1, 2)
 
 
-def _heads_through_whole_projection(block: Block, x_BHWTC: Tensor) -> Tensor:
+def _heads_through_whole_projection(block: Block, x_BHWTC: Tensor, heads: Tensor) -> Tensor:
     attn = block.attn
-    B, H, W, T, C = x_BHWTC.shape
-    q_NHTD, k_NGTD, v_NGTD = attn.project(block.ln_attn(x_BHWTC.reshape(B * H * W, T, C)))
-    D, G = attn.head_dim, attn.n_kv_heads
-    h = torch.arange(H, device=x_BHWTC.device)
-    q_BHTD = q_NHTD.view(B, H, W, H, T, D)[:, :, 0][:, h, h]
-    k_BHTD = k_NGTD.view(B, H, W, G, T, D)[:, :, 1][:, h, attn.kv_head_of]
-    v_BHTD = v_NGTD.view(B, H, W, G, T, D)[:, :, 2][:, h, attn.kv_head_of]
+    B, K, W, T, C = x_BHWTC.shape
+    q_NHTD, k_NGTD, v_NGTD = attn.project(block.ln_attn(x_BHWTC.reshape(B * K * W, T, C)))
+    D, H, G = attn.head_dim, attn.n_heads, attn.n_kv_heads
+    k = torch.arange(K, device=x_BHWTC.device)
+    q_BHTD = q_NHTD.view(B, K, W, H, T, D)[:, :, 0][:, k, heads]
+    k_BHTD = k_NGTD.view(B, K, W, G, T, D)[:, :, 1][:, k, attn.kv_head_of[heads]]
+    v_BHTD = v_NGTD.view(B, K, W, G, T, D)[:, :, 2][:, k, attn.kv_head_of[heads]]
     z_BHTD, _ = attn.reference_attention(q_BHTD, k_BHTD, v_BHTD)
     return z_BHTD.transpose(1, 2)

@@ -109,10 +109,27 @@ def example_bytes(model: Transformer, T: int, runs: int = 2) -> int:
 
 
 def path_unit_bytes(model: Transformer, T: int, points: int, receivers: int) -> int:
-    """One (senders, receivers) pair of one example in path patching: its receivers' patched inputs, the stream,
-    the layer at work (a layer's heads read 3 inputs each where a receiver is one of them) and the logits at its
-    points."""
-    graph = Graph.of(model)
-    layers = [layer_floats(model, graph, layer, T, 3 * graph.heads_per_layer[layer]) for layer in range(graph.n_layers)]
-    floats = (receivers + 4) * T * model.cfg.d_model + max(layers, default=0) + points_floats(model, points)
+    """One (senders, receivers) pair of one example in path patching: its receivers' patched inputs and its change to
+    the stream, the stream and its copies, the layer at work as the model runs it, the layer's receiver heads run again
+    from their own inputs (at most `receivers` heads, 3 inputs each: the inputs, their norms, their projections (OLMo
+    2's whole projection per input), the scores) and the logits at its points."""
+    C, sizes = model.cfg.d_model, model.activation_floats(T)
+    heads = min(receivers, max((b.attn.n_heads for b in model.blocks), default=0))
+    per_head = 2 * T + 6 * C + max(_projection_floats(b.attn) for b in model.blocks)
+    floats = T * ((receivers + 5) * C + sizes.layer + 2 * sizes.z + heads * per_head) + points_floats(model, points)
     return floats * next(model.parameters()).element_size()
+
+
+def _projection_floats(attn) -> int:
+    """A receiver head's q, k, v and their rotated or normed copies per position; where the q/k norm spans the whole
+    projection (OLMo 2), each of its 3 inputs runs through all of it."""
+    if attn.features.qk_norm == "projection":
+        return 3 * 2 * (attn.n_heads + 2 * attn.n_kv_heads) * attn.head_dim
+    return 3 * 3 * attn.head_dim
+
+
+def path_example_bytes(model: Transformer, T: int) -> int:
+    """One example's own runs in path patching, whatever the pairs: the clean and corrupted outputs, their difference,
+    the clean streams into the receivers and the clean attention of post-norm layers (at most one more run's worth),
+    and the plain forward that computes them."""
+    return example_bytes(model, T, runs=4)

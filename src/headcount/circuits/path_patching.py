@@ -15,7 +15,9 @@ MLPs, the logits):
 
 Nothing before the first receiver's layer changes, so the pass starts there from the clean stream (prefix reuse),
 and P (sender set, receiver set) pairs of B examples run as P * B rows, in passes of some pairs of some examples
-sized to a memory budget (passes.py). For one sender and one receiver, or receivers
+sized to a memory budget (passes.py). A pair costs about the model's forward from that layer on: its receivers'
+inputs are the clean streams into them plus one change (patched_inputs), and each layer runs as the model runs it,
+only its receiver heads again from their own inputs (run_with_inputs). For one sender and one receiver, or receivers
 all in one layer, path patching equals the edge-patched forward with the edges S x R removed.
 The result is the effect, metric(patched) - metric(clean), per pair (float64, summed over the points).
 """
@@ -24,11 +26,17 @@ import torch
 from torch import Tensor
 
 from headcount.circuits.attribution import example_chunks, logits_at, outputs_at
-from headcount.circuits.forward import NodeOutputs, attention_contribution, heads_from_inputs, node_outputs
+from headcount.circuits.forward import (
+    NodeOutputs,
+    attention_contribution,
+    heads_from_inputs,
+    node_outputs,
+    plain_streams,
+)
 from headcount.circuits.forward import receiver_inputs as stream_into
 from headcount.circuits.graph import Graph, Node, Receiver
 from headcount.circuits.metric import Metric, metric_at, point_values, points_mask
-from headcount.circuits.passes import budget_of, example_bytes, path_unit_bytes, plan_passes
+from headcount.circuits.passes import budget_of, path_example_bytes, path_unit_bytes, plan_passes
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 
@@ -52,7 +60,9 @@ def path_patch(
     B, T = points_BT.shape
     points = int(points_BT.sum(1).max()) if B else 0
     unit = path_unit_bytes(model, T, points, max((len(r) for _, r in resolved), default=0))
-    plan = plan_passes(unit, example_bytes(model, T), len(pairs), B, budget_of(model, memory_budget), pairs_per_pass)
+    plan = plan_passes(
+        unit, path_example_bytes(model, T), len(pairs), B, budget_of(model, memory_budget), pairs_per_pass
+    )
     patched_NP = torch.empty(len(pairs), int(points_BT.sum()), dtype=torch.float64)
     clean_P = torch.empty(patched_NP.shape[1], dtype=torch.float64)
     with torch.no_grad():
@@ -87,41 +97,82 @@ def _resolve(graph: Graph, senders: list[str], receivers: list[str]) -> tuple[li
 def patched_inputs(
     model: Transformer, graph: Graph, clean: NodeOutputs, corrupted: NodeOutputs, pairs
 ) -> dict[tuple[int, Receiver], Tensor]:
-    """(pair, receiver) -> the receiver's patched input (B, T, C): its clean senders with S's outputs corrupted."""
+    """(pair, receiver) -> the receiver's patched input (B, T, C): its clean senders with S's outputs corrupted.
+
+    Every sender of a pair comes before each of its receivers (_resolve), so a receiver's input is the clean stream
+    into it plus one change per pair, the same for all its receivers: the senders' corrupted-minus-clean outputs as
+    they join the stream (sender_change). The general formula (forward.py's receiver_inputs with S's edges at weight
+    1) re-adds every earlier sender per receiver; this adds one term."""
     delta = corrupted.minus(clean)
+    counts = {graph.n_senders(r) for _, receivers in pairs for r in receivers}
+    clean_into = plain_streams(model, graph, clean, counts)
+    clean_attention: dict[int, Tensor] = {}
     patched = {}
     for p, (senders, receivers) in enumerate(pairs):
+        change_BTC = sender_change(model, graph, clean, delta, senders, clean_attention)
         for r in receivers:
-            n = graph.n_senders(r)
-            w_S = torch.zeros(n, dtype=clean.emb.dtype, device=clean.emb.device)
-            w_S[[graph.senders.index(s) for s in senders]] = 1.0
-            w_BXS = w_S.expand(clean.emb.shape[0], 1, n)
-            patched[p, r] = stream_into(model, graph, clean, delta, w_BXS, n)[:, 0]
+            patched[p, r] = clean_into[graph.n_senders(r)] + change_BTC
     return patched
+
+
+def sender_change(
+    model: Transformer,
+    graph: Graph,
+    clean: NodeOutputs,
+    delta: NodeOutputs,
+    senders: list[Node],
+    clean_attention: dict[int, Tensor],
+) -> Tensor:
+    """(B, T, C): how the stream changes when the senders' outputs turn corrupted and nothing else does. emb and an
+    MLP add their own change; a layer's heads add sum_h dz_h W_O^h where attention has no post-norm (linear in z), and
+    otherwise post_norm(combine(z + dz on the senders' heads)) - post_norm(combine(z)) (the layer's clean
+    contribution computed once per pass, in clean_attention)."""
+    change_BTC = torch.zeros_like(clean.emb)
+    heads: dict[int, list[int]] = {}
+    for s in senders:
+        if s.kind == "emb":
+            change_BTC = change_BTC + delta.emb
+        elif s.kind == "mlp":
+            change_BTC = change_BTC + delta.mlp[s.layer]
+        else:
+            heads.setdefault(s.layer, []).append(s.head)
+    for layer, chosen in heads.items():
+        block = model.blocks[layer]
+        if block.ln_attn_out is None:
+            W_O = block.attn.W_O[chosen]
+            change_BTC = change_BTC + torch.einsum("bthd,hdc->btc", delta.z[layer][:, :, chosen], W_O)
+            continue
+        w_11H = torch.zeros(1, 1, graph.heads_per_layer[layer], dtype=clean.emb.dtype, device=clean.emb.device)
+        w_11H[..., chosen] = 1.0
+        if layer not in clean_attention:
+            clean_attention[layer] = attention_contribution(block, clean.z[layer], None, None)[:, 0]
+        patched_BTC = attention_contribution(block, clean.z[layer], delta.z[layer], w_11H.expand(len(clean.emb), 1, -1))
+        change_BTC = change_BTC + (patched_BTC[:, 0] - clean_attention[layer])
+    return change_BTC
 
 
 def run_with_inputs(
     model: Transformer, graph: Graph, clean: NodeOutputs, patched: dict[tuple[int, Receiver], Tensor], n_pairs: int
 ) -> Tensor:
     """The logits' input (n_pairs * B, T, C) of the model run with the receivers' inputs replaced, pair p in rows
-    p*B.. (the unembedding is the caller's, at its score points)."""
+    p*B.. (the unembedding is the caller's, at its score points). Each layer runs as the model does, from the stream;
+    only its receiver heads run again from their patched inputs (a head's other two inputs read the stream), and their
+    z replaces the plain one."""
     B = clean.emb.shape[0]
-    layers = [r.node.layer for _, r in patched]
-    start = min(layers)
-    if start < graph.n_layers:
-        start_senders = graph.sender_start(start)
-        stream = stream_into(model, graph, clean, None, None, start_senders)[:, 0].repeat(n_pairs, 1, 1)
+    start = min(r.node.layer for _, r in patched)
+    stream = plain_streams(model, graph, clean, {graph.sender_start(start)})[graph.sender_start(start)]
+    stream = stream.repeat(n_pairs, 1, 1)
     for layer in range(start, graph.n_layers):
         block = model.blocks[layer]
+        z_RTHD = block.attn.heads(block.ln_attn(stream))
         head_inputs = {(p, r): x for (p, r), x in patched.items() if r.node.kind == "head" and r.node.layer == layer}
         if head_inputs:
-            n_heads = graph.heads_per_layer[layer]
-            x_RHWTC = stream[:, None, None].repeat(1, n_heads, 3, 1, 1)
+            heads = sorted({r.node.head for _, r in head_inputs})
+            x_RKWTC = stream[:, None, None].repeat(1, len(heads), 3, 1, 1)
             for (p, r), x in head_inputs.items():
-                x_RHWTC[p * B : (p + 1) * B, r.node.head, "qkv".index(r.input)] = x
-            z_RTHD = heads_from_inputs(block, x_RHWTC)
-        else:
-            z_RTHD = block.attn.heads(block.ln_attn(stream))
+                x_RKWTC[p * B : (p + 1) * B, heads.index(r.node.head), "qkv".index(r.input)] = x
+            index_K = torch.tensor(heads, device=stream.device)
+            z_RTHD = z_RTHD.index_copy(2, index_K, heads_from_inputs(block, x_RKWTC, index_K))
         attn = attention_contribution(block, z_RTHD, None, None)[:, 0]
         if block.mlp is None:
             stream = stream + attn
@@ -129,8 +180,6 @@ def run_with_inputs(
         mlp_in = stream if block.parallel_residual else stream + attn
         mlp_in = _replace(mlp_in, patched, Node("mlp", layer), B)
         stream = stream + attn + block.drop(block.mlp_out(mlp_in))
-    if start == graph.n_layers:
-        stream = stream_into(model, graph, clean, None, None, len(graph.senders))[:, 0].repeat(n_pairs, 1, 1)
     return _replace(stream, patched, Node("logits", graph.n_layers), B)
 
 
