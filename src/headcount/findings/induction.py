@@ -105,12 +105,14 @@ def composition_claim(edges: pd.DataFrame, prev_heads: list[str], induction_head
     return claim, numbers
 
 
-def role_measured(role: pd.DataFrame, score: str, threshold: float, joint: float, what: str, layer: int) -> str:
-    """Each of a role's heads with its pattern score and single-head delta, then the role's joint delta."""
-    if role.empty:
-        return f"no layer-{layer} head has {what} score > {threshold}"
-    each = ", ".join(f"{name(row)} ({row[score]:.2f}, {row.delta_loss:+.2f} alone)" for _, row in role.iterrows())
-    return f"{len(role)} with {what} score > {threshold}: {each}; together {joint:+.2f} nats"
+def prev_token_measured(prev_heads: pd.DataFrame, joint: float) -> str:
+    """Each previous-token head with its score and single-head delta, then their joint delta."""
+    if prev_heads.empty:
+        return f"no layer-0 head has previous-token score > {PREV_TOKEN_PATTERN}"
+    each = ", ".join(
+        f"{name(row)} ({row.prev_token_score:.2f}, {row.delta_loss:+.2f} alone)" for _, row in prev_heads.iterrows()
+    )
+    return f"{len(prev_heads)} with previous-token score > {PREV_TOKEN_PATTERN}: {each}; together {joint:+.2f} nats"
 
 
 def claims_of(
@@ -162,13 +164,18 @@ def claims_of(
         Claim(
             "Zeroing layer 0's previous-token heads (those the attention patterns single out, together) raises the "
             "repeated-part loss by more than 1 nat",
-            role_measured(prev_heads, "prev_token_score", PREV_TOKEN_PATTERN, prev_joint, "previous-token", 0),
+            prev_token_measured(prev_heads, prev_joint),
             verdict(len(prev_heads) > 0 and prev_joint > CRITICAL),
         ),
         Claim(
             "Zeroing layer 1's induction heads (those the attention patterns single out, together) raises the "
             "repeated-part loss by more than 1 nat",
-            f"{len(induction_heads)} with induction score > {INDUCTION_PATTERN}, together {induction_joint:+.2f} nats"
+            (
+                f"{len(induction_heads)} with induction score > {INDUCTION_PATTERN} "
+                f"({', '.join(numbers['induction_heads'])}): together {induction_joint:+.2f} nats"
+                if len(induction_heads)
+                else f"no layer-1 head has induction score > {INDUCTION_PATTERN}"
+            )
             + top_single,
             verdict(len(induction_heads) > 0 and induction_joint > CRITICAL),
         ),
