@@ -156,20 +156,45 @@ def test_bad_input_is_one_line_and_leaves_nothing(run_dir, monkeypatch, capsys, 
 
 
 @pytest.mark.parametrize(
-    "k, q, expected", [(2.0, 0.5, "reproduced"), (0.5, 2.0, "partly"), (0.1, 0.1, "not reproduced")]
+    "k, q, other_k, expected",
+    [
+        (2.0, 0.5, 1.0, "reproduced"),
+        (0.5, 2.0, 1.0, "partly"),
+        (0.1, 0.1, 1.0, "not reproduced"),  # the largest edge from a layer-0 head is L0H1's, no previous-token head
+        (0.5, 0.1, 3.0, "not reproduced"),
+    ],
 )
-def test_the_k_composition_claim_reads_the_largest_head_edge_into_the_induction_head(k, q, expected):
+def test_the_k_composition_claim_reads_the_largest_head_edge_into_the_induction_head(k, q, other_k, expected):
     from headcount.findings.induction import composition_claim
 
     rows = [
         ("L0H3", "L1H2.k", k),
         ("L0H3", "L1H2.q", q),
         ("L0H3", "L1H2.v", 0.2),
-        ("L0H1", "L1H2.k", 1.0),
+        ("L0H1", "L1H2.k", other_k),
+        ("L0H0", "L1H2.k", 1.0),
         ("emb", "L1H2.q", 9.0),  # the embeddings are no layer-0 head: not a candidate
         ("L0H3", "L1H0.k", 5.0),  # into another head
     ]
     edges = pd.DataFrame([{"edge": f"{s} -> {r}", "sender": s, "receiver": r, "exact": v} for s, r, v in rows])
-    claim, numbers = composition_claim(edges, "L0H3", "L1H2")
+    claim, numbers = composition_claim(edges, ["L0H3"], "L1H2")
     assert claim.verdict == expected
-    assert numbers["prev_token_head_edges_into_induction_head"]["L1H2.k"] == k
+    assert numbers["prev_token_head_edges_into_induction_head"]["L0H3 -> L1H2.k"] == k
+
+
+def test_the_k_composition_claim_takes_any_previous_token_head_as_the_sender():
+    """Two layer-0 heads share the previous-token role: the largest edge into the induction head's key from either
+    is K-composition (the rule of one previous-token head, the top scorer L0H3, said not reproduced)."""
+    from headcount.findings.induction import composition_claim
+
+    rows = [("L0H3", "L1H2.k", 0.4), ("L0H1", "L1H2.k", 3.0), ("L0H1", "L1H2.q", 0.1), ("L0H0", "L1H2.k", 1.0)]
+    edges = pd.DataFrame([{"edge": f"{s} -> {r}", "sender": s, "receiver": r, "exact": v} for s, r, v in rows])
+    claim, numbers = composition_claim(edges, ["L0H1", "L0H3"], "L1H2")
+    assert claim.verdict == "reproduced"
+    assert numbers["largest_head_edge_into_induction_head"] == "L0H1 -> L1H2.k"
+    assert set(numbers["prev_token_head_edges_into_induction_head"]) == {
+        "L0H1 -> L1H2.k",
+        "L0H1 -> L1H2.q",
+        "L0H3 -> L1H2.k",
+    }
+    assert composition_claim(edges, [], "L1H2")[0].verdict == "not reproduced"

@@ -145,7 +145,8 @@ def test_a_node_that_never_comes_ends_the_join_in_one_line_within_the_timeout(tm
     not come and where, with its run's lock released; training and a scan alike."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
-    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "0", "TORCH_CPP_LOG_LEVEL": "FATAL"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "0"}
+    env.pop("TORCH_CPP_LOG_LEVEL", None)  # the command's own setting: torch's C++ log kept out of its one line
     run_dir = tmp_path / "run"
     train = [
         sys.executable,
@@ -172,6 +173,25 @@ def test_a_node_that_never_comes_ends_the_join_in_one_line_within_the_timeout(tm
     )
     run_lock.check_free(run_dir, "run_dir", str(run_dir))  # released: the same command may go again at once
     assert RunPaths(run_dir).metrics.exists() == (command == "ablate")  # nothing trained
+
+
+def test_a_node_whose_node_0_never_comes_says_so_in_one_line(tmp_path):
+    """Node 1 of two, with no node 0 at MASTER_ADDR: torch's C++ log printed c10d's socket timeouts, each with a C++
+    stack (21 lines), before the one line; the command keeps its C++ log to FATAL unless the user sets it."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "1"}
+    env.pop("TORCH_CPP_LOG_LEVEL", None)
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "headcount.cli.train", *TRAIN[:-3], "trainer.max_steps=2", f"hydra.run.dir={run_dir}"]
+    args += ["trainer.num_nodes=2", "trainer.rendezvous_timeout_s=3"]
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith(
+        f"error: trainer.num_nodes=2: this node (NODE_RANK=1) reached no rendezvous at 127.0.0.1:{port} within "
+        "trainer.rendezvous_timeout_s=3 s: node 0 is not there"
+    )
+    run_lock.check_free(run_dir, "run_dir", str(run_dir))
 
 
 def test_after_the_join_collectives_wait_torchs_default_not_the_join_timeout(monkeypatch):

@@ -1,11 +1,17 @@
-"""Olsson et al. (2022): a 2-layer attention-only model copies in context through a previous-token head in layer 0
-and an induction head in layer 1; ablating either costs more than 1 nat on the repeated part, most heads matter
-little, the heads the ablation singles out are the heads the attention patterns single out, and the previous-token
-head reaches the induction head through its key (K-composition): of the exact edge scores (edge_attribution, zero
-mode: the edge's sender output zeroed for that one receiver input), the largest from a layer-0 head into the top
-induction head is the previous-token head's, on .k."""
+"""Olsson et al. (2022): a 2-layer attention-only model copies in context through previous-token heads in layer 0 and
+induction heads in layer 1. The heads are the ones the attention patterns single out (previous-token score above
+PREV_TOKEN_PATTERN in layer 0, induction score above INDUCTION_PATTERN in layer 1), each role's heads zeroed TOGETHER,
+as Olsson et al. ablate them: a model may split a role between heads that back each other up, and which heads share it
+moves with the seed, the thread count and the CPU kind, so a claim about one head would too. The claims: zeroing
+layer 0's previous-token heads costs more than 1 nat on the repeated part, and so does zeroing layer 1's induction
+heads; most heads matter little; the heads the ablation singles out (over 1 nat alone) are heads the patterns single
+out, of either role; and a previous-token head reaches the top induction head through its key (K-composition): of the
+exact edge scores (edge_attribution, zero mode: the edge's sender output zeroed for that one receiver input), the
+largest from a layer-0 head into the top induction head runs from a previous-token head into .k. Each head's own
+score and single-head delta are reported beside the joint numbers."""
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -19,16 +25,18 @@ from headcount.data import induction_first_part_mask
 from headcount.findings import figures
 from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.run_data import run_evaluator, run_subject
-from headcount.run_dir import RunPaths, load_run
+from headcount.run_dir import FinishedRun, RunPaths, load_run
 
 PAPER = "Olsson et al. 2022, In-context learning and induction heads"
-CRITICAL = 1.0  # nats on the repeated part: the issue's bar for a head that carries the task
+CRITICAL = 1.0  # nats on the repeated part: the issue's bar for a head (or a role's heads) that carries the task
 INDUCTION_PATTERN = 0.3  # a layer-1 head that puts this much attention on induction targets is an induction head
 # A layer-0 head that puts this much attention on the previous token is a previous-token head. The score averages over
 # every position, filler included: the heads of seeds that build the circuit score about 0.3 (0.19 while it forms, at
 # 2500 steps), the top heads of seeds that solve the task without it 0.02-0.09.
 PREV_TOKEN_PATTERN = 0.15
 FAR_BELOW = 0.25  # "far below": the repeated part's loss at most this fraction of a context-free guess
+
+Heads = list[tuple[int, int]]  # (layer, head) pairs
 
 
 def head_table(run_dir: Path) -> pd.DataFrame:
@@ -46,28 +54,145 @@ def edge_table(run_dir: Path) -> pd.DataFrame | None:
     return read_checked(path)[["edge", "sender", "receiver", "exact"]] if path.exists() else None
 
 
-def composition_claim(edges: pd.DataFrame, prev_head: str, induction_head: str) -> tuple[Claim, dict]:
+def name(row: pd.Series) -> str:
+    return head_name(row.layer, row["head"])
+
+
+def pattern_heads(heads: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The heads the attention patterns single out: layer 0's previous-token heads and layer 1's induction heads."""
+    layer0, layer1 = heads[heads.layer == 0], heads[heads.layer == 1]
+    return layer0[layer0.prev_token_score > PREV_TOKEN_PATTERN], layer1[layer1.induction_score > INDUCTION_PATTERN]
+
+
+def zeroing_together(run: FinishedRun, repeated: float) -> Callable[[Heads], float]:
+    """(layer, head) pairs -> the repeated-part loss increase with all of them zeroed at once (0 for none)."""
+    evaluator = run_evaluator(run)
+
+    def increase(zeroed: Heads) -> float:
+        if not zeroed:
+            return 0.0
+        gates_1LH = torch.ones(1, run.model.n_layers, run.model.max_heads)
+        for layer, head in zeroed:
+            gates_1LH[0, layer, head] = 0
+        return float(evaluator.evaluate(gates_1LH)["loss"][0]) - repeated
+
+    return increase
+
+
+def composition_claim(edges: pd.DataFrame, prev_heads: list[str], induction_head: str) -> tuple[Claim, dict]:
     """K-composition: the largest exact edge (loss increase when the edge alone is zeroed) from a layer-0 head into
-    the induction head runs from the previous-token head into its key."""
+    the top induction head runs from a previous-token head (any the patterns single out) into its key."""
     into = edges[edges.receiver.str.startswith(f"{induction_head}.") & edges.sender.str.match(r"^L0H\d+$")]
     into = into.sort_values("exact", ascending=False)
     top = into.iloc[0]
-    from_prev = into[into.sender == prev_head].set_index("receiver")["exact"]
+    from_prev = into[into.sender.isin(prev_heads)].sort_values("edge")
     numbers = {
         "largest_head_edge_into_induction_head": top.edge,
         "largest_head_edge_exact": float(top.exact),
-        "prev_token_head_edges_into_induction_head": {r: float(v) for r, v in from_prev.items()},
+        "prev_token_head_edges_into_induction_head": {e: float(v) for e, v in zip(from_prev.edge, from_prev.exact)},
     }
-    measured = f"largest: {top.edge} (+{top.exact:.3f} nats); {prev_head} into " + ", ".join(
-        f"{r.split('.')[-1]} {v:+.3f}" for r, v in from_prev.items()
+    from_prev_text = ", ".join(f"{e} {v:+.3f}" for e, v in zip(from_prev.edge, from_prev.exact))
+    measured = f"largest: {top.edge} ({top.exact:+.3f} nats); " + (
+        f"from the previous-token heads: {from_prev_text}" if prev_heads else "no previous-token head in layer 0"
     )
     claim = Claim(
-        "The previous-token head reaches the induction head through its key: the largest exact edge from a layer-0 "
-        "head into the induction head is previous-token head -> .k (K-composition)",
+        "A previous-token head reaches the induction head through its key: the largest exact edge from a layer-0 "
+        "head into the top induction head runs from a previous-token head (any layer-0 head the patterns single out) "
+        "into its .k (K-composition)",
         measured,
-        verdict(top.sender == prev_head and top.receiver == f"{induction_head}.k", partly=top.sender == prev_head),
+        verdict(top.sender in prev_heads and top.receiver == f"{induction_head}.k", partly=top.sender in prev_heads),
     )
     return claim, numbers
+
+
+def prev_token_measured(prev_heads: pd.DataFrame, joint: float) -> str:
+    """Each previous-token head with its score and single-head delta, then their joint delta."""
+    if prev_heads.empty:
+        return f"no layer-0 head has previous-token score > {PREV_TOKEN_PATTERN}"
+    each = ", ".join(
+        f"{name(row)} ({row.prev_token_score:.2f}, {row.delta_loss:+.2f} alone)" for _, row in prev_heads.iterrows()
+    )
+    return f"{len(prev_heads)} with previous-token score > {PREV_TOKEN_PATTERN}: {each}; together {joint:+.2f} nats"
+
+
+def claims_of(
+    heads: pd.DataFrame, together: Callable[[Heads], float], repeated: float, first: float, guess: float
+) -> tuple[list[Claim], dict]:
+    """The five claims on the head table (and the repeated part's loss), `together` zeroing heads at once."""
+    prev_heads, induction_heads = pattern_heads(heads)
+    layer0, layer1 = heads[heads.layer == 0], heads[heads.layer == 1]
+    top_prev = layer0.loc[layer0.prev_token_score.idxmax()]
+    top_induction = layer1.loc[layer1.induction_score.idxmax()]
+    prev_joint = together([(0, int(h)) for h in prev_heads["head"]])
+    induction_joint = together([(1, int(h)) for h in induction_heads["head"]])
+
+    critical = heads[heads.delta_loss > CRITICAL]
+    by_pattern = {name(row) for _, row in pd.concat([prev_heads, induction_heads]).iterrows()}
+    critical_names = [name(row) for _, row in critical.iterrows()]
+    explained = [h for h in critical_names if h in by_pattern]
+    little = float((heads.delta_loss < CRITICAL).mean())
+
+    numbers = {
+        "first_part_loss": first,
+        "context_free_guess_loss": guess,
+        "repeated_part_loss": repeated,
+        "prev_token_heads": [name(row) for _, row in prev_heads.iterrows()],
+        "prev_token_head_scores": {name(row): float(row.prev_token_score) for _, row in prev_heads.iterrows()},
+        "prev_token_head_deltas": {name(row): float(row.delta_loss) for _, row in prev_heads.iterrows()},
+        "prev_token_heads_joint_delta": prev_joint,
+        "top_prev_token_head": name(top_prev),
+        "top_prev_token_head_score": float(top_prev.prev_token_score),
+        "induction_heads": [name(row) for _, row in induction_heads.iterrows()],
+        "induction_heads_joint_delta": induction_joint,
+        "top_induction_head": name(top_induction),
+        "top_induction_head_score": float(top_induction.induction_score),
+        "top_induction_head_delta": float(top_induction.delta_loss),
+        "critical_heads": critical_names,
+        "critical_heads_singled_out_by_patterns": len(explained),
+        "share_of_heads_under_1_nat": little,
+    }
+    top_single = (
+        f"; the top, {name(top_induction)} ({top_induction.induction_score:.2f}), {top_induction.delta_loss:+.2f} alone"
+    )
+    claims = [
+        Claim(
+            "The model copies in context: the repeated part's loss is far below the first part's",
+            f"repeated part {repeated:.3f} nats against {guess:.2f} for a guess without context (the first part, "
+            f"which the model is not trained on, costs {first:.2f})",
+            verdict(repeated <= FAR_BELOW * guess),
+        ),
+        Claim(
+            "Zeroing layer 0's previous-token heads (those the attention patterns single out, together) raises the "
+            "repeated-part loss by more than 1 nat",
+            prev_token_measured(prev_heads, prev_joint),
+            verdict(len(prev_heads) > 0 and prev_joint > CRITICAL),
+        ),
+        Claim(
+            "Zeroing layer 1's induction heads (those the attention patterns single out, together) raises the "
+            "repeated-part loss by more than 1 nat",
+            (
+                f"{len(induction_heads)} with induction score > {INDUCTION_PATTERN} "
+                f"({', '.join(numbers['induction_heads'])}): together {induction_joint:+.2f} nats"
+                if len(induction_heads)
+                else f"no layer-1 head has induction score > {INDUCTION_PATTERN}"
+            )
+            + top_single,
+            verdict(len(induction_heads) > 0 and induction_joint > CRITICAL),
+        ),
+        Claim(
+            "A few heads carry the task; most heads matter little",
+            f"{len(critical)} of {len(heads)} heads raise the loss by more than 1 nat; {little:.0%} by less",
+            verdict(len(critical) >= 1 and little > 0.5),
+        ),
+        Claim(
+            "The heads the ablation singles out are the heads the attention patterns single out",
+            f"{len(explained)} of the {len(critical)} heads over 1 nat ({', '.join(critical_names) or 'none'}) are "
+            f"previous-token heads of layer 0 or induction heads of layer 1 by pattern "
+            f"({', '.join(sorted(by_pattern)) or 'none'})",
+            verdict(len(critical) > 0 and len(explained) == len(critical), partly=len(explained) > 0),
+        ),
+    ]
+    return claims, numbers
 
 
 def check(run_dir: Path, out: Path) -> Finding:
@@ -78,78 +203,10 @@ def check(run_dir: Path, out: Path) -> Finding:
     # The first part is random, so no model beats a uniform guess there; ours is not even trained on it (the loss
     # mask covers the repeat), so its first-part loss is reported but the guess is the bar.
     guess = math.log(run.config.data.vocab_size - 1)
-
-    layer0, layer1 = heads[heads.layer == 0], heads[heads.layer == 1]
-    prev_head = layer0.loc[layer0.prev_token_score.idxmax()]
-    top_induction = layer1.loc[layer1.induction_score.idxmax()]
-    induction_heads = layer1[layer1.induction_score > INDUCTION_PATTERN]
-    gates_1LH = torch.ones(1, run.model.n_layers, run.model.max_heads)
-    gates_1LH[0, 1, induction_heads["head"].tolist()] = 0
-    joint = float(run_evaluator(run).evaluate(gates_1LH)["loss"][0]) - repeated if len(induction_heads) else 0.0
-
-    has_prev_head = prev_head.prev_token_score > PREV_TOKEN_PATTERN
-    critical = heads[heads.delta_loss > CRITICAL]
-    by_pattern = set(map(tuple, induction_heads[["layer", "head"]].to_numpy()))
-    if has_prev_head:
-        by_pattern.add((0, int(prev_head["head"])))
-    explained = [h for h in map(tuple, critical[["layer", "head"]].to_numpy()) if h in by_pattern]
-    little = float((heads.delta_loss < CRITICAL).mean())
-
-    def name(row) -> str:
-        return head_name(row.layer, row["head"])
-
-    numbers = {
-        "first_part_loss": first,
-        "context_free_guess_loss": guess,
-        "repeated_part_loss": repeated,
-        "prev_token_head": name(prev_head),
-        "prev_token_head_score": float(prev_head.prev_token_score),
-        "prev_token_head_delta": float(prev_head.delta_loss),
-        "top_induction_head": name(top_induction),
-        "top_induction_head_score": float(top_induction.induction_score),
-        "top_induction_head_delta": float(top_induction.delta_loss),
-        "induction_heads": [name(row) for _, row in induction_heads.iterrows()],
-        "induction_heads_joint_delta": joint,
-        "critical_heads": [name(row) for _, row in critical.iterrows()],
-        "critical_heads_singled_out_by_patterns": len(explained),
-        "share_of_heads_under_1_nat": little,
-    }
-    single_ok = top_induction.induction_score > INDUCTION_PATTERN and top_induction.delta_loss > CRITICAL
-    claims = [
-        Claim(
-            "The model copies in context: the repeated part's loss is far below the first part's",
-            f"repeated part {repeated:.3f} nats against {guess:.2f} for a guess without context (the first part, "
-            f"which the model is not trained on, costs {first:.2f})",
-            verdict(repeated <= FAR_BELOW * guess),
-        ),
-        Claim(
-            "Ablating the previous-token head in layer 0 raises the repeated-part loss by more than 1 nat",
-            f"{name(prev_head)} (previous-token score {prev_head.prev_token_score:.2f}, the highest in layer 0; a "
-            f"previous-token head needs > {PREV_TOKEN_PATTERN}): +{prev_head.delta_loss:.2f} nats",
-            verdict(has_prev_head and prev_head.delta_loss > CRITICAL),
-        ),
-        Claim(
-            "Ablating the induction head in layer 1 raises the repeated-part loss by more than 1 nat",
-            f"{name(top_induction)} (induction score {top_induction.induction_score:.2f}): "
-            f"+{top_induction.delta_loss:.2f} nats alone; the {len(induction_heads)} layer-1 heads with induction "
-            f"score > {INDUCTION_PATTERN} together: +{joint:.2f} nats",
-            verdict(single_ok, partly=len(induction_heads) > 0 and joint > CRITICAL),
-        ),
-        Claim(
-            "A few heads carry the task; most heads matter little",
-            f"{len(critical)} of {len(heads)} heads raise the loss by more than 1 nat; {little:.0%} by less",
-            verdict(len(critical) >= 1 and little > 0.5),
-        ),
-        Claim(
-            "The heads the ablation singles out are the heads the attention patterns single out",
-            f"{len(explained)} of the {len(critical)} heads over 1 nat are layer 0's previous-token head or an "
-            f"induction head of layer 1 by pattern",
-            verdict(len(critical) > 0 and len(explained) == len(critical), partly=len(explained) > 0),
-        ),
-    ]
+    claims, numbers = claims_of(heads, zeroing_together(run, repeated), repeated, first, guess)
     edges = edge_table(run_dir)
     if edges is not None:
-        claim, edge_numbers = composition_claim(edges, name(prev_head), name(top_induction))
+        claim, edge_numbers = composition_claim(edges, numbers["prev_token_heads"], numbers["top_induction_head"])
         claims.append(claim)
         numbers.update(edge_numbers)
     subject = run_subject(run_dir, ResultAddress(RunPaths(run_dir).ablation, mode="zero"))
