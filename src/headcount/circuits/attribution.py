@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from headcount.circuits.forward import NodeOutputs, edge_stream, node_outputs, outputs_of
+from headcount.circuits.gradients import ReceiverGradients, receiver_gradients
 from headcount.circuits.graph import Graph
 from headcount.circuits.metric import Metric, metric_at, point_values, points_mask
 from headcount.circuits.passes import PassPlan, budget_of, edge_unit_bytes, example_bytes, plan_passes
@@ -125,20 +126,18 @@ def eap_scores(
     score_positions_B: Tensor | None = None,
     memory_budget: int | None = None,
 ) -> Tensor:
-    """(E,) float64: EAP's first-order estimate of every edge's exact score, the gradients of the passes' examples
-    added in float64."""
+    """(E,) float64: EAP's first-order estimate of every edge's exact score, the passes' dot products added in
+    float64."""
     points_BT = points_mask(clean_ids_BT, score_positions_B)
     plan = edge_plan(model, points_BT, 1, memory_budget, grad=True)
-    grad_E = torch.zeros(len(Graph.of(model).edges), dtype=torch.float64)
+    scores = EdgeGradients(model)
     for examples, columns in example_chunks(plan, points_BT):
         corrupted = outputs_at(model, corrupted_ids_BT, examples)
-        emb = model.embed(clean_ids_BT[examples]).detach()
-        weights = emb.new_zeros(1, len(grad_E), requires_grad=True)
-        stream, _ = edge_stream(model, emb, weights, corrupted)
-        values = point_values(logits_at(model, stream, points_BT[examples]), metric_at(metric, columns))
-        (grad,) = torch.autograd.grad(values.sum(), weights)
-        grad_E += grad[0].double().cpu()
-    return grad_E
+        grads = receiver_gradients(
+            model, model.embed(clean_ids_BT[examples]), points_BT[examples], metric_at(metric, columns)
+        )
+        scores.add(grads, corrupted.minus(grads.outputs))
+    return scores.edges()
 
 
 def eap_ig_scores(
@@ -151,26 +150,112 @@ def eap_ig_scores(
     memory_budget: int | None = None,
 ) -> Tensor:
     """(E,) float64: EAP-IG with `steps` interpolations of the input embeddings between corrupted and clean, in
-    passes of some steps of some examples, the gradients added in float64."""
+    passes of some steps of some examples, the dot products added in float64."""
     if not isinstance(steps, int) or steps < 1:
         raise ConfigError("edge_attribution.steps", steps, "EAP-IG needs an integer number of steps >= 1")
     points_BT = points_mask(clean_ids_BT, score_positions_B)
     plan = edge_plan(model, points_BT, steps, memory_budget, grad=True, reference=True)
-    grad_NE = torch.zeros(steps, len(Graph.of(model).edges), dtype=torch.float64)
+    scores = EdgeGradients(model)
     for examples, columns in example_chunks(plan, points_BT):
         clean = node_outputs(model, clean_ids_BT[examples])
         corrupted = outputs_at(model, corrupted_ids_BT, examples)
+        delta = corrupted.minus(clean)
         for rows in plan.row_chunks(steps):
             alpha_N = (
                 torch.arange(rows.start + 1, rows.stop + 1, dtype=clean.emb.dtype, device=clean.emb.device) / steps
             )
             emb_NBTC = corrupted.emb + alpha_N[:, None, None, None] * (clean.emb - corrupted.emb)
-            weights = clean.emb.new_zeros(len(alpha_N), grad_NE.shape[1], requires_grad=True)
-            stream, _ = edge_stream(model, emb_NBTC, weights, corrupted, reference=clean)
-            values = point_values(logits_at(model, stream, points_BT[examples]), metric_at(metric, columns))
-            (grad,) = torch.autograd.grad(values.sum(), weights)
-            grad_NE[rows] += grad.double().cpu()
-    return grad_NE.mean(0)
+            grads = receiver_gradients(model, emb_NBTC.flatten(0, 1), points_BT[examples], metric_at(metric, columns))
+            scores.add(grads, delta)
+    return scores.edges() / steps
+
+
+class EdgeGradients:
+    """dM/da_{s->r} at a = 0 for every edge, summed over runs: the dot product of sender s's out'_s - out_s as it
+    enters the stream with g_r, the run's gradient at receiver r's input (gradients.py), over examples, positions and
+    channels. All of a receiver layer's edges are one matrix product, (receivers, B*T*C) x (B*T*C, senders before);
+    the runs' gradients are summed first (EAP-IG's steps share the deltas).
+
+    A head's delta enters as (z'_h - z_h) W_O^h. Where its layer's attention passes a post-norm before the stream, it
+    enters as J (z'_h - z_h) W_O^h, J the norm's Jacobian at the run's combined output (the first-order term of
+    forward.py's post_norm(combine(z + a (z' - z)))): its dot product is (z'_h - z_h) W_O^h . J^T g_r, with J^T g_r
+    taken run by run (J differs between EAP-IG's steps)."""
+
+    def __init__(self, model: Transformer):
+        self.model, self.graph = model, Graph.of(model)
+        graph = self.graph
+        self.sums_RS = torch.zeros(len(graph.receivers), len(graph.senders), dtype=torch.float64)
+        # per receiver layer: its rows and the senders its last receiver reads (every earlier one's are a prefix)
+        self.layers: list[tuple[slice, int]] = []
+        self.first_reader: list[int] = []  # per layer: the first receiver row that reads the layer's heads
+        start = 0
+        for layer in range(graph.n_layers):
+            receivers = graph.layer_receivers(layer)
+            self.first_reader.append(start + 3 * graph.heads_per_layer[layer])
+            if receivers:
+                self.layers.append((slice(start, start + len(receivers)), graph.n_senders(receivers[-1])))
+            start += len(receivers)
+        self.layers.append((slice(start, start + 1), len(graph.senders)))  # the logits
+
+    def add(self, grads: ReceiverGradients, delta: NodeOutputs) -> None:
+        """Add the N runs of `grads` (N*B rows), each of the B examples of the sender deltas `delta`."""
+        senders_SK, post_norm_heads = sender_rows(self.model, delta)
+        grads_RNK = receiver_rows(self.graph, grads, len(delta.emb))
+        summed_RK = grads_RNK.sum(1)
+        for rows, n_senders in self.layers:
+            self.sums_RS[rows, :n_senders] += (summed_RK[rows] @ senders_SK[:n_senders].T).double().cpu()
+        for layer, heads_HK in post_norm_heads.items():
+            first, start = self.first_reader[layer], self.graph.sender_start(layer)
+            norm, combined_RTC = self.model.blocks[layer].ln_attn_out, grads.combined[layer]
+            readers_XRTC = grads_RNK[first:].view(-1, *combined_RTC.shape)
+            through_XNK = through_norm(norm, combined_RTC, readers_XRTC).view(grads_RNK[first:].shape)
+            product_XH = through_XNK.sum(1) @ heads_HK.T
+            self.sums_RS[first:, start : start + len(heads_HK)] += product_XH.double().cpu()
+
+    def edges(self) -> Tensor:
+        """(E,) float64 in Graph.edges' order (by receiver, then sender)."""
+        reads_R = torch.tensor([self.graph.n_senders(r) for r in self.graph.receivers])
+        return self.sums_RS[torch.arange(len(self.graph.senders))[None] < reads_R[:, None]]
+
+
+def sender_rows(model: Transformer, delta: NodeOutputs) -> tuple[Tensor, dict[int, Tensor]]:
+    """(S, B*T*C): each sender's out' - out as it enters the stream, in the sender order, a head's (z'_h - z_h) W_O^h;
+    heads whose layer has a post-norm are zero there and given apart, (H, B*T*C) per such layer."""
+    rows, post_norm_heads = [delta.emb[None]], {}
+    for layer, block in enumerate(model.blocks):
+        heads_HBTC = torch.einsum("bthd,hdc->hbtc", delta.z[layer], block.attn.W_O)
+        if block.ln_attn_out is not None:
+            post_norm_heads[layer] = heads_HBTC.flatten(1)
+            heads_HBTC = torch.zeros_like(heads_HBTC)
+        rows.append(heads_HBTC)
+        if block.mlp is not None:
+            rows.append(delta.mlp[layer][None])
+    return torch.cat(rows).flatten(1), post_norm_heads
+
+
+def receiver_rows(graph: Graph, grads: ReceiverGradients, n_examples: int) -> Tensor:
+    """(R, N, B*T*C): each receiver input's gradient (Graph.receivers' order) in each of the N runs."""
+    n = len(grads.logits) // n_examples
+
+    def runs(g_RTC: Tensor) -> Tensor:
+        return g_RTC.unflatten(0, (n, n_examples))[None]
+
+    blocks = []
+    for layer in range(graph.n_layers):
+        heads = grads.heads[layer].unflatten(0, (n, n_examples))  # (N, B, H, 3, T, C)
+        blocks.append(heads.permute(2, 3, 0, 1, 4, 5).flatten(0, 1))
+        if graph.mlp:
+            blocks.append(runs(grads.mlp[layer]))
+    blocks.append(runs(grads.logits))
+    return torch.cat(blocks).flatten(2)
+
+
+def through_norm(norm: torch.nn.Module, at_RTC: Tensor, grads_XRTC: Tensor) -> Tensor:
+    """(X, rows, T, C): J^T g for each of the X gradients g, J the Jacobian of `norm` at `at` (row by row)."""
+    at_XRTC = at_RTC.detach().expand_as(grads_XRTC).contiguous().requires_grad_()
+    with torch.enable_grad():
+        (vjp,) = torch.autograd.grad(norm(at_XRTC), at_XRTC, grads_XRTC)
+    return vjp
 
 
 def ranking_agreement(estimate: Tensor, exact: Tensor, k: int) -> dict[str, float]:

@@ -1,0 +1,86 @@
+"""The metric's gradient at every receiver input in one forward and one backward: the half of EAP that needs the model.
+
+At edge weights a = 0 every receiver of a layer reads the same stream, so the edge-patched forward (forward.py) is the
+plain forward, and d metric / d a_{s->r} = (out'_s - out_s as it enters the stream) . g_r with g_r = d metric / d x_r
+the gradient at receiver r's own input (attribution.py does the dot products). This forward gives every receiver its
+own copy of the stream it reads, so one backward yields every g_r: head h of layer l reads its q, k and v through three
+copies of the stream before layer l (heads_from_inputs, the edge-patched forward's own head computation), an MLP reads
+a copy of the stream after its layer's heads (before them in a parallel block), the logits the last stream (which
+nothing else reads). Each copy is a tensor of its own in the autograd graph: its gradient is its readers' alone, and
+the backward flows on through it into the senders before. The forward costs about one plain forward (a head's k and v
+projections run per query head under grouped-query attention) plus the layer norms of the copies, and holds every copy and its gradient: 3H + 1 streams per layer.
+
+Where a layer's attention output passes a post-norm before joining the stream (Gemma 2/3, OLMo 2), the run keeps that
+layer's combined output before the norm (`combined`), at which attribution.py takes the norm's Jacobian.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from headcount.circuits.forward import NodeOutputs, heads_from_inputs
+from headcount.circuits.graph import Graph
+from headcount.circuits.metric import Metric, point_values
+from headcount.model.transformer import Transformer
+
+
+@dataclass
+class ReceiverGradients:
+    """d metric / d x_r for every receiver input, rows as the forward's (N*B) batch, and what the run computed.
+
+    heads: per layer (rows, H, 3, T, C), head h's q, k, v inputs; mlp: per layer (rows, T, C) (empty without MLPs);
+    logits: (rows, T, C); combined: per layer, attention's combined output before its post-norm (None without one);
+    outputs: this run's sender outputs."""
+
+    heads: list[Tensor]
+    mlp: list[Tensor]
+    logits: Tensor
+    combined: list[Tensor | None]
+    outputs: NodeOutputs
+
+
+def receiver_gradients(model: Transformer, emb_RTC: Tensor, points_BT: Tensor, metric: Metric) -> ReceiverGradients:
+    """The gradients of the metric summed over the points of rows = N * B runs (emb_RTC: each run's embedding, runs
+    of the B examples of points_BT stacked N times along the batch) at every receiver input, in model dtype."""
+    if model.training:
+        raise ValueError("the gradient forward applies no dropout: call it on a model in eval mode")
+    graph = Graph.of(model)
+    x_RTC = emb_RTC.detach().requires_grad_()  # the stream: the logits' input at the end, read by them alone
+    outs = NodeOutputs(emb_RTC.detach(), [], [])
+    copies: list[Tensor] = []
+    combined: list[Tensor | None] = []
+    for layer, block in enumerate(model.blocks):
+        n_heads = graph.heads_per_layer[layer]
+        if n_heads:
+            copy_RHWTC = x_RTC[:, None, None].expand(-1, n_heads, 3, -1, -1).contiguous()
+            copies.append(copy_RHWTC)
+            z_RTHD = heads_from_inputs(block, copy_RHWTC)
+        else:
+            z_RTHD = x_RTC.new_zeros(*x_RTC.shape[:2], 0, block.attn.head_dim)
+        outs.z.append(z_RTHD.detach())
+        attn_RTC = block.attn.combine_heads(z_RTHD)
+        combined.append(None if block.ln_attn_out is None else attn_RTC.detach())
+        attn_RTC = block.drop(attn_RTC if block.ln_attn_out is None else block.ln_attn_out(attn_RTC))
+        if not graph.mlp:
+            x_RTC = x_RTC + attn_RTC
+            continue
+        mlp_in_RTC = (x_RTC if graph.parallel_residual else x_RTC + attn_RTC).clone()
+        copies.append(mlp_in_RTC)
+        mlp_RTC = block.drop(block.mlp_out(mlp_in_RTC))
+        outs.mlp.append(mlp_RTC.detach())
+        x_RTC = x_RTC + attn_RTC + mlp_RTC
+    n = len(x_RTC) // len(points_BT)
+    logits_NPV = model.unembed(x_RTC.view(n, *points_BT.shape, -1)[:, points_BT])
+    grads = torch.autograd.grad(point_values(logits_NPV, metric).sum(), [*copies, x_RTC])
+    heads, mlp, i = [], [], 0
+    for layer in range(graph.n_layers):
+        if graph.heads_per_layer[layer]:
+            heads.append(grads[i])
+            i += 1
+        else:
+            heads.append(x_RTC.new_zeros(len(x_RTC), 0, 3, *x_RTC.shape[1:]))
+        if graph.mlp:
+            mlp.append(grads[i])
+            i += 1
+    return ReceiverGradients(heads, mlp, grads[-1], combined, outs)
