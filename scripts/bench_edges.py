@@ -5,8 +5,9 @@ alone, headcount.circuits.path_patch: equal to the edge-patched forward for one 
 Every edge of the model (the embeddings, 270 heads' q/k/v, 30 MLPs and the logits: about 123,000 edges) is scored by
 EAP and by EAP-IG, the prompts taken a few at a time (`--chunk`: each chunk's scores are sums over its prompts, so the
 chunks add up to the scores of all prompts at once, in less memory). Their cost is also given in plain forward passes
-of the model on the same prompts (timed first, the median of --repeats, all prompts in one batch: once as model(ids),
-logits at every position, and once to the logits at the score points only, as EAP's forwards compute them).
+of the model on the same prompts, in CPU seconds (timed first, the median of --repeats, all prompts in one batch: once
+as model(ids), logits at every position, and once to the logits at the score points only, as EAP's forwards compute
+them).
 
 Exact scores of all of them would take days, so they are measured on a sample and the full cost extrapolated from it:
 the candidates (the union of EAP's and EAP-IG's top --candidates edges by |score|) plus --random edges drawn uniformly
@@ -94,8 +95,9 @@ def chunked(score, task, chunk: int) -> torch.Tensor:
 
 
 def forward_seconds(model, task, repeats: int) -> tuple[float, float]:
-    """Median wall seconds of one plain forward on all prompts at once (right-padded): model(ids), logits at every
-    position; and the same forward unembedded at each prompt's last position only."""
+    """Median CPU seconds (this process's, steadier than wall time on shared cores) of one plain forward on all
+    prompts at once (right-padded): model(ids), logits at every position; and the same forward unembedded at each
+    prompt's last position only."""
     T = int(task.lengths.max())
     ids, last = task.input_ids[:, :T], task.lengths - 1
     rows = torch.arange(len(ids))
@@ -104,7 +106,7 @@ def forward_seconds(model, task, repeats: int) -> tuple[float, float]:
         "points": lambda: model.unembed(model.forward_layers(model.embed(ids))[rows, last]),
     }
     with torch.no_grad():
-        return tuple(statistics.median(timed(run)[0] for _ in range(repeats)) for run in runs.values())
+        return tuple(statistics.median(timed(run)[1] for _ in range(repeats)) for run in runs.values())
 
 
 def load_average() -> str:
@@ -137,24 +139,25 @@ def main() -> None:
     model.requires_grad_(False)
     forward, forward_points = forward_seconds(model, task, args.repeats)
     print(
-        f"plain forward of the {len(task)} prompts at once, median of {args.repeats}: model(ids) {forward:.3f} s; to "
-        f"the logits at the score points only {forward_points:.3f} s (load average {load_average()})",
+        f"plain forward of the {len(task)} prompts at once, median CPU seconds of {args.repeats}: model(ids) "
+        f"{forward:.3f} s; to the logits at the score points only {forward_points:.3f} s (load average "
+        f"{load_average()})",
         flush=True,
     )
     eap_wall, eap_cpu, eap = timed(
         lambda: chunked(lambda *a: eap_scores(model, a[0], a[1], a[2], a[3]), task, args.chunk)
     )
     print(
-        f"EAP, every edge: {eap_wall:.1f} s wall, {eap_cpu:.1f} s CPU, {eap_wall / forward_points:.1f} forwards to the "
-        f"score points ({eap_wall / forward:.1f} model(ids)); peak memory {peak_gib():.1f} GiB",
+        f"EAP, every edge: {eap_wall:.1f} s wall, {eap_cpu:.1f} s CPU, in CPU seconds {eap_cpu / forward_points:.1f} "
+        f"forwards to the score points ({eap_cpu / forward:.1f} model(ids)); peak memory {peak_gib():.1f} GiB",
         flush=True,
     )
     ig = lambda *a: eap_ig_scores(model, a[0], a[1], a[2], args.steps, a[3])  # noqa: E731
     ig_wall, ig_cpu, eap_ig = timed(lambda: chunked(ig, task, args.chunk))
     print(
-        f"EAP-IG ({args.steps} steps), every edge: {ig_wall:.1f} s wall, {ig_cpu:.1f} s CPU, "
-        f"{ig_wall / forward_points:.1f} forwards to the score points ({ig_wall / forward:.1f} model(ids)); peak "
-        f"memory {peak_gib():.1f} GiB (load average {load_average()})",
+        f"EAP-IG ({args.steps} steps), every edge: {ig_wall:.1f} s wall, {ig_cpu:.1f} s CPU, in CPU seconds "
+        f"{ig_cpu / forward_points:.1f} forwards to the score points ({ig_cpu / forward:.1f} model(ids)); peak memory "
+        f"{peak_gib():.1f} GiB (load average {load_average()})",
         flush=True,
     )
     candidates = set(eap.abs().argsort(descending=True)[: args.candidates].tolist())

@@ -4,19 +4,24 @@ With M(a) the metric (summed over the points) of the edge-patched forward at edg
 removes edge e), every score is an effect M(removed) - M(clean):
 
 - exact: M(e_e) - M(0), the edge removed alone (equal to path patching of that single edge, path_patching.py);
-- EAP (Syed et al. 2023): the first-order term dM/da_e at a = 0, which is (out'_s - out_s) . dM/dx_r for an edge
-  s -> r in pre-norm families (the classic formula: corrupted minus clean sender output, dotted with the metric's
-  gradient at the receiver input). Into a post-norm layer's attention the same derivative is taken through the exact
-  per-layer definition, (z'_h - z_h) . dM/dz_h read through that receiver's post_norm(combine(.)): it is the first-
-  order term of the exact definition, not of a per-head sum that the post-norm does not have. One clean forward, one
-  corrupted forward and one backward to the E weights (per pass of examples);
+- EAP (Syed et al. 2023): the first-order term dM/da_e at a = 0. At a = 0 every receiver reads the plain stream, so
+  for an edge s -> r it is (out'_s - out_s as it enters the stream) . g_r, g_r = dM/dx_r the gradient at receiver
+  r's own input (the classic formula: corrupted minus clean sender output, dotted with the metric's gradient at the
+  receiver input), a head's output entering as (z'_h - z_h) W_O^h. Where attention passes a post-norm before the
+  stream (Gemma 2/3, OLMo 2) a head's delta enters as J (z'_h - z_h) W_O^h, J the norm's Jacobian at the layer's
+  combined output: the first-order term of the exact per-receiver definition post_norm(combine(z + a (z' - z))), not
+  of a per-head sum that the post-norm does not have. Cost: a clean and a corrupted forward, one forward in which
+  every receiver reads its own copy of the stream and one backward (gradients.py), then one matrix product per
+  receiver layer for all its edges (EdgeGradients), per pass of examples;
 - EAP-IG (Hanna et al. 2024): (out'_s - out_s) . (1/m) sum_{k=1..m} dM/dx_r at the run whose input embeddings are
   emb' + (k/m)(emb - emb'), the corrupted-to-clean straight line in embedding space (their "inputs" variant;
-  right Riemann sum, the clean end included); out and out' stay the clean and corrupted runs' outputs. The m
-  interpolations run as m * B rows with one backward, in passes of some steps of some examples.
+  right Riemann sum, the clean end included); out and out' stay the clean and corrupted runs' outputs (through a
+  post-norm, J is each step's own). The m interpolations run as m * B rows of the same forward and backward, in passes
+  of some steps of some examples; the gradients of the steps are summed before the products.
 
-Every evaluation runs in passes sized to a memory budget (passes.py): exact metrics are sums over all points in
-point order whatever the passes, gradients sums over the passes' examples in float64.
+Both equal the gradient of the edge-patched forward in the edge weights (tests, float32 and float64), which stays
+their definition. Every evaluation runs in passes sized to a memory budget (passes.py): exact metrics are sums over
+all points in point order whatever the passes, EAP's dot products sums over the passes' examples in float64.
 
 `ranking_agreement` compares an estimate with exact scores: rank correlation and top-k recall by |score|.
 """
