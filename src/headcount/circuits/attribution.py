@@ -202,6 +202,7 @@ class EdgeGradients:
             start += len(receivers)
         self.layers.append((slice(start, start + 1), len(graph.senders)))  # the logits
 
+    @torch.no_grad()
     def add(self, grads: ReceiverGradients, delta: NodeOutputs) -> None:
         """Add the N runs of `grads` (N*B rows), each of the B examples of the sender deltas `delta`."""
         senders_SK, post_norm_heads = sender_rows(self.model, delta)
