@@ -30,8 +30,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headcount.circuits.forward import NodeOutputs, edge_stream, node_outputs, outputs_of
-from headcount.circuits.gradients import ReceiverGradients, receiver_gradients
+from headcount.circuits.forward import NodeOutputs, edge_stream, outputs_of
+from headcount.circuits.gradients import ReceiverGradients, plain_outputs, receiver_gradients
 from headcount.circuits.graph import Graph
 from headcount.circuits.metric import Metric, metric_at, point_values, points_mask
 from headcount.circuits.passes import PassPlan, budget_of, edge_unit_bytes, example_bytes, plan_passes
@@ -97,6 +97,11 @@ def outputs_at(model: Transformer, run: Tensor | NodeOutputs, examples: slice) -
     return outputs_of(model, run[examples])
 
 
+def run_outputs(model: Transformer, run: Tensor | NodeOutputs, examples: slice) -> NodeOutputs:
+    """outputs_at for EAP: a run on ids through gradients.plain_outputs, one pass through the layers."""
+    return outputs_at(model, run, examples) if isinstance(run, NodeOutputs) else plain_outputs(model, run[examples])
+
+
 def logits_at(model: Transformer, stream_RTC: Tensor, points_BT: Tensor) -> Tensor:
     """(N, P, V): the logits at the P points of each of the N runs stacked along the batch, unembedded there only."""
     N = stream_RTC.shape[0] // points_BT.shape[0]
@@ -137,7 +142,7 @@ def eap_scores(
     plan = edge_plan(model, points_BT, 1, memory_budget, grad=True)
     scores = EdgeGradients(model)
     for examples, columns in example_chunks(plan, points_BT):
-        corrupted = outputs_at(model, corrupted_ids_BT, examples)
+        corrupted = run_outputs(model, corrupted_ids_BT, examples)
         grads = receiver_gradients(
             model, model.embed(clean_ids_BT[examples]), points_BT[examples], metric_at(metric, columns)
         )
@@ -162,8 +167,8 @@ def eap_ig_scores(
     plan = edge_plan(model, points_BT, steps, memory_budget, grad=True, reference=True)
     scores = EdgeGradients(model)
     for examples, columns in example_chunks(plan, points_BT):
-        clean = node_outputs(model, clean_ids_BT[examples])
-        corrupted = outputs_at(model, corrupted_ids_BT, examples)
+        clean = plain_outputs(model, clean_ids_BT[examples])
+        corrupted = run_outputs(model, corrupted_ids_BT, examples)
         delta = corrupted.minus(clean)
         for rows in plan.row_chunks(steps):
             alpha_N = (
@@ -178,8 +183,9 @@ def eap_ig_scores(
 class EdgeGradients:
     """dM/da_{s->r} at a = 0 for every edge, summed over runs: the dot product of sender s's out'_s - out_s as it
     enters the stream with g_r, the run's gradient at receiver r's input (gradients.py), over examples, positions and
-    channels. All of a receiver layer's edges are one matrix product, (receivers, B*T*C) x (B*T*C, senders before);
-    the runs' gradients are summed first (EAP-IG's steps share the deltas).
+    channels. The edges into a layer's heads (then into its MLP, then into the logits) are one matrix product,
+    (receiver inputs, B*T*C) x (B*T*C, senders they read); the runs' gradients are summed first (EAP-IG's steps share
+    the deltas).
 
     A head's delta enters as (z'_h - z_h) W_O^h. Where its layer's attention passes a post-norm before the stream, it
     enters as J (z'_h - z_h) W_O^h, J the norm's Jacobian at the run's combined output (the first-order term of
@@ -190,33 +196,38 @@ class EdgeGradients:
         self.model, self.graph = model, Graph.of(model)
         graph = self.graph
         self.sums_RS = torch.zeros(len(graph.receivers), len(graph.senders), dtype=torch.float64)
-        # per receiver layer: its rows and the senders its last receiver reads (every earlier one's are a prefix)
-        self.layers: list[tuple[slice, int]] = []
-        self.first_reader: list[int] = []  # per layer: the first receiver row that reads the layer's heads
-        start = 0
+        # receiver groups in receiver order: (first row, what they are, the senders they read)
+        self.groups: list[tuple[int, tuple[str, int], int]] = []
+        row = 0
         for layer in range(graph.n_layers):
             receivers = graph.layer_receivers(layer)
-            self.first_reader.append(start + 3 * graph.heads_per_layer[layer])
-            if receivers:
-                self.layers.append((slice(start, start + len(receivers)), graph.n_senders(receivers[-1])))
-            start += len(receivers)
-        self.layers.append((slice(start, start + 1), len(graph.senders)))  # the logits
+            if graph.heads_per_layer[layer]:
+                self.groups.append((row, ("heads", layer), graph.sender_start(layer)))
+            if graph.mlp:
+                self.groups.append((row + len(receivers) - 1, ("mlp", layer), graph.n_senders(receivers[-1])))
+            row += len(receivers)
+        self.groups.append((row, ("logits", -1), len(graph.senders)))
 
     @torch.no_grad()
     def add(self, grads: ReceiverGradients, delta: NodeOutputs) -> None:
         """Add the N runs of `grads` (N*B rows), each of the B examples of the sender deltas `delta`."""
         senders_SK, post_norm_heads = sender_rows(self.model, delta)
-        grads_RNK = receiver_rows(self.graph, grads, len(delta.emb))
-        summed_RK = grads_RNK.sum(1)
-        for rows, n_senders in self.layers:
-            self.sums_RS[rows, :n_senders] += (summed_RK[rows] @ senders_SK[:n_senders].T).double().cpu()
-        for layer, heads_HK in post_norm_heads.items():
-            first, start = self.first_reader[layer], self.graph.sender_start(layer)
-            norm, combined_RTC = self.model.blocks[layer].ln_attn_out, grads.combined[layer]
-            readers_XRTC = grads_RNK[first:].view(-1, *combined_RTC.shape)
-            through_XNK = through_norm(norm, combined_RTC, readers_XRTC).view(grads_RNK[first:].shape)
-            product_XH = through_XNK.sum(1) @ heads_HK.T
-            self.sums_RS[first:, start : start + len(heads_HK)] += product_XH.double().cpu()
+        n = len(grads.logits) // len(delta.emb)
+        for row, group, n_senders in self.groups:
+            grads_XNK = group_grads(grads, group, n)
+            summed_XK = grads_XNK[:, 0] if n == 1 else grads_XNK.sum(1)
+            product_XS = summed_XK @ senders_SK[:n_senders].T
+            self.sums_RS[row : row + len(grads_XNK), :n_senders] += product_XS.double().cpu()
+            for layer, heads_HK in post_norm_heads.items():
+                start = self.graph.sender_start(layer)
+                if n_senders <= start:  # the group does not read this layer's heads
+                    continue
+                combined_RTC = grads.combined[layer]
+                through_XRTC = through_norm(
+                    self.model.blocks[layer].ln_attn_out, combined_RTC, grads_XNK.reshape(-1, *combined_RTC.shape)
+                )
+                product_XH = through_XRTC.view(grads_XNK.shape).sum(1) @ heads_HK.T
+                self.sums_RS[row : row + len(grads_XNK), start : start + len(heads_HK)] += product_XH.double().cpu()
 
     def edges(self) -> Tensor:
         """(E,) float64 in Graph.edges' order (by receiver, then sender)."""
@@ -239,21 +250,14 @@ def sender_rows(model: Transformer, delta: NodeOutputs) -> tuple[Tensor, dict[in
     return torch.cat(rows).flatten(1), post_norm_heads
 
 
-def receiver_rows(graph: Graph, grads: ReceiverGradients, n_examples: int) -> Tensor:
-    """(R, N, B*T*C): each receiver input's gradient (Graph.receivers' order) in each of the N runs."""
-    n = len(grads.logits) // n_examples
-
-    def runs(g_RTC: Tensor) -> Tensor:
-        return g_RTC.unflatten(0, (n, n_examples))[None]
-
-    blocks = []
-    for layer in range(graph.n_layers):
-        heads = grads.heads[layer].unflatten(0, (n, n_examples))  # (N, B, H, 3, T, C)
-        blocks.append(heads.permute(2, 3, 0, 1, 4, 5).flatten(0, 1))
-        if graph.mlp:
-            blocks.append(runs(grads.mlp[layer]))
-    blocks.append(runs(grads.logits))
-    return torch.cat(blocks).flatten(2)
+def group_grads(grads: ReceiverGradients, group: tuple[str, int], n: int) -> Tensor:
+    """(X, N, B*T*C): the gradients of a group's X receiver inputs (a layer's heads' q, k, v in receiver
+    order; an MLP's; the logits') in each of the N runs."""
+    kind, layer = group
+    if kind == "heads":
+        heads_HWRTC = grads.heads[layer]
+        return heads_HWRTC.reshape(heads_HWRTC.shape[0] * 3, n, -1)  # a copy where autograd left it permuted
+    return (grads.mlp[layer] if kind == "mlp" else grads.logits).view(1, n, -1)
 
 
 def through_norm(norm: torch.nn.Module, at_RTC: Tensor, grads_XRTC: Tensor) -> Tensor:

@@ -30,7 +30,7 @@ from headcount.model.transformer import Transformer
 class ReceiverGradients:
     """d metric / d x_r for every receiver input, rows as the forward's (N*B) batch, and what the run computed.
 
-    heads: per layer (rows, H, 3, T, C), head h's q, k, v inputs; mlp: per layer (rows, T, C) (empty without MLPs);
+    heads: per layer (H, 3, rows, T, C), head h's q, k, v inputs; mlp: per layer (rows, T, C) (empty without MLPs);
     logits: (rows, T, C); combined: per layer, attention's combined output before its post-norm (None without one);
     outputs: this run's sender outputs."""
 
@@ -44,33 +44,9 @@ class ReceiverGradients:
 def receiver_gradients(model: Transformer, emb_RTC: Tensor, points_BT: Tensor, metric: Metric) -> ReceiverGradients:
     """The gradients of the metric summed over the points of rows = N * B runs (emb_RTC: each run's embedding, runs
     of the B examples of points_BT stacked N times along the batch) at every receiver input, in model dtype."""
-    if model.training:
-        raise ValueError("the gradient forward applies no dropout: call it on a model in eval mode")
     graph = Graph.of(model)
-    x_RTC = emb_RTC.detach().requires_grad_()  # the stream: the logits' input at the end, read by them alone
-    outs = NodeOutputs(emb_RTC.detach(), [], [])
-    copies: list[Tensor] = []
-    combined: list[Tensor | None] = []
-    for layer, block in enumerate(model.blocks):
-        n_heads = graph.heads_per_layer[layer]
-        if n_heads:
-            copy_RHWTC = x_RTC[:, None, None].expand(-1, n_heads, 3, -1, -1).contiguous()
-            copies.append(copy_RHWTC)
-            z_RTHD = heads_from_inputs(block, copy_RHWTC)
-        else:
-            z_RTHD = x_RTC.new_zeros(*x_RTC.shape[:2], 0, block.attn.head_dim)
-        outs.z.append(z_RTHD.detach())
-        attn_RTC = block.attn.combine_heads(z_RTHD)
-        combined.append(None if block.ln_attn_out is None else attn_RTC.detach())
-        attn_RTC = block.drop(attn_RTC if block.ln_attn_out is None else block.ln_attn_out(attn_RTC))
-        if not graph.mlp:
-            x_RTC = x_RTC + attn_RTC
-            continue
-        mlp_in_RTC = (x_RTC if graph.parallel_residual else x_RTC + attn_RTC).clone()
-        copies.append(mlp_in_RTC)
-        mlp_RTC = block.drop(block.mlp_out(mlp_in_RTC))
-        outs.mlp.append(mlp_RTC.detach())
-        x_RTC = x_RTC + attn_RTC + mlp_RTC
+    # the stream: the logits' input at the end, read by them alone
+    x_RTC, outs, copies, combined = run_layers(model, emb_RTC.detach().requires_grad_(), copied=True)
     n = len(x_RTC) // len(points_BT)
     logits_NPV = model.unembed(x_RTC.view(n, *points_BT.shape, -1)[:, points_BT])
     grads = torch.autograd.grad(point_values(logits_NPV, metric).sum(), [*copies, x_RTC])
@@ -80,8 +56,54 @@ def receiver_gradients(model: Transformer, emb_RTC: Tensor, points_BT: Tensor, m
             heads.append(grads[i])
             i += 1
         else:
-            heads.append(x_RTC.new_zeros(len(x_RTC), 0, 3, *x_RTC.shape[1:]))
+            heads.append(x_RTC.new_zeros(0, 3, *x_RTC.shape))
         if graph.mlp:
             mlp.append(grads[i])
             i += 1
     return ReceiverGradients(heads, mlp, grads[-1], combined, outs)
+
+
+def plain_outputs(model: Transformer, ids_BT: Tensor) -> NodeOutputs:
+    """A plain run's sender outputs (as forward.py's node_outputs), in one pass through the layers."""
+    with torch.no_grad():
+        return run_layers(model, model.embed(ids_BT), copied=False)[1]
+
+
+def run_layers(
+    model: Transformer, emb_RTC: Tensor, copied: bool
+) -> tuple[Tensor, NodeOutputs, list[Tensor], list[Tensor | None]]:
+    """The plain forward from the embedding: the last stream, the senders' outputs (detached), and with `copied` every
+    receiver's own copy of its input (in model order, a layer's heads (H, 3, rows, T, C), then its MLP's) and each
+    layer's attention output before its post-norm (None without one)."""
+    if model.training:
+        raise ValueError("the gradient forward applies no dropout: call it on a model in eval mode")
+    graph = Graph.of(model)
+    x_RTC = emb_RTC
+    outs = NodeOutputs(emb_RTC.detach(), [], [])
+    copies: list[Tensor] = []
+    combined: list[Tensor | None] = []
+    for layer, block in enumerate(model.blocks):
+        n_heads = graph.heads_per_layer[layer]
+        if n_heads and copied:
+            copy_HWRTC = x_RTC.expand(n_heads, 3, *x_RTC.shape).contiguous()
+            copies.append(copy_HWRTC)
+            z_RTHD = heads_from_inputs(block, copy_HWRTC.permute(2, 0, 1, 3, 4))
+        elif n_heads:
+            z_RTHD = block.attn.heads(block.ln_attn(x_RTC))
+        else:
+            z_RTHD = x_RTC.new_zeros(*x_RTC.shape[:2], 0, block.attn.head_dim)
+        outs.z.append(z_RTHD.detach())
+        attn_RTC = block.attn.combine_heads(z_RTHD)
+        combined.append(None if block.ln_attn_out is None else attn_RTC.detach())
+        attn_RTC = block.drop(attn_RTC if block.ln_attn_out is None else block.ln_attn_out(attn_RTC))
+        if not graph.mlp:
+            x_RTC = x_RTC + attn_RTC
+            continue
+        mlp_in_RTC = x_RTC if graph.parallel_residual else x_RTC + attn_RTC
+        if copied:
+            mlp_in_RTC = mlp_in_RTC.clone()
+            copies.append(mlp_in_RTC)
+        mlp_RTC = block.drop(block.mlp_out(mlp_in_RTC))
+        outs.mlp.append(mlp_RTC.detach())
+        x_RTC = x_RTC + attn_RTC + mlp_RTC
+    return x_RTC, outs, copies, combined
