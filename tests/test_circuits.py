@@ -21,6 +21,7 @@ from headcount.circuits.attribution import (
 from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, prune, top_edges
 from headcount.circuits.figure import draw_circuit, save_circuit
 from headcount.circuits.forward import NodeOutputs, attention_contribution, edge_forward, node_outputs
+from headcount.circuits.gradients import plain_outputs
 from headcount.circuits.graph import Graph
 from headcount.circuits.metric import PointMetric
 from headcount.circuits.passes import PassPlan, plan_passes
@@ -135,6 +136,17 @@ def test_edge_forward_spans_clean_to_corrupted(family, dtype):
         assert close(plain, model(clean), dtype)
         assert close(logits[:2], model(clean), dtype)
         assert close(logits[2:], model(corrupted), dtype)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "neox", "attn_only", "gemma2", "olmo2", "llama_mqa_tied_biases_wide_heads"])
+def test_plain_outputs_are_the_edge_forwards_outputs(family):
+    """EAP's one pass through the layers (gradients.plain_outputs) gives every sender output that node_outputs (the
+    edge-patched forward with no edge touched) gives, float64."""
+    model = make_model(family)
+    clean, _ = prompts(T=16 if family in CONVERTED + HELPERS else 7)
+    fast, reference = plain_outputs(model, clean), node_outputs(model, clean)
+    for mine, theirs in zip([fast.emb, *fast.z, *fast.mlp], [reference.emb, *reference.z, *reference.mlp], strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("family", ["gemma3", "olmo2"])
