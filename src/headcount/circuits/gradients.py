@@ -16,9 +16,10 @@ layer's combined output before the norm (`combined`), at which attribution.py ta
 """
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from headcount.circuits.forward import NodeOutputs, heads_from_inputs
 from headcount.circuits.graph import Graph
@@ -46,14 +47,14 @@ def receiver_gradients(model: Transformer, emb_RTC: Tensor, points_BT: Tensor, m
     of the B examples of points_BT stacked N times along the batch) at every receiver input, in model dtype."""
     graph = Graph.of(model)
     # the stream: the logits' input at the end, read by them alone
-    x_RTC, outs, copies, combined = run_layers(model, emb_RTC.detach().requires_grad_(), copied=True)
+    x_RTC, outs, copies, combined, head_inputs = run_layers(model, emb_RTC.detach().requires_grad_(), copied=True)
     n = len(x_RTC) // len(points_BT)
     logits_NPV = model.unembed(x_RTC.view(n, *points_BT.shape, -1)[:, points_BT])
     grads = torch.autograd.grad(point_values(logits_NPV, metric).sum(), [*copies, x_RTC])
     heads, mlp, i = [], [], 0
     for layer in range(graph.n_layers):
         if graph.heads_per_layer[layer]:
-            heads.append(grads[i])
+            heads.append(before_norm(model.blocks[layer].ln_attn, head_inputs[layer], grads[i]))
             i += 1
         else:
             heads.append(x_RTC.new_zeros(0, 3, *x_RTC.shape))
@@ -69,12 +70,24 @@ def plain_outputs(model: Transformer, ids_BT: Tensor) -> NodeOutputs:
         return run_layers(model, model.embed(ids_BT), copied=False)[1]
 
 
+def before_norm(norm: nn.Module, at_RTC: Tensor, grads_XRTC: Tensor) -> Tensor:
+    """(X, rows, T, C): each gradient at a normed copy of the stream taken back through the norm at `at`, J^T g,
+    all X at once (one linearisation, mapped over the copies)."""
+    _, vjp = torch.func.vjp(norm, at_RTC)
+    return torch.vmap(vjp)(grads_XRTC.flatten(0, 1))[0].view_as(grads_XRTC)
+
+
 def run_layers(
     model: Transformer, emb_RTC: Tensor, copied: bool
-) -> tuple[Tensor, NodeOutputs, list[Tensor], list[Tensor | None]]:
+) -> tuple[Tensor, NodeOutputs, list[Tensor], list[Tensor | None], list[Tensor | None]]:
     """The plain forward from the embedding: the last stream, the senders' outputs (detached), and with `copied` every
-    receiver's own copy of its input (in model order, a layer's heads (H, 3, rows, T, C), then its MLP's) and each
-    layer's attention output before its post-norm (None without one)."""
+    receiver's own copy of its input (in model order, a layer's heads' (H, 3, rows, T, C), then its MLP's), each
+    layer's attention output before its post-norm (None without one) and the stream its heads read (None without
+    heads or copies).
+
+    The heads' copies are of the stream after the layer's input norm, computed once: heads_from_inputs, which applies
+    that norm to each of its 3H inputs, reads them through an identity, and before_norm takes each copy's gradient
+    back through the norm's Jacobian (cheaper than normalising 3H copies forward and backward)."""
     if model.training:
         raise ValueError("the gradient forward applies no dropout: call it on a model in eval mode")
     graph = Graph.of(model)
@@ -82,12 +95,16 @@ def run_layers(
     outs = NodeOutputs(emb_RTC.detach(), [], [])
     copies: list[Tensor] = []
     combined: list[Tensor | None] = []
+    head_inputs: list[Tensor | None] = []
     for layer, block in enumerate(model.blocks):
         n_heads = graph.heads_per_layer[layer]
+        head_inputs.append(x_RTC.detach() if n_heads and copied else None)
         if n_heads and copied:
-            copy_HWRTC = x_RTC.expand(n_heads, 3, *x_RTC.shape).contiguous()
+            normed_RTC = block.ln_attn(x_RTC)
+            copy_HWRTC = normed_RTC.expand(n_heads, 3, *normed_RTC.shape).contiguous()
             copies.append(copy_HWRTC)
-            z_RTHD = heads_from_inputs(block, copy_HWRTC.permute(2, 0, 1, 3, 4))
+            prenormed = SimpleNamespace(attn=block.attn, ln_attn=nn.Identity())
+            z_RTHD = heads_from_inputs(prenormed, copy_HWRTC.permute(2, 0, 1, 3, 4))
         elif n_heads:
             z_RTHD = block.attn.heads(block.ln_attn(x_RTC))
         else:
@@ -106,4 +123,4 @@ def run_layers(
         mlp_RTC = block.drop(block.mlp_out(mlp_in_RTC))
         outs.mlp.append(mlp_RTC.detach())
         x_RTC = x_RTC + attn_RTC + mlp_RTC
-    return x_RTC, outs, copies, combined
+    return x_RTC, outs, copies, combined, head_inputs
