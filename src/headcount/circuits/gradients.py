@@ -3,13 +3,13 @@
 At edge weights a = 0 every receiver of a layer reads the same stream, so the edge-patched forward (forward.py) is the
 plain forward, and d metric / d a_{s->r} = (out'_s - out_s as it enters the stream) . g_r with g_r = d metric / d x_r
 the gradient at receiver r's own input (attribution.py does the dot products). This forward gives every receiver its own
-copy of the stream it reads, so one backward yields every g_r: head h of layer l reads its q, k and v through three
-copies of the stream before layer l (heads_from_inputs, the edge-patched forward's own head computation), an MLP reads a
-copy of the stream after its layer's heads (before them in a parallel block), the logits the last stream (which nothing
-else reads). Each copy is a tensor of its own in the autograd graph: its gradient is its readers' alone, and the
-backward flows on through it into the senders before. The forward costs about one plain forward (a head's k and v
-projections run per query head under grouped-query attention) plus the layer norms of the copies, and holds every copy
-and its gradient: 3H + 1 streams per layer.
+copy of what it reads, so one backward yields every g_r: head h of layer l reads its q, k and v through three copies of
+layer l's normed input (heads_from_inputs, the edge-patched forward's own head computation; the norm is computed once
+and each copy's gradient taken back through its Jacobian), an MLP reads a copy of the stream after its layer's heads
+(before them in a parallel block), the logits the last stream (which nothing else reads). Each copy is a tensor of its
+own in the autograd graph: its gradient is its readers' alone, and the backward flows on through it into the senders
+before. The forward costs about one plain forward (a head's k and v projections run per query head under grouped-query
+attention) and holds every copy and its gradient: 3H + 1 streams per layer.
 
 Where a layer's attention output passes a post-norm before joining the stream (Gemma 2/3, OLMo 2), the run keeps that
 layer's combined output before the norm (`combined`), at which attribution.py takes the norm's Jacobian.
