@@ -559,9 +559,11 @@ def test_eap_and_eap_ig_equal_the_weight_gradients(family, dtype):
 
 @pytest.mark.parametrize("family", ["llama3", "gemma3", "olmo2"])
 def test_weight_gradient_comparison_catches_planted_errors(family, monkeypatch):
-    """Each head's delta through its neighbour's W_O fails everywhere; the post-norm's Jacobian skipped fails where
+    """Each head's delta through its neighbour's W_O fails everywhere; a head input's gradient not taken back through
+    the layer's input norm fails where there is one (not OLMo 2); the post-norm's Jacobian skipped fails where
     attention has a post-norm (Gemma 3, OLMo 2) and changes nothing where it has none (Llama 3)."""
     import headcount.circuits.attribution as attribution
+    import headcount.circuits.gradients as gradients
 
     model = make_model(family)
     clean, corrupted = prompts(T=16)
@@ -574,6 +576,12 @@ def test_weight_gradient_comparison_catches_planted_errors(family, monkeypatch):
     monkeypatch.setattr(attribution, "sender_rows", neighbours_W_O)
     assert not torch.allclose(eap_scores(model, clean, corrupted, logit_diff), definition, atol=1e-6)
     monkeypatch.setattr(attribution, "sender_rows", sender_rows)
+    input_norm = not isinstance(model.blocks[0].ln_attn, torch.nn.Identity)  # OLMo 2 normalises outputs only
+    assert input_norm == (family != "olmo2")
+    with monkeypatch.context() as patched:  # a head's gradient read at its normed input, the input norm skipped
+        patched.setattr(gradients, "before_norm", lambda norm, at, grads: grads)
+        skipped = eap_scores(model, clean, corrupted, logit_diff)
+        assert torch.allclose(skipped, definition, atol=1e-9) == (not input_norm)
     monkeypatch.setattr(attribution, "through_norm", lambda norm, at, grads: grads)
     skipped = eap_scores(model, clean, corrupted, logit_diff)
     post_norm = any(block.ln_attn_out is not None for block in model.blocks)
