@@ -32,6 +32,7 @@ from torch import Tensor
 
 from headcount.circuits.forward import NodeOutputs, edge_stream, outputs_of
 from headcount.circuits.gradients import ReceiverGradients, plain_outputs, receiver_gradients
+from headcount.circuits.gradients import unit_bytes as gradient_unit_bytes
 from headcount.circuits.graph import Graph
 from headcount.circuits.metric import Metric, metric_at, point_values, points_mask
 from headcount.circuits.passes import PassPlan, budget_of, edge_unit_bytes, example_bytes, plan_passes
@@ -76,10 +77,12 @@ def edge_plan(
     grad: bool = False,
     reference: bool = False,
 ) -> PassPlan:
-    """The passes of an edge-patched evaluation of n_rows weight rows over the examples of points_BT."""
+    """The passes of an edge-patched evaluation of n_rows weight rows over the examples of points_BT; with grad, of
+    EAP's gradient runs (n_rows: EAP-IG's steps; reference: EAP-IG's clean run held beside)."""
     B, T = points_BT.shape
     points = int(points_BT.sum(1).max()) if B else 0
-    unit = edge_unit_bytes(model, T, points, grad, reference)
+    # with gradients, EAP's passes: one forward with per-receiver copies and its backward (gradients.py)
+    unit = gradient_unit_bytes(model, T, points, reference) if grad else edge_unit_bytes(model, T, points)
     fixed = example_bytes(model, T, 3 if reference else 2)
     return plan_passes(unit, fixed, n_rows, B, budget_of(model, memory_budget), rows)
 

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from headcount.circuits.forward import NodeOutputs, heads_from_inputs
 from headcount.circuits.graph import Graph
 from headcount.circuits.metric import Metric, point_values
+from headcount.circuits.passes import outputs_floats, points_floats
 from headcount.model.transformer import Transformer
 
 
@@ -62,6 +63,25 @@ def receiver_gradients(model: Transformer, emb_RTC: Tensor, points_BT: Tensor, m
             mlp.append(grads[i])
             i += 1
     return ReceiverGradients(heads, mlp, grads[-1], combined, outs)
+
+
+def unit_bytes(model: Transformer, T: int, points: int, reference: bool = False) -> int:
+    """A generous estimate of what one run (row) of one example holds in receiver_gradients and the products that
+    read them (attribution.EdgeGradients): per layer, the heads' normed copies and their per-head projections (the
+    whole projection per copy under OLMo 2's q/k norm) and the block's own activations, kept for the backward; every
+    receiver input's gradient (and once more for the layer at work, through its norm); the senders' deltas; this
+    run's, the corrupted run's and their difference's outputs (and the reference run's); the logits at the points."""
+    graph, C = Graph.of(model), model.cfg.d_model
+    per_position = 0
+    for layer, block in enumerate(model.blocks):
+        attn, inputs = block.attn, 3 * graph.heads_per_layer[layer]
+        per_position += inputs * C + 2 * inputs * attn.head_dim + block.activation_floats(T)
+        if attn.features.qk_norm == "projection":
+            per_position += inputs * (attn.n_heads + 2 * attn.n_kv_heads) * attn.head_dim
+    widest = 3 * max(graph.heads_per_layer, default=0) * C
+    per_position += (len(graph.receivers) + len(graph.senders)) * C + 4 * widest
+    floats = T * per_position + (4 + int(reference)) * outputs_floats(model, T) + 2 * points_floats(model, points)
+    return floats * next(model.parameters()).element_size()
 
 
 def plain_outputs(model: Transformer, ids_BT: Tensor) -> NodeOutputs:
