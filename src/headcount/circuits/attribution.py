@@ -149,7 +149,9 @@ def eap_scores(
         grads = receiver_gradients(
             model, model.embed(clean_ids_BT[examples]), points_BT[examples], metric_at(metric, columns)
         )
-        scores.add(grads, corrupted.minus(grads.outputs))
+        delta = corrupted.minus(grads.outputs)
+        scores.add(grads, delta)
+        scores.contract(delta)
     return scores.edges()
 
 
@@ -180,6 +182,7 @@ def eap_ig_scores(
             emb_NBTC = corrupted.emb + alpha_N[:, None, None, None] * (clean.emb - corrupted.emb)
             grads = receiver_gradients(model, emb_NBTC.flatten(0, 1), points_BT[examples], metric_at(metric, columns))
             scores.add(grads, delta)
+        scores.contract(delta)  # the steps share the deltas: one product for all of them
     return scores.edges() / steps
 
 
@@ -187,8 +190,8 @@ class EdgeGradients:
     """dM/da_{s->r} at a = 0 for every edge, summed over runs: the dot product of sender s's out'_s - out_s as it
     enters the stream with g_r, the run's gradient at receiver r's input (gradients.py), over examples, positions and
     channels. The edges into a layer's heads (then into its MLP, then into the logits) are one matrix product,
-    (receiver inputs, B*T*C) x (B*T*C, senders they read); the runs' gradients are summed first (EAP-IG's steps share
-    the deltas).
+    (receiver inputs, B*T*C) x (B*T*C, senders they read), taken once on the gradients summed over the runs (`add`
+    them, then `contract`: EAP-IG's steps share the deltas).
 
     A head's delta enters as (z'_h - z_h) W_O^h. Where its layer's attention passes a post-norm before the stream, it
     enters as J (z'_h - z_h) W_O^h, J the norm's Jacobian at the run's combined output (the first-order term of
@@ -210,17 +213,18 @@ class EdgeGradients:
                 self.groups.append((row + len(receivers) - 1, ("mlp", layer), graph.n_senders(receivers[-1])))
             row += len(receivers)
         self.groups.append((row, ("logits", -1), len(graph.senders)))
+        self.pending: list[Tensor | None] = [None] * len(self.groups)  # per group, the gradients summed over runs
 
     @torch.no_grad()
     def add(self, grads: ReceiverGradients, delta: NodeOutputs) -> None:
-        """Add the N runs of `grads` (N*B rows), each of the B examples of the sender deltas `delta`."""
-        senders_SK, post_norm_heads = sender_rows(self.model, delta)
+        """Take the N runs of `grads` (N*B rows) of the B examples of the sender deltas `delta`: their products through
+        a post-norm now, their gradients summed into those `contract` multiplies."""
+        _, post_norm_heads = sender_rows(self.model, delta)
         n = len(grads.logits) // len(delta.emb)
-        for row, group, n_senders in self.groups:
+        for i, (row, group, n_senders) in enumerate(self.groups):
             grads_XNK = group_grads(grads, group, n)
             summed_XK = grads_XNK[:, 0] if n == 1 else grads_XNK.sum(1)
-            product_XS = summed_XK @ senders_SK[:n_senders].T
-            self.sums_RS[row : row + len(grads_XNK), :n_senders] += product_XS.double().cpu()
+            self.pending[i] = summed_XK if self.pending[i] is None else self.pending[i] + summed_XK
             for layer, heads_HK in post_norm_heads.items():
                 start = self.graph.sender_start(layer)
                 if n_senders <= start:  # the group does not read this layer's heads
@@ -231,6 +235,15 @@ class EdgeGradients:
                 )
                 product_XH = through_XRTC.view(grads_XNK.shape).sum(1) @ heads_HK.T
                 self.sums_RS[row : row + len(grads_XNK), start : start + len(heads_HK)] += product_XH.double().cpu()
+
+    @torch.no_grad()
+    def contract(self, delta: NodeOutputs) -> None:
+        """Add the products of the gradients summed since the last call with the senders' deltas `delta`."""
+        senders_SK, _ = sender_rows(self.model, delta)
+        for i, (row, _, n_senders) in enumerate(self.groups):
+            product_XS = self.pending[i] @ senders_SK[:n_senders].T
+            self.sums_RS[row : row + len(product_XS), :n_senders] += product_XS.double().cpu()
+        self.pending = [None] * len(self.groups)
 
     def edges(self) -> Tensor:
         """(E,) float64 in Graph.edges' order (by receiver, then sender)."""

@@ -70,7 +70,8 @@ def unit_bytes(model: Transformer, T: int, points: int, reference: bool = False)
     read them (attribution.EdgeGradients): per layer, the heads' normed copies and their per-head projections (the
     whole projection per copy under OLMo 2's q/k norm) and the block's own activations, kept for the backward; every
     receiver input's gradient (and once more for the layer at work, through its norm); the senders' deltas; this
-    run's, the corrupted run's and their difference's outputs (and the reference run's); the logits at the points."""
+    run's, the corrupted run's and their difference's outputs (and with a reference run, EAP-IG's, its outputs and the
+    gradients summed over the steps); the logits at the points."""
     graph, C = Graph.of(model), model.cfg.d_model
     per_position = 0
     for layer, block in enumerate(model.blocks):
@@ -80,6 +81,8 @@ def unit_bytes(model: Transformer, T: int, points: int, reference: bool = False)
             per_position += inputs * (attn.n_heads + 2 * attn.n_kv_heads) * attn.head_dim
     widest = 3 * max(graph.heads_per_layer, default=0) * C
     per_position += (len(graph.receivers) + len(graph.senders)) * C + 4 * widest
+    if reference:
+        per_position += len(graph.receivers) * C
     floats = T * per_position + (4 + int(reference)) * outputs_floats(model, T) + 2 * points_floats(model, points)
     return floats * next(model.parameters()).element_size()
 
