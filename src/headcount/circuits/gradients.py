@@ -81,8 +81,8 @@ def unit_bytes(model: Transformer, T: int, points: int, reference: bool = False)
             per_position += inputs * (attn.n_heads + 2 * attn.n_kv_heads) * attn.head_dim
     widest = 3 * max(graph.heads_per_layer, default=0) * C
     per_position += (len(graph.receivers) + len(graph.senders)) * C + 4 * widest
-    if reference:
-        per_position += len(graph.receivers) * C
+    if reference:  # the steps' summed gradients, and their next sum beside them
+        per_position += 2 * len(graph.receivers) * C
     floats = T * per_position + (4 + int(reference)) * outputs_floats(model, T) + 2 * points_floats(model, points)
     return floats * next(model.parameters()).element_size()
 
