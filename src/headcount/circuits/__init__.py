@@ -1,9 +1,10 @@
 """Circuit analysis: how heads connect. Nodes and edges (graph.py), the exact edge-patched forward (forward.py), path
-patching (path_patching.py), edge attribution: exact, EAP and EAP-IG (attribution.py), circuits and their
-faithfulness (faithfulness.py) and a circuit's picture (figure.py), every evaluation in passes of some rows of some
-examples sized to a memory budget (passes.py). docs/DESIGN.md, "Circuits: nodes, edges, path patching", has the
-definitions. Imports only headcount.model, headcount.config and headcount.errors, so scans can wrap it; every
-function takes (model, clean ids, corrupted ids, ..., metric, score positions). For example:
+patching (path_patching.py), edge attribution: exact, EAP and EAP-IG (attribution.py; gradients.py: the receiver
+gradients EAP reads from one backward), circuits and their faithfulness (faithfulness.py) and a circuit's picture
+(figure.py), every evaluation in passes of some rows of some examples sized to a memory budget (passes.py).
+docs/DESIGN.md, "Circuits: nodes, edges, path patching", has the definitions. Imports only headcount.model,
+headcount.config and headcount.errors, so scans can wrap it; every function takes (model, clean ids, corrupted ids,
+..., metric, score positions). For example:
 
     metric = lambda logits_BV: logits_BV[:, io_token] - logits_BV[:, s_token]  # per point; summed in float64
     # each prompt's own answers (io_B, s_B): a PointMetric, which every pass hands its points' rows
