@@ -155,46 +155,48 @@ def test_bad_input_is_one_line_and_leaves_nothing(run_dir, monkeypatch, capsys, 
     assert sorted(p for p in ablation.rglob("*") if "logs" not in p.parts) == before
 
 
+def composition_edges(rows: list[tuple[str, str, float]]) -> pd.DataFrame:
+    return pd.DataFrame([{"edge": f"{s} -> {r}", "sender": s, "receiver": r, "exact": v} for s, r, v in rows])
+
+
 @pytest.mark.parametrize(
-    "k, q, other_k, expected",
+    "k, q, v, expected",
     [
-        (2.0, 0.5, 1.0, "reproduced"),
-        (0.5, 2.0, 1.0, "partly"),
-        (0.1, 0.1, 1.0, "not reproduced"),  # the largest edge from a layer-0 head is L0H1's, no previous-token head
-        (0.5, 0.1, 3.0, "not reproduced"),
+        (2.0, 0.5, 0.2, "reproduced"),
+        (0.5, 2.0, 0.2, "not reproduced"),
+        (0.5, 0.1, 0.9, "not reproduced"),
+        (-0.1, -0.5, -0.2, "not reproduced"),
     ],
 )
-def test_the_k_composition_claim_reads_the_largest_head_edge_into_the_induction_head(k, q, other_k, expected):
+def test_the_k_composition_claim_sums_the_edges_between_the_two_roles_heads(k, q, v, expected):
+    """The previous-token heads L0H1 and L0H3 share the role, the induction heads L1H2 and L1H0: each input's edges
+    are summed over both roles' heads (L0H3's larger .q edge into L1H2 loses to the two roles' .k edges together);
+    edges from other heads or the embeddings, or into a head of no role, do not count."""
     from headcount.findings.induction import composition_claim
 
     rows = [
-        ("L0H3", "L1H2.k", k),
+        ("L0H1", "L1H2.k", k / 2),
+        ("L0H3", "L1H0.k", k / 2),
         ("L0H3", "L1H2.q", q),
-        ("L0H3", "L1H2.v", 0.2),
-        ("L0H1", "L1H2.k", other_k),
-        ("L0H0", "L1H2.k", 1.0),
-        ("emb", "L1H2.q", 9.0),  # the embeddings are no layer-0 head: not a candidate
-        ("L0H3", "L1H0.k", 5.0),  # into another head
+        ("L0H1", "L1H0.v", v),
+        ("L0H0", "L1H2.q", 9.0),  # no previous-token head
+        ("emb", "L1H2.q", 9.0),  # the embeddings
+        ("L0H3", "L1H3.q", 5.0),  # into a head with no induction pattern
     ]
-    edges = pd.DataFrame([{"edge": f"{s} -> {r}", "sender": s, "receiver": r, "exact": v} for s, r, v in rows])
-    claim, numbers = composition_claim(edges, ["L0H3"], "L1H2")
+    claim, numbers = composition_claim(composition_edges(rows), ["L0H1", "L0H3"], ["L1H0", "L1H2"])
     assert claim.verdict == expected
-    assert numbers["prev_token_head_edges_into_induction_head"]["L0H3 -> L1H2.k"] == k
+    assert numbers["prev_to_induction_exact_by_input"] == pytest.approx({"q": q, "k": k, "v": v})
+    assert numbers["prev_to_induction_edges"] == 4
 
 
-def test_the_k_composition_claim_takes_any_previous_token_head_as_the_sender():
-    """Two layer-0 heads share the previous-token role: the largest edge into the induction head's key from either
-    is K-composition (the rule of one previous-token head, the top scorer L0H3, said not reproduced)."""
+def test_the_k_composition_claim_without_either_role_is_not_reproduced():
+    edges = composition_edges([("L0H1", "L1H2.k", 3.0)])
+    assert composition_claim_verdict(edges, [], ["L1H2"]) == "not reproduced"
+    assert composition_claim_verdict(edges, ["L0H1"], []) == "not reproduced"
+    assert composition_claim_verdict(edges, ["L0H1"], ["L1H2"]) == "reproduced"
+
+
+def composition_claim_verdict(edges: pd.DataFrame, prev: list[str], induction: list[str]) -> str:
     from headcount.findings.induction import composition_claim
 
-    rows = [("L0H3", "L1H2.k", 0.4), ("L0H1", "L1H2.k", 3.0), ("L0H1", "L1H2.q", 0.1), ("L0H0", "L1H2.k", 1.0)]
-    edges = pd.DataFrame([{"edge": f"{s} -> {r}", "sender": s, "receiver": r, "exact": v} for s, r, v in rows])
-    claim, numbers = composition_claim(edges, ["L0H1", "L0H3"], "L1H2")
-    assert claim.verdict == "reproduced"
-    assert numbers["largest_head_edge_into_induction_head"] == "L0H1 -> L1H2.k"
-    assert set(numbers["prev_token_head_edges_into_induction_head"]) == {
-        "L0H1 -> L1H2.k",
-        "L0H1 -> L1H2.q",
-        "L0H3 -> L1H2.k",
-    }
-    assert composition_claim(edges, [], "L1H2")[0].verdict == "not reproduced"
+    return composition_claim(edges, prev, induction)[0].verdict

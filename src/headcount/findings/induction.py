@@ -4,10 +4,12 @@ PREV_TOKEN_PATTERN in layer 0, induction score above INDUCTION_PATTERN in layer 
 as Olsson et al. ablate them: a model may split a role between heads that back each other up, and which heads share it
 moves with the seed, the thread count and the CPU kind, so a claim about one head would too. The claims: zeroing
 layer 0's previous-token heads costs more than 1 nat on the repeated part, and so does zeroing layer 1's induction
-heads; most heads matter little; the heads the ablation singles out (over 1 nat alone) are heads the patterns single
-out, of either role; and a previous-token head reaches the top induction head through its key (K-composition): of the
-exact edge scores (edge_attribution, zero mode: the edge's sender output zeroed for that one receiver input), the
-largest from a layer-0 head into the top induction head runs from a previous-token head into .k. Each head's own
+heads; the pattern heads carry the task (zeroed together over 1 nat) and the other heads, zeroed together, cost under
+1 nat; every head that costs over 1 nat alone is a pattern head of either role (when the pattern heads back each other
+up none may, and then they are singled out together); and the previous-token heads reach the induction heads through
+their keys (K-composition): of the exact edge scores (edge_attribution, zero mode: the edge's sender output zeroed for
+that one receiver input) between the two roles' heads, more lands on the induction heads' .k than on their .q or .v.
+Each head's own
 score and single-head delta are reported beside the joint numbers."""
 
 import math
@@ -79,30 +81,31 @@ def zeroing_together(run: FinishedRun, repeated: float) -> Callable[[Heads], flo
     return increase
 
 
-def composition_claim(edges: pd.DataFrame, prev_heads: list[str], induction_head: str) -> tuple[Claim, dict]:
-    """K-composition: the largest exact edge (loss increase when the edge alone is zeroed) from a layer-0 head into
-    the top induction head runs from a previous-token head (any the patterns single out) into its key."""
-    into = edges[edges.receiver.str.startswith(f"{induction_head}.") & edges.sender.str.match(r"^L0H\d+$")]
-    into = into.sort_values("exact", ascending=False)
-    top = into.iloc[0]
-    from_prev = into[into.sender.isin(prev_heads)].sort_values("edge")
-    numbers = {
-        "largest_head_edge_into_induction_head": top.edge,
-        "largest_head_edge_exact": float(top.exact),
-        "prev_token_head_edges_into_induction_head": {e: float(v) for e, v in zip(from_prev.edge, from_prev.exact)},
-    }
-    from_prev_text = ", ".join(f"{e} {v:+.3f}" for e, v in zip(from_prev.edge, from_prev.exact))
-    measured = f"largest: {top.edge} ({top.exact:+.3f} nats); " + (
-        f"from the previous-token heads: {from_prev_text}" if prev_heads else "no previous-token head in layer 0"
+def composition_claim(edges: pd.DataFrame, prev_heads: list[str], induction_heads: list[str]) -> tuple[Claim, dict]:
+    """K-composition, read per role as claims 2 and 3 are: the exact edges (loss increase when the edge alone is
+    zeroed) from the previous-token heads into the induction heads carry more through the induction heads' keys
+    than through their queries or values, summed over both roles' heads (heads that share a role split an edge's
+    weight between them, so the single largest edge moves with the seed; the sum does not)."""
+    between = edges[edges.sender.isin(prev_heads) & edges.receiver.str.split(".").str[0].isin(induction_heads)]
+    by_input = {w: float(between[between.receiver.str.endswith(f".{w}")].exact.sum()) for w in "qkv"}
+    numbers = {"prev_to_induction_exact_by_input": by_input, "prev_to_induction_edges": len(between)}
+    if between.empty:
+        return Claim(COMPOSITION, "no previous-token head or no induction head by pattern", verdict(False)), numbers
+    top = between.sort_values("exact", ascending=False).iloc[0]
+    numbers.update({"largest_prev_to_induction_edge": top.edge, "largest_prev_to_induction_exact": float(top.exact)})
+    measured = (
+        f"the {len(between)} edges from {', '.join(prev_heads)} into {', '.join(induction_heads)}, summed: "
+        + ", ".join(f".{w} {v:+.3f}" for w, v in by_input.items())
+        + f" nats; the largest, {top.edge} {top.exact:+.3f}"
     )
-    claim = Claim(
-        "A previous-token head reaches the induction head through its key: the largest exact edge from a layer-0 "
-        "head into the top induction head runs from a previous-token head (any layer-0 head the patterns single out) "
-        "into its .k (K-composition)",
-        measured,
-        verdict(top.sender in prev_heads and top.receiver == f"{induction_head}.k", partly=top.sender in prev_heads),
-    )
-    return claim, numbers
+    k_leads = by_input["k"] > max(by_input["q"], by_input["v"], 0.0)
+    return Claim(COMPOSITION, measured, verdict(k_leads)), numbers
+
+
+COMPOSITION = (
+    "The previous-token heads reach the induction heads through their keys (K-composition): the exact edges between "
+    "the two roles' heads carry more into the induction heads' .k than into their .q or .v"
+)
 
 
 def prev_token_measured(prev_heads: pd.DataFrame, joint: float) -> str:
@@ -126,11 +129,14 @@ def claims_of(
     prev_joint = together([(0, int(h)) for h in prev_heads["head"]])
     induction_joint = together([(1, int(h)) for h in induction_heads["head"]])
 
+    circuit = pd.concat([prev_heads, induction_heads])
+    by_pattern = {name(row) for _, row in circuit.iterrows()}
+    others = heads[~heads.apply(name, axis=1).isin(by_pattern)]
+    circuit_joint = together([(int(r.layer), int(r["head"])) for _, r in circuit.iterrows()])
+    others_joint = together([(int(r.layer), int(r["head"])) for _, r in others.iterrows()])
     critical = heads[heads.delta_loss > CRITICAL]
-    by_pattern = {name(row) for _, row in pd.concat([prev_heads, induction_heads]).iterrows()}
     critical_names = [name(row) for _, row in critical.iterrows()]
     explained = [h for h in critical_names if h in by_pattern]
-    little = float((heads.delta_loss < CRITICAL).mean())
 
     numbers = {
         "first_part_loss": first,
@@ -149,7 +155,9 @@ def claims_of(
         "top_induction_head_delta": float(top_induction.delta_loss),
         "critical_heads": critical_names,
         "critical_heads_singled_out_by_patterns": len(explained),
-        "share_of_heads_under_1_nat": little,
+        "pattern_heads_joint_delta": circuit_joint,
+        "other_heads": [name(row) for _, row in others.iterrows()],
+        "other_heads_joint_delta": others_joint,
     }
     top_single = (
         f"; the top, {name(top_induction)} ({top_induction.induction_score:.2f}), {top_induction.delta_loss:+.2f} alone"
@@ -180,16 +188,28 @@ def claims_of(
             verdict(len(induction_heads) > 0 and induction_joint > CRITICAL),
         ),
         Claim(
-            "A few heads carry the task; most heads matter little",
-            f"{len(critical)} of {len(heads)} heads raise the loss by more than 1 nat; {little:.0%} by less",
-            verdict(len(critical) >= 1 and little > 0.5),
+            "The heads the attention patterns single out carry the task and the others matter little: zeroing the "
+            "others together raises the repeated-part loss by less than 1 nat, zeroing the pattern heads together by "
+            "more",
+            f"the {len(others)} other heads ({', '.join(numbers['other_heads']) or 'none'}) together "
+            f"{others_joint:+.2f} nats; the {len(circuit)} pattern heads together {circuit_joint:+.2f}",
+            verdict(len(circuit) > 0 and others_joint < CRITICAL and circuit_joint > CRITICAL),
         ),
         Claim(
-            "The heads the ablation singles out are the heads the attention patterns single out",
-            f"{len(explained)} of the {len(critical)} heads over 1 nat ({', '.join(critical_names) or 'none'}) are "
-            f"previous-token heads of layer 0 or induction heads of layer 1 by pattern "
+            "The heads the ablation singles out are the heads the attention patterns single out: every head whose "
+            "zeroing alone costs more than 1 nat is a pattern head (where the pattern heads back each other up, "
+            "none may cost that much alone: then the ablation singles them out together)",
+            (
+                f"{len(explained)} of the {len(critical)} heads over 1 nat alone ({', '.join(critical_names)}) are "
+                if len(critical)
+                else f"no head costs over 1 nat alone; together {circuit_joint:+.2f} nats: "
+            )
+            + f"previous-token heads of layer 0 or induction heads of layer 1 by pattern "
             f"({', '.join(sorted(by_pattern)) or 'none'})",
-            verdict(len(critical) > 0 and len(explained) == len(critical), partly=len(explained) > 0),
+            verdict(
+                len(explained) == len(critical) and (len(critical) > 0 or circuit_joint > CRITICAL),
+                partly=len(explained) > 0,
+            ),
         ),
     ]
     return claims, numbers
@@ -206,7 +226,7 @@ def check(run_dir: Path, out: Path) -> Finding:
     claims, numbers = claims_of(heads, zeroing_together(run, repeated), repeated, first, guess)
     edges = edge_table(run_dir)
     if edges is not None:
-        claim, edge_numbers = composition_claim(edges, numbers["prev_token_heads"], numbers["top_induction_head"])
+        claim, edge_numbers = composition_claim(edges, numbers["prev_token_heads"], numbers["induction_heads"])
         claims.append(claim)
         numbers.update(edge_numbers)
     subject = run_subject(run_dir, ResultAddress(RunPaths(run_dir).ablation, mode="zero"))
