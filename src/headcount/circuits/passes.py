@@ -88,16 +88,14 @@ def points_floats(model: Transformer, points: int) -> int:
     return 3 * points * model.cfg.vocab_size
 
 
-def edge_unit_bytes(model: Transformer, T: int, points: int, grad: bool = False, reference: bool = False) -> int:
-    """One weight row of one example in the edge-patched forward: its outputs, the corrupted run's copy and their
-    difference (and the reference run's copy), the layer at work (every layer, kept for the backward, with gradients)
-    and the logits at its points."""
+def edge_unit_bytes(model: Transformer, T: int, points: int) -> int:
+    """One weight row of one example in the edge-patched forward (exact scores, faithfulness): its outputs, the
+    corrupted run's copy and their difference, the layer at work and the logits at its points. (EAP's gradient run
+    has its own estimate, gradients.unit_bytes.)"""
     graph = Graph.of(model)
-    runs = 3 + int(reference)
     layers = [layer_floats(model, graph, layer, T, 3 * graph.heads_per_layer[layer]) for layer in range(graph.n_layers)]
-    held = sum(layers) + max(layers, default=0) if grad else max(layers, default=0)
-    floats = runs * outputs_floats(model, T) * (2 if grad else 1) + held + 3 * T * model.cfg.d_model
-    floats += points_floats(model, points) * (2 if grad else 1)
+    floats = 3 * outputs_floats(model, T) + max(layers, default=0) + 3 * T * model.cfg.d_model
+    floats += points_floats(model, points)
     return floats * next(model.parameters()).element_size()
 
 
