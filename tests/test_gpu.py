@@ -82,7 +82,9 @@ def test_circuits_on_cuda_equal_the_cpu(family, dtype):
     on_gpu = every_circuit_number(model.cuda(), clean.cuda(), corrupted.cuda())
     for name, expected in on_cpu.items():
         assert expected.abs().max() > 1e-3, name  # numbers that move, so equality means something
-        torch.testing.assert_close(on_gpu[name].cpu(), expected, atol=TOL[dtype], rtol=TOL[dtype], msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            on_gpu[name].cpu(), expected, atol=TOL[dtype], rtol=TOL[dtype], msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 GPU_TRAINING = ["trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed", "trainer.compile=true"]
