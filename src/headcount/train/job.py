@@ -117,4 +117,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     }
     if trainer.is_global_zero:
         atomic_write_json(paths.metrics, metrics)
+    # Every process goes on to the scans, which open the finished run: none may look before the first has written it
+    trainer.strategy.barrier("metrics.json written")
     return metrics

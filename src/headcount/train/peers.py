@@ -40,6 +40,9 @@ class Peers:
         self.say: Callable[[str], None] = print
         self.before_exit: Callable[[], None] = lambda: None
         self.rank, self.size = "?", "?"  # an extra process's, as the launcher set them
+        # an extra process's first process, known at the start: once that is gone this process has another parent,
+        # so whether it was a launcher's child cannot be asked again when a collective fails
+        self.parent: int | None = None
 
 
 _peers = Peers()
@@ -60,7 +63,8 @@ def watch(say: Callable[[str], None], before_exit: Callable[[], None]) -> None:
     if launcher_child():
         # as the launcher set them: Lightning removes WORLD_SIZE when a process tears down
         _peers.rank, _peers.size = os.environ["LOCAL_RANK"], os.environ.get("WORLD_SIZE", "?")
-        threading.Thread(target=watch_parent, args=(os.getppid(),), daemon=True, name="headcount-parent").start()
+        _peers.parent = int(os.environ[FIRST_PID])
+        threading.Thread(target=watch_parent, args=(_peers.parent,), daemon=True, name="headcount-parent").start()
     else:
         os.environ[FIRST_PID] = str(os.getpid())
 
@@ -127,9 +131,9 @@ def parent_gone_line(parent: int) -> str:
 
 def peer_gone() -> str | None:
     """Why the job cannot go on because one of its processes is gone, as one line; None if none is."""
-    if launcher_child():
+    if (parent := _peers.parent) is not None:
         # a dead parent's sockets close before this process is handed to another parent: wait for that a moment
-        parent, deadline = os.getppid(), time.monotonic() + PARENT_SECONDS
+        deadline = time.monotonic() + PARENT_SECONDS
         while os.getppid() == parent and time.monotonic() < deadline:
             time.sleep(0.05)
         return None if os.getppid() == parent else parent_gone_line(parent)
