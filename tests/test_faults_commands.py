@@ -2,6 +2,7 @@
 one process at a time works in a run directory; Ctrl-C or SIGTERM stops a whole sweep, and the same command again
 finishes exactly the unfinished jobs."""
 
+import json
 import os
 import re
 import signal
@@ -204,6 +205,75 @@ def test_a_refused_job_folder_holding_only_hydra_files_is_removed(tmp_path):
     with pytest.raises(ConfigError), discarded_if_rejected(run_dir):
         raise ConfigError("data.hub_name", "nope", "no such dataset")
     assert not run_dir.exists() and not run_lock.holds(run_dir)
+
+
+def test_a_mistake_in_any_job_of_an_ablate_multirun_stops_it_before_the_first(monkeypatch, finished_run, capsys):
+    """`headcount-ablate -m ... ablation.mode=zero,mean,resample,patch` computed three jobs, then failed the fourth:
+    patching needs a task. Every job is checked first, as headcount-train's are."""
+    out = RunPaths(finished_run).ablation
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    args = ["-m", f"run_dir={finished_run}", "ablation=single_head", "ablation.mode=zero,mean,patch"]
+    assert ablate_in_process(monkeypatch, finished_run.parent, [*args, "ablation.progress=false"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("error: job 2 of 3 (") and "ablation.mode=patch" in line, line
+    assert "error: job 2 of 3" in line and "ablation.mode='patch': " in line and line.endswith("; no job started")
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # no table, no log folder
+
+
+def never_converted(source):
+    raise AssertionError(f"{source} was converted before the command's input was checked")
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        (None, "error: task.path='/nonexistent.jsonl': no such file"),
+        (
+            [{"prompt": "When Mary and John, John gave to", "answer": " Mary", "wrong": " John"}],
+            "prompt 0: the answer ' Mary' and the wrong answer ' John' both start with token 32 (' ')",
+        ),
+    ],
+    ids=["no such file", "answers sharing a first token"],
+)
+def test_a_refused_pretrained_ablation_leaves_no_folder_and_converts_nothing(
+    monkeypatch, tmp_path, capsys, rows, message
+):
+    """The command exited 2 with the right line, but left NEW/ with .hydra/, data_fingerprint.json and
+    pretrained.json; a task refused for its answers was refused only after the checkpoint's conversion."""
+    from headcount.cli import pretrained_run
+
+    path = "/nonexistent.jsonl"
+    if rows is not None:
+        path = tmp_path / "prompts.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setattr(pretrained_run, "cached_pretrained", never_converted)
+    args = ["model=tiny_random_llama", "task=file", f"task.path={path}", "ablation=[baseline]", "run_dir=NEW"]
+    assert ablate_in_process(monkeypatch, tmp_path, args) == 2
+    assert message in one_line(capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if rows is None else ["prompts.jsonl"])
+
+
+@pytest.mark.parametrize("own_folder", [False, True], ids=["new folder", "a folder of the user's"])
+def test_a_pretrained_run_refused_after_it_was_written_leaves_only_what_was_there(
+    monkeypatch, tmp_path, capsys, own_folder
+):
+    """A refusal that needs the weights (a baseline that overflows ablation.dtype) comes after the run's files are
+    written: they go again, and what the folder held before stays."""
+    if own_folder:
+        (tmp_path / "NEW").mkdir()
+        (tmp_path / "NEW" / "notes.txt").write_text("mine")
+
+    def refused(cfg, run_dir):
+        assert RunPaths(run_dir).pretrained.exists() and RunPaths(run_dir).config.exists()
+        raise ConfigError("ablation.dtype", "float16", "the model's baseline is nan in this precision")
+
+    monkeypatch.setattr(ablating, "run_ablations", refused)
+    args = ["model=tiny_random_llama", "ablation=[baseline]", "run_dir=NEW"]
+    assert ablate_in_process(monkeypatch, tmp_path, args) == 2
+    assert one_line(capsys.readouterr().err).startswith("error: ablation.dtype='float16': the model's baseline")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == (
+        [Path("NEW"), Path("NEW/notes.txt")] if own_folder else []
+    )
 
 
 # --- one writer per run --------------------------------------------------------------------------------------

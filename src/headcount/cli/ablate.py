@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from headcount import processes, run_lock
 from headcount.ablation.session import run_ablations
+from headcount.cli.ablate_checks import ablated_config, check_ablate_job, task_selected, typed_ablation_keys
 from headcount.cli.errors import (
     BAD_INPUT,
     discarded_if_rejected,
@@ -34,10 +35,14 @@ from headcount.cli.errors import (
     run_hydra_command,
     typed_value,
 )
-from headcount.cli.pretrained_run import default_run_dir, prepare_pretrained_run, pretrained_requested
+from headcount.cli.pretrained_run import (
+    default_run_dir,
+    discard_refused_run,
+    prepare_pretrained_run,
+    pretrained_requested,
+)
 from headcount.components import take_list_flag
 from headcount.config import CONF_DIR, register_configs, typed
-from headcount.config.ablation import AblationConfig, unselected_scans_dropped
 from headcount.config.train import TrainerConfig, check_devices_here
 from headcount.errors import ConfigError
 from headcount.io import writable
@@ -51,30 +56,8 @@ def ablate(cfg: DictConfig, typed_keys: Sequence[str] = (), task_given: bool = F
     """Run the scans of a composed ablate config (run_dir, ablation, task) on its run; typed_keys are the dotted
     `ablation.*` keys to take from cfg over the run's own settings; task_given: the command line selected a task
     (else the run's own task section, if it has one, applies). Returns the files written."""
-    run_cfg = load_run_config(cfg.run_dir)
-    base = OmegaConf.to_container(run_cfg.get("ablation") or OmegaConf.create({}))
-    base.pop("scans", None)
-    ablation = OmegaConf.merge(OmegaConf.structured(AblationConfig), base)
-    for key in typed_keys:
-        OmegaConf.update(ablation, key.removeprefix("ablation."), OmegaConf.select(cfg, key), merge=True)
-    unselected_scans_dropped(cfg)
-    ablation.scans = cfg.ablation.scans
-    run_cfg.ablation = ablation
-    run_cfg.trainer = cfg.trainer  # the processes this command shares its scans out over, not the run's training's
-    if task_given or "task" not in run_cfg:
-        run_cfg.task = cfg.task
+    run_cfg = ablated_config(cfg, load_run_config(cfg.run_dir), typed_keys, task_given)
     return run_ablations(run_cfg, Path(cfg.run_dir))
-
-
-def typed_ablation_keys(overrides: Sequence[str]) -> list[str]:
-    """The `ablation.*` keys of command-line overrides, scans aside (they come from the selected scan configs)."""
-    keys = [override.split("=", 1)[0].lstrip("+~") for override in overrides]
-    return [key for key in keys if key.startswith("ablation.") and not key.startswith("ablation.scans")]
-
-
-def task_selected(overrides: Sequence[str]) -> bool:
-    """Whether the command line names a task (task=..., task.*=...), which then replaces the run's own."""
-    return any(override.split("=", 1)[0].lstrip("+~").split(".")[0] == "task" for override in overrides)
 
 
 def print_written(paths: list[Path]) -> None:
@@ -156,14 +139,15 @@ def ablate_job(cfg: DictConfig) -> None:
     try:
         with discarded_if_rejected(Path(HydraConfig.get().runtime.output_dir), run_dir), ddp_confined_to_this_job():
             check_devices_here(typed(cfg.trainer, TrainerConfig))
-            if cfg.model.pretrained is not None:
-                prepare_pretrained_run(cfg, run_dir)
+            if cfg.model.pretrained is not None:  # checked before its weights are converted or its folder written
+                prepare_pretrained_run(cfg, run_dir, lambda: check_ablate_job(cfg, HydraConfig.get().overrides.task))
             elif processes.first_process():  # a distributed scan's other processes work under the first one's lock
                 run_lock.acquire_if_writable(finished_run(run_dir), "headcount-ablate", "run_dir")
             overrides = HydraConfig.get().overrides.task
             print_written(ablate(cfg, typed_ablation_keys(overrides), task_selected(overrides)))
     except BAD_INPUT:
-        if new_pretrained_run:  # the folder Hydra made for a pretrained run that was refused goes too
+        if new_pretrained_run:  # what this command made for a pretrained run that was refused goes too
+            discard_refused_run(run_dir)
             discard_empty_run_dir(run_dir)
         raise
 

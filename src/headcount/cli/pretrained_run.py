@@ -10,6 +10,7 @@ the task when the command gives one (outputs/pretrained/<checkpoint>/ioi-<hash>)
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -60,16 +61,14 @@ def named_after_data(cfg: DictConfig) -> bool:
     return Path(cfg.run_dir) == Path(default_run_dir(cfg.model.pretrained, cfg.data))
 
 
-def prepare_pretrained_run(cfg: DictConfig, run_dir: Path) -> None:
-    """Take run_dir's lock, check the config, and write (or find, up to date) the run of model.pretrained on the data.
-    ConfigError, before anything is written, for bad input or a folder that holds another run."""
+def prepare_pretrained_run(cfg: DictConfig, run_dir: Path, check: Callable[[], None] = lambda: None) -> None:
+    """Take run_dir's lock, check the config (and call `check`: the scans' checks), and write (or find, up to date)
+    the run of model.pretrained on the data. ConfigError, before anything is written or converted, for bad input or a
+    folder that holds another run."""
     if first_process():  # a distributed scan's other processes find the run their first one prepared, and its lock
         run_lock.acquire_if_writable(run_dir, "headcount-ablate", "run_dir")  # read-only storage: reading a run
-    train_like = OmegaConf.merge(
-        OmegaConf.structured(TrainConfig), {"model": cfg.model, "data": cfg.data, "seed": cfg.seed}
-    )
-    resolved = resolve_pretrained(train_like)
-    validate_train_config(resolved)
+    check()
+    resolved = resolved_pretrained_run(cfg)
     paths = RunPaths(run_dir)
     wanted = plain_run(resolved)
     if paths.config.exists():
@@ -91,6 +90,38 @@ def prepare_pretrained_run(cfg: DictConfig, run_dir: Path) -> None:
     record_pretrained(run_dir, pretrained.provenance, wanted["model"], as_pretrained=True)
     paths.config.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(paths.config, OmegaConf.to_yaml(OmegaConf.create(wanted)))  # last: the run is complete
+
+
+def resolved_pretrained_run(cfg: DictConfig) -> DictConfig:
+    """A train config of cfg's model (the one model.pretrained implies: its config is read, not its weights), data and
+    seed, checked; ConfigError for bad input."""
+    train_like = OmegaConf.merge(
+        OmegaConf.structured(TrainConfig), {"model": cfg.model, "data": cfg.data, "seed": cfg.seed}
+    )
+    resolved = resolve_pretrained(train_like)
+    validate_train_config(resolved)
+    return resolved
+
+
+def pretrained_run_config(cfg: DictConfig) -> DictConfig:
+    """The .hydra/config.yaml that prepare_pretrained_run writes for cfg, without writing or converting anything."""
+    return OmegaConf.create(plain_run(resolved_pretrained_run(cfg)))
+
+
+def discard_refused_run(run_dir: Path) -> None:
+    """After a command on a new pretrained run was refused (a check that needs the weights: a baseline that overflows
+    ablation.dtype, the data): the files prepare_pretrained_run wrote go again, if this process holds the run's lock
+    and no scan wrote a result there; files it did not write are kept."""
+    paths = RunPaths(run_dir)
+    logs = paths.ablation / "logs"
+    results = [p for p in paths.ablation.rglob("*") if p.is_file() and not p.is_relative_to(logs)]
+    if not run_lock.holds(run_dir) or results:
+        return
+    for path in (paths.config, paths.data_fingerprint, paths.pretrained):
+        path.unlink(missing_ok=True)
+    for folder in (paths.config.parent, logs, paths.ablation):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def plain_run(cfg: DictConfig) -> dict:

@@ -19,6 +19,7 @@ at job 17, run folders named by the swept keys, and the resolvers behind conf/tr
 
 import shlex
 import sys
+from collections.abc import Callable
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,21 @@ def without_hydra(config: DictConfig) -> DictConfig:
     return OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
 
 
+def check_every_job(config: DictConfig, check: Callable[[DictConfig, list[str]], None]) -> list[list[str]]:
+    """Each job of a multirun composed and passed to `check` (with its overrides) before the first starts; the first
+    ConfigError is one line naming the job, and exit code 2. Returns the jobs' overrides (none for a sweeper that
+    chooses its jobs as it goes)."""
+    if not config.hydra.sweeper._target_.endswith(".BasicSweeper"):
+        return []
+    for num, overrides in enumerate(jobs := sweep_jobs(config)):
+        try:
+            check(compose(config.hydra.job.config_name, overrides=overrides), overrides)
+        except BAD_INPUT as e:
+            print_error(f"job {num} of {len(jobs)} ({' '.join(overrides)}): {describe(e)}; no job started")
+            sys.exit(2)
+    return jobs
+
+
 class ValidateJobsFirst(Callback):
     """Before a run or any job of a multirun starts, composes each job's config and passes it to `validate` (a dotted
     path to a function that raises ConfigError); the first failure is one line naming the job, and exit code 2."""
@@ -188,12 +204,7 @@ class ValidateJobsFirst(Callback):
         if not config.hydra.sweeper._target_.endswith(".BasicSweeper"):
             return  # other sweepers choose their jobs as they go
         validate = get_method(self.validate)
-        for num, overrides in enumerate(jobs := sweep_jobs(config)):
-            try:
-                validate(compose(config.hydra.job.config_name, overrides=overrides))
-            except BAD_INPUT as e:
-                print_error(f"job {num} of {len(jobs)} ({' '.join(overrides)}): {describe(e)}; no job started")
-                sys.exit(2)
+        jobs = check_every_job(config, lambda job, overrides: validate(job))
         exclude = swept_exclude_keys(jobs, list(config.hydra.job.config.override_dirname.exclude_keys))
         try:
             check_job_folders(config, jobs, exclude)
