@@ -105,3 +105,48 @@ def test_a_precision_the_activations_overflow_is_refused_in_one_line(trained_run
     assert "\n" not in str(err.value) and not (RunPaths(run_dir).ablation / "single_head.csv").exists()
     ablate_with(run_dir, "ablation=single_head")
     assert (RunPaths(run_dir).ablation / "single_head.csv").exists()
+
+
+@pytest.mark.parametrize("slowdown, said", [(12.0, True), (1.5, False)])
+def test_a_precision_this_cpu_emulates_is_said_before_the_first_pass(
+    trained_run, tmp_path, monkeypatch, capsys, slowdown, said
+):
+    """float16 on a CPU without half-precision arithmetic: a scan of Gemma-3-270M printed nothing for 400 s. One line
+    now comes before any pass, with the measured slowdown (here set, to decide both ways on any CPU); a CPU that has
+    the arithmetic says nothing."""
+    from headcount.ablation import precision
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    monkeypatch.setattr(precision, "cpu_slowdown", lambda dtype: slowdown)
+    before_first_pass = []
+
+    def first_pass(self):
+        before_first_pass.append(capsys.readouterr().err)
+        raise RuntimeError("the first pass")
+
+    monkeypatch.setattr(MaskEvaluator, "baseline", first_pass)
+    with pytest.raises(RuntimeError, match="the first pass"):
+        ablate_with(run_dir, "ablation=single_head", "ablation.dtype=float16")
+    notes = [line for line in before_first_pass[0].splitlines() if "ablation.dtype=float16" in line]
+    assert notes == (
+        [
+            "note: ablation.dtype=float16: this CPU has no fast float16 arithmetic (a 256x256 matrix product took 12 "
+            "times as long as in float32, measured now), so this scan takes about that much longer than in float32; "
+            "ablation.dtype=float32 runs at full speed here"
+        ]
+        if said
+        else []
+    )
+
+
+def test_the_slowdown_is_measured_for_a_low_precision_on_a_cpu_only(monkeypatch):
+    from headcount.ablation import precision
+    from headcount.config.ablation import AblationConfig
+
+    threads = torch.get_num_threads()
+    measured = precision.note_slow_precision(AblationConfig(dtype="float16"), torch.device("cpu"))
+    assert 0 < measured < float("inf") and torch.get_num_threads() == threads  # measured in one thread, then restored
+    monkeypatch.setattr(precision, "cpu_slowdown", lambda dtype: pytest.fail("measured"))
+    assert precision.note_slow_precision(AblationConfig(), torch.device("cpu")) is None  # float32
+    assert precision.note_slow_precision(AblationConfig(dtype="bfloat16"), torch.device("cuda")) is None

@@ -30,6 +30,7 @@ from headcount.ablation.engine.metrics import METRICS, resolve_metric
 from headcount.ablation.export import check_export, export_pruned_model
 from headcount.ablation.methods.importance import Importance, importance_under
 from headcount.ablation.plan import plan
+from headcount.ablation.precision import note_slow_precision
 from headcount.ablation.records.address import ResultAddress
 from headcount.ablation.records.distributed import scan_world
 from headcount.ablation.records.results import ResultFiles, fingerprint, model_fingerprint
@@ -142,6 +143,7 @@ class AblationSession:
         set_first_process(self.world is None or self.world.rank == 0)
         self.run = load_run(run_dir, cfg)
         self.device = resolve_device(s.device) if self.world is None else self.world.device
+        note_slow_precision(s, self.device)  # a CPU that emulates the precision: said now, not after the first pass
         model_key = model_fingerprint(self.run.model)
         self.model = self.run.model.to(self.device, ScanDtype(s.dtype).torch).eval()
         self.heads_per_layer = self.model.heads_per_layer
