@@ -131,3 +131,58 @@ def test_yarn_with_equal_ramp_bounds_builds_as_transformers_allows():
     """transformers warns only when beta_fast < beta_slow; equal bounds make the ramp one step (its 0.001 guard)."""
     scaling = RopeScalingConfig(type="yarn", factor=4.0, original_n_ctx=8, beta_fast=2.0, beta_slow=2.0)
     Transformer(ModelConfig(d_model=32, attn=AttentionConfig(n_heads=4), positions="rotary", rope_scaling=scaling))
+
+
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        # trainer: infinite or NaN rates passed `> 0` or failed no `< 0` check
+        (["trainer.optim.lr=inf"], "trainer.optim.lr=inf: must be a finite number above 0"),
+        (["trainer.optim.weight_decay=nan"], "trainer.optim.weight_decay=nan: must be a finite number, 0 or more"),
+        (["trainer.optim.grad_clip=inf"], "trainer.optim.grad_clip=inf: must be a finite number, 0 or more"),
+        # a float above 1 is a number of batches to Lightning, which failed inside the run on one that is not whole
+        (
+            ["trainer.limit_val_batches=2.5"],
+            "trainer.limit_val_batches=2.5: must be a share of the validation batches in [0, 1] (0: no validation) or "
+            "a whole number of them",
+        ),
+        (["trainer.limit_val_batches=nan"], "trainer.limit_val_batches=nan: must be a share"),
+        (["trainer.compile=1"], "trainer.compile=1: must be true or false"),
+        # data: keys another source reads, accepted and ignored
+        (
+            ["data.n_pairs=4"],
+            "data.n_pairs=4: is read only by data.source=assoc_recall, not induction: leave it unset",
+        ),
+        (["data.offset_b=5"], "data.offset_b=5: is read only by data.source=offset_diff, not induction"),
+        (["data.path=corpus.txt"], "data.path='corpus.txt': is read only by data.source=text, not induction"),
+        (
+            ["data.val_fraction=0.2"],
+            "data.val_fraction=0.2: is read only by data.source=text or pystdlib or hub, not induction",
+        ),
+        (
+            ["data=text", "data.path=corpus.txt", "data.vocab_size=100"],
+            "data.vocab_size=100: is read only by data.source=induction or assoc_recall or offset_diff or copy, not "
+            "text",
+        ),
+        (["data.add_bos=1"], "data.add_bos=1: must be true or false"),
+        # ablation: an infinite tolerance made every head prunable; L0 gates' stretch at infinity is NaN
+        (
+            ["ablation=[pruning]", "ablation.pruning.tolerance=inf"],
+            "ablation.pruning.tolerance=inf: must be a finite number, 0 or more",
+        ),
+        (
+            ["ablation=[l0_gates]", "ablation.scans.l0_gates.l0.zeta=inf"],
+            "ablation.scans.l0_gates.l0.zeta=inf: must be a finite number above 1",
+        ),
+        (
+            ["ablation=[l0_gates]", "ablation.scans.l0_gates.l0.log_alpha_init=nan"],
+            "ablation.scans.l0_gates.l0.log_alpha_init=nan: must be a finite number",
+        ),
+        (["ablation.progress=2"], "ablation.progress=2: must be true or false"),
+    ],
+)
+def test_other_sections_refuse_the_same_faults_in_one_line(overrides, line, monkeypatch, tmp_path, capsys):
+    assert train_in_process(monkeypatch, tmp_path, [*SMOKE, *overrides, "hydra.run.dir=NEW"]) == 2
+    said = one_line(capsys.readouterr().err)
+    assert said.startswith(f"error: {line}"), said
+    assert not (tmp_path / "NEW").exists()
