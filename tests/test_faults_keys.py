@@ -186,3 +186,26 @@ def test_other_sections_refuse_the_same_faults_in_one_line(overrides, line, monk
     said = one_line(capsys.readouterr().err)
     assert said.startswith(f"error: {line}"), said
     assert not (tmp_path / "NEW").exists()
+
+
+@pytest.mark.parametrize(
+    "check, section, line",
+    [
+        ("data", {"add_bos": 2}, "data.add_bos=2: must be true or false or null"),
+        ("trainer", {"compile": 1}, "trainer.compile=1: must be true or false"),
+        ("ablation", {"allow_data_change": "yes"}, "ablation.allow_data_change='yes': must be true or false"),
+    ],
+)
+def test_true_false_fields_of_other_sections_built_in_python_are_checked(check, section, line):
+    from headcount.config.ablation import AblationConfig, validate_ablation_config
+    from headcount.config.data import DataConfig, validate_data_section
+    from headcount.config.train import TrainerConfig, validate_trainer_config
+
+    kind, validate = {
+        "data": (DataConfig, validate_data_section),
+        "trainer": (TrainerConfig, validate_trainer_config),
+        "ablation": (AblationConfig, validate_ablation_config),
+    }[check]
+    with pytest.raises(ConfigError) as err:
+        validate(kind(**section))
+    assert str(err.value) == line
