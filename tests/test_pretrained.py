@@ -171,6 +171,40 @@ def test_a_folder_without_a_tokenizer_says_so(tmp_path):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("left", [[], ["tokenizer_config.json"]], ids=["no tokenizer file", "its config alone"])
+def test_a_folder_without_tokenizer_files_names_the_folder_and_the_files_to_add(left, tmp_path):
+    """transformers' reason runs over several lines; its first, all the line said, ended "... from one of: " and
+    named nothing."""
+    from checkpoint_files import folder_checkpoint
+
+    folder = folder_checkpoint(tmp_path / "model")
+    for file in ["tokenizer.json", "tokenizer_config.json"]:
+        if file not in left:
+            (folder / file).unlink()
+    with pytest.raises(ConfigError) as err:
+        load_pretrained(str(folder))
+    assert str(err.value) == (
+        f"model.pretrained='{folder}': has no tokenizer transformers can load: {folder} holds none of the files its "
+        "tokenizer (TokenizersBackend) is read from (tokenizer.json, tokenizer.model); copy them from where the "
+        "checkpoint came from, or write them there with the tokenizer's save_pretrained"
+    )
+
+
+def test_a_folder_whose_tokenizer_file_does_not_read_names_it_in_one_line(tmp_path):
+    from checkpoint_files import folder_checkpoint
+
+    folder = folder_checkpoint(tmp_path / "model")
+    (folder / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ConfigError) as err:
+        load_pretrained(str(folder))
+    message = str(err.value)
+    assert message.startswith(
+        f"model.pretrained='{folder}': has no tokenizer transformers can load: its tokenizer files in {folder} "
+        "(tokenizer.json) do not read: "
+    )
+    assert "\n" not in message and not message.rstrip().endswith(":")
+
+
 @pytest.mark.parametrize(
     "source, words",
     [

@@ -2,6 +2,7 @@
 of converted weights keyed by the file's sha256 (pretrained/converted_cache.py), on the tiny random Llama written as
 a GGUF file (fast)."""
 
+import errno
 import json
 import logging
 import os
@@ -188,3 +189,141 @@ def test_gemma3_chunks_are_joined_once_checked_and_joined_again_when_the_file_is
     with pytest.raises(ConfigError, match="its chunks join into a file of sha256 .*: reinstall gemma3-270m"):
         gemma3_270m.gemma3_270m_gguf()
     assert [p.name for p in path.parent.iterdir() if not p.name.endswith(".lock")] == []
+
+
+KILLED_WHILE_WRITING = textwrap.dedent(
+    """
+    import time
+    import safetensors.torch
+    import sys
+    from headcount.pretrained import load
+
+    def stuck(tensors, path, *args, **kwargs):  # the entry's weights half-written, then killed
+        open(path, "wb").write(b"half of the weights")
+        print("writing", flush=True)
+        time.sleep(600)
+
+    safetensors.torch.save_file = stuck
+    load.load_pretrained(sys.argv[1])
+    """
+)
+
+HOLDING_A_LOCK = textwrap.dedent(
+    """
+    import sys
+    import time
+    from filelock import FileLock
+
+    with FileLock(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def started(script: str, arg: str, cache: Path, says: str) -> subprocess.Popen:
+    """A Python process running script, once it has printed `says`."""
+    env = {**os.environ, "HEADCOUNT_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen([sys.executable, "-c", script, arg], env=env, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == says
+    return child
+
+
+def killed(child: subprocess.Popen) -> None:
+    child.kill()
+    child.wait(timeout=60)
+
+
+def temporaries(root: Path) -> list[str]:
+    return sorted(p.name for p in root.glob(".*.tmp-*"))
+
+
+def test_a_half_written_entry_whose_writer_was_killed_is_removed_and_a_live_writers_kept(quantised, cache, caplog):
+    """kill -9 during a first conversion left `.<sha>-v1.tmp-*/` (152 MB for Gemma-3-270M) for ever: the rerun
+    converted and succeeded but never removed it. A folder whose entry's lock a live process holds is its writer's."""
+    writer = started(KILLED_WHILE_WRITING, str(quantised), cache, "writing")
+    killed(writer)  # SIGKILL, as kill -9: no cleanup runs
+    root = cache_root()
+    [dead] = temporaries(root)
+    assert dead.startswith(f".{entry_of(quantised).name}.tmp-")
+    other = root / f"{'0' * 64}-v{FORMAT}"  # another file's entry that a live process is writing
+    live = root / f".{other.name}.tmp-live"
+    (live / "entry").mkdir(parents=True)
+    (live / "entry" / "model.safetensors").write_bytes(b"being written")
+    holder = started(HOLDING_A_LOCK, f"{other}.lock", cache, "held")
+    try:
+        with caplog.at_level(logging.WARNING, logger="headcount.pretrained.converted_cache"):
+            load_pretrained(str(quantised))
+        assert temporaries(root) == [live.name]  # the dead writer's folder gone, the live one's kept
+        notices = [r.getMessage() for r in caplog.records]
+        assert len(notices) == 1 and notices[0].startswith(f"removed {root / dead} (0 MB): a converted-weights entry")
+        assert entry_of(quantised).is_dir()
+    finally:
+        killed(holder)
+    load_pretrained(str(quantised))  # its writer gone, the next load (a cached one) removes it
+    assert temporaries(root) == []
+
+
+def test_a_gemma3_copy_left_half_joined_is_removed_by_the_next_join(tmp_path, cache, monkeypatch, caplog):
+    import hashlib
+
+    from headcount.pretrained import gemma3_270m
+
+    part = tmp_path / "part0"
+    part.write_bytes(b"GGUF" + bytes(range(200)))
+    monkeypatch.setattr(gemma3_270m, "chunks", lambda: [part])
+    monkeypatch.setattr(gemma3_270m, "EXPECTED", hashlib.sha256(part.read_bytes()).hexdigest())
+    folder = cache / "pretrained" / "gemma3-270m"
+    folder.mkdir(parents=True)
+    left = folder / f".{gemma3_270m.FILE}.tmp-killed"
+    left.write_bytes(b"GGUF half")
+    with caplog.at_level(logging.WARNING, logger="headcount.pretrained.gemma3_270m"):
+        assert gemma3_270m.gemma3_270m_gguf().read_bytes() == part.read_bytes()
+    assert not left.exists() and "left half-joined by a process that stopped" in caplog.text
+
+
+def no_space(kind: str):
+    def save_file(tensors, path, *args, **kwargs):
+        Path(path).write_bytes(b"the first bytes")  # what a full disk took before it refused the rest
+        if kind == "OSError":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        from safetensors import SafetensorError
+
+        raise SafetensorError(
+            'Error while serializing: I/O error: IoError(Os { code: 28, kind: StorageFull, message: "No space left on '
+            'device" })'
+        )
+
+    return save_file
+
+
+@pytest.mark.parametrize("kind", ["OSError", "SafetensorError"])
+def test_a_full_disk_while_writing_the_entry_uses_the_model_uncached_with_one_notice(
+    kind, quantised, cache, monkeypatch, caplog
+):
+    """`SafetensorError ... No space left on device` was a traceback and exit code 1."""
+    import safetensors.torch
+
+    with monkeypatch.context() as patched:
+        patched.setattr(safetensors.torch, "save_file", no_space(kind))
+        with caplog.at_level(logging.WARNING, logger="headcount.pretrained.converted_cache"):
+            uncached = load_pretrained(str(quantised)).model
+    notices = [r.getMessage() for r in caplog.records]
+    assert len(notices) == 1 and "\n" not in notices[0], notices
+    assert f"refused the entry of {quantised} (No space left on device): using the converted model" in notices[0]
+    assert [p.name for p in cache_root().iterdir() if not p.name.endswith(".lock")] == []  # nothing half-written
+    kept = load_pretrained(str(quantised)).model  # with space again: converted and kept
+    assert entry_of(quantised).is_dir()
+    assert_same_model(uncached, kept)
+
+
+def test_an_error_that_is_not_the_storages_while_writing_the_entry_is_raised(quantised, cache, monkeypatch):
+    import safetensors.torch
+
+    def broken(tensors, path, *args, **kwargs):
+        raise ValueError("a bug in the writer")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", broken)
+    with pytest.raises(ValueError, match="a bug in the writer"):
+        load_pretrained(str(quantised))
+    assert [p.name for p in cache_root().iterdir() if not p.name.endswith(".lock")] == []

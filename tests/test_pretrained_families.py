@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 import transformers as tf  # noqa: E402
 from family_cases import CASES, FEATURES, attention_layers, hf_model, tokens  # noqa: E402
 
+from headcount.config.model import RopeScalingConfig  # noqa: E402
 from headcount.errors import ConfigError  # noqa: E402
 from headcount.model.transformer import Transformer  # noqa: E402
 from headcount.pretrained import hf_model_config, load_pretrained  # noqa: E402
@@ -128,8 +129,10 @@ def test_switching_a_feature_off_breaks_the_agreement(case, key, folders):
     for part in path:
         target = getattr(target, part)
     setattr(target, last, FEATURES[case][key])
-    if key == "sliding_window":
-        cfg.layer_types = None
+    if key == "sliding_window":  # a window as long as the context: the layers keep their types (and local base)
+        cfg.sliding_window = cfg.n_ctx
+    if key == "rope_scaling.type":  # the scaling's own keys go with it (the config refuses them unused)
+        cfg.rope_scaling = RopeScalingConfig()
     with torch.random.fork_rng(devices=[]):
         broken = Transformer(cfg).eval()
     broken.load_state_dict(model.state_dict(), strict=False)  # a switched-off q/k or post norm has no weights

@@ -1,5 +1,6 @@
 """One exception type for bad input, so entry points can print it as one line and exit non-zero."""
 
+import math
 from enum import Enum
 from typing import Any
 
@@ -20,3 +21,21 @@ def check_seed(key: str, seed: object) -> None:
     """ConfigError for a seed numpy cannot take (Lightning would warn and train under a random seed instead)."""
     if not (isinstance(seed, int) and 0 <= seed <= SEED_MAX):
         raise ConfigError(key, seed, f"must be an integer in 0..{SEED_MAX} (numpy's range)")
+
+
+def finite(value: object) -> bool:
+    """A real number that is neither infinite nor NaN (`inf` and `nan` pass `> 0` or fail no `< 0` check: a cap, a
+    scale or a rate of either makes every number after it NaN)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_positive(key: str, value: object, allowed: str = "must be a finite number above 0") -> None:
+    """ConfigError unless value is a finite number above 0."""
+    if not (finite(value) and value > 0):
+        raise ConfigError(key, value, allowed)
+
+
+def check_non_negative(key: str, value: object, allowed: str = "must be a finite number, 0 or more") -> None:
+    """ConfigError unless value is a finite number of 0 or more."""
+    if not (finite(value) and value >= 0):
+        raise ConfigError(key, value, allowed)

@@ -43,6 +43,7 @@ from headcount.cli.pretrained_run import (
 )
 from headcount.components import take_list_flag
 from headcount.config import CONF_DIR, register_configs, typed
+from headcount.config.schema import check_bool_overrides
 from headcount.config.train import TrainerConfig, check_devices_here
 from headcount.errors import ConfigError
 from headcount.io import writable
@@ -138,6 +139,7 @@ def ablate_job(cfg: DictConfig) -> None:
     new_pretrained_run = cfg.model.pretrained is not None and not RunPaths(run_dir).config.exists()
     try:
         with discarded_if_rejected(Path(HydraConfig.get().runtime.output_dir), run_dir), ddp_confined_to_this_job():
+            check_bool_overrides(cfg, HydraConfig.get().overrides.task)
             check_devices_here(typed(cfg.trainer, TrainerConfig))
             if cfg.model.pretrained is not None:  # checked before its weights are converted or its folder written
                 prepare_pretrained_run(cfg, run_dir, lambda: check_ablate_job(cfg, HydraConfig.get().overrides.task))

@@ -38,6 +38,7 @@ from headcount.cli.errors import BAD_INPUT, describe, print_error
 from headcount.cli.reruns import check_rerun
 from headcount.config import CONF_DIR
 from headcount.config.ablation import unselected_scans_dropped
+from headcount.config.schema import check_bool_overrides
 from headcount.errors import ConfigError
 from headcount.findings import check_finding, missing_scans, reads_sweep
 from headcount.report.names import folder_name, override_values
@@ -178,7 +179,9 @@ def check_every_job(config: DictConfig, check: Callable[[DictConfig, list[str]],
         return []
     for num, overrides in enumerate(jobs := sweep_jobs(config)):
         try:
-            check(compose(config.hydra.job.config_name, overrides=overrides), overrides)
+            job = compose(config.hydra.job.config_name, overrides=overrides)
+            check_bool_overrides(job, overrides)
+            check(job, overrides)
         except BAD_INPUT as e:
             print_error(f"job {num} of {len(jobs)} ({' '.join(overrides)}): {describe(e)}; no job started")
             sys.exit(2)
@@ -194,6 +197,7 @@ class ValidateJobsFirst(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
+            check_bool_overrides(without_hydra(config), config.hydra.overrides.task)
             get_method(self.validate)(without_hydra(config))
             check_rerun(config)
         except BAD_INPUT as e:

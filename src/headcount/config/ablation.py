@@ -2,14 +2,14 @@
 input fails before any work starts."""
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, open_dict
 
-from headcount.config.choice import Choice, check_choice
-from headcount.errors import ConfigError, check_seed
+from headcount.config.choice import Choice, check_bools, check_choice
+from headcount.errors import ConfigError, check_positive, check_seed, finite
 
 # Where the scan config nests L0GatesConfig, for error messages.
 KEY = "ablation.scans.l0_gates.l0"
@@ -178,18 +178,21 @@ def validate_l0_config(cfg: L0GatesConfig, n_heads: int | None = None, key: str 
     if cfg.n_batches is not None and not (isinstance(cfg.n_batches, int) and cfg.n_batches >= 1):
         raise ConfigError(f"{key}.n_batches", cfg.n_batches, "must be a positive integer or null (all batches)")
     for name in ("lr", "beta", "penalty_lr"):
-        if not getattr(cfg, name) > 0:
-            raise ConfigError(f"{key}.{name}", getattr(cfg, name), "must be a positive number")
+        check_positive(f"{key}.{name}", getattr(cfg, name), "must be a finite number above 0")
+    if not finite(cfg.log_alpha_init):
+        raise ConfigError(f"{key}.log_alpha_init", cfg.log_alpha_init, "must be a finite number")
     if not 0 <= cfg.target_warmup <= 1:
         raise ConfigError(f"{key}.target_warmup", cfg.target_warmup, "must be in [0, 1]: a fraction of the steps")
-    if not cfg.gamma < 0:
-        raise ConfigError(f"{key}.gamma", cfg.gamma, "must be negative: gates reach exactly 0 only if gamma < 0")
-    if not cfg.zeta > 1:
-        raise ConfigError(f"{key}.zeta", cfg.zeta, "must be above 1: gates reach exactly 1 only if zeta > 1")
+    if not (finite(cfg.gamma) and cfg.gamma < 0):
+        allowed = "must be a finite negative number: gates reach exactly 0 only if gamma < 0"
+        raise ConfigError(f"{key}.gamma", cfg.gamma, allowed)
+    if not (finite(cfg.zeta) and cfg.zeta > 1):
+        allowed = "must be a finite number above 1: gates reach exactly 1 only if zeta > 1"
+        raise ConfigError(f"{key}.zeta", cfg.zeta, allowed)
     if cfg.penalty is None and cfg.target_heads is None:
         raise ConfigError(f"{key}.penalty", None, f"set a fixed penalty weight or {key}.target_heads (heads to keep)")
-    if cfg.penalty is not None and not cfg.penalty >= 0:
-        raise ConfigError(f"{key}.penalty", cfg.penalty, "must be a non-negative number or null")
+    if cfg.penalty is not None and not (finite(cfg.penalty) and cfg.penalty >= 0):
+        raise ConfigError(f"{key}.penalty", cfg.penalty, "must be a finite number, 0 or more, or null")
     targets = l0_targets(cfg)
     upper = n_heads if n_heads is not None else float("inf")
     if not targets or not all(t is None or (isinstance(t, int) and 0 <= t <= upper) for t in targets):
@@ -207,14 +210,19 @@ def validate_pruning_config(cfg: PruningConfig) -> None:
         check_choice("ablation.pruning.orders", order, PruningOrder)
     if "random" in cfg.orders and cfg.random_seeds < 1:
         raise ConfigError("ablation.pruning.random_seeds", cfg.random_seeds, "must be a positive integer")
-    if not cfg.tolerance >= 0:
-        raise ConfigError("ablation.pruning.tolerance", cfg.tolerance, "must be a non-negative number")
+    if not (finite(cfg.tolerance) and cfg.tolerance >= 0):
+        raise ConfigError("ablation.pruning.tolerance", cfg.tolerance, "must be a finite number, 0 or more")
 
 
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 def validate_ablation_config(cfg: AblationConfig) -> None:
+    check_bools("ablation", cfg)
+    check_bools("ablation.prune", cfg.prune)
+    for name, scan in cfg.scans.items():
+        if is_dataclass(scan):
+            check_bools(f"ablation.scans.{name}", scan)
     check_choice("ablation.patch_direction", cfg.patch_direction, PatchDirection)
     check_choice("ablation.dtype", cfg.dtype, ScanDtype)
     check_seed("ablation.seed", cfg.seed)

@@ -6,6 +6,7 @@ files see ordinary strings. Configs built in Python skip composition, so each se
 its choices with `check_choice`.
 """
 
+from dataclasses import fields
 from enum import Enum
 from typing import Any
 
@@ -33,3 +34,14 @@ def allowed(kind: type[Choice]) -> str:
 def check_choice(key: str, value: Any, kind: type[Choice]) -> None:
     if value not in {member.value for member in kind}:
         raise ConfigError(key, value, allowed(kind))
+
+
+def check_bools(key: str, section: Any) -> None:
+    """ConfigError for a field of a config dataclass typed bool (or bool | None) that holds anything but true or
+    false (or null): a config built in Python is not typed by OmegaConf, which would also have read 2 as true."""
+    for field in fields(section):
+        if field.type not in (bool, bool | None):
+            continue
+        value, nullable = getattr(section, field.name), field.type is not bool
+        if not (isinstance(value, bool) or (nullable and value is None)):
+            raise ConfigError(f"{key}.{field.name}", value, "must be true or false" + (" or null" if nullable else ""))

@@ -5,7 +5,7 @@ The defaults are the default data, `data=induction`; each conf/data/<source>.yam
 
 from dataclasses import dataclass
 
-from headcount.config.choice import Choice, check_choice
+from headcount.config.choice import Choice, check_bools, check_choice
 from headcount.errors import ConfigError, check_seed
 
 
@@ -81,7 +81,9 @@ def validate_data_section(cfg: DataConfig) -> None:
     checked where it is resolved (data/cache.py). Raises ConfigError naming the first bad key."""
     check_choice("data.source", cfg.source, Source)
     check_choice("data.tokenizer", cfg.tokenizer, Tokenizer)
+    check_bools("data", cfg)
     check_seed("data.seed", cfg.seed)
+    refuse_unused(cfg)
     for key, value, minimum in (
         ("seq_len", cfg.seq_len, 2),
         ("n_train", cfg.n_train, 1),
@@ -105,3 +107,32 @@ def validate_data_section(cfg: DataConfig) -> None:
         raise ConfigError("data.hub_name", None, "source hub needs a Hugging Face dataset name")
     if cfg.source == "text" and cfg.path is None:
         raise ConfigError("data.path", None, "source text needs a file or a folder of .txt files")
+
+
+# The sources that read each source-specific key: set to anything but its default for another source, a key is
+# refused rather than ignored (the run would look as if it had used it). (data.tokenizer is made concrete for every
+# source, bytes for a synthetic task's own alphabet: pretrained.run_config.)
+KEYS_READ_BY = {
+    "n_pairs": ("assoc_recall",),
+    "offset_a": ("offset_diff",),
+    "offset_b": ("offset_diff",),
+    "vocab_size": SYNTHETIC_SOURCES,  # text is bytes, or the checkpoint's tokens
+    "path": ("text",),
+    "val_fraction": TEXT_SOURCES,
+    "test_fraction": TEXT_SOURCES,
+    "hub_name": ("hub",),
+    "hub_config": ("hub",),
+    "text_field": ("hub",),
+}
+
+
+def refuse_unused(cfg: DataConfig) -> None:
+    defaults = DataConfig()
+    for key, sources in KEYS_READ_BY.items():
+        value = getattr(cfg, key)
+        if cfg.source not in sources and value != getattr(defaults, key):
+            raise ConfigError(
+                f"data.{key}",
+                value,
+                f"is read only by data.source={' or '.join(sources)}, not {cfg.source}: leave it unset",
+            )

@@ -12,8 +12,8 @@ Every key's default is the behaviour before it existed, so older checkpoints reb
 
 from dataclasses import dataclass, field
 
-from headcount.config.choice import Choice, check_choice
-from headcount.errors import ConfigError
+from headcount.config.choice import Choice, check_bools, check_choice
+from headcount.errors import ConfigError, check_positive, finite
 
 
 class Combine(Choice):
@@ -81,6 +81,20 @@ class RopeScalingConfig:
     beta_slow: float = 1.0
     attention_factor: float | None = None  # yarn: the cos/sin scale; null: 0.1 ln(factor) + 1
     truncate: bool = True  # yarn: round the ramp's bounds to whole dimensions
+
+
+# The rope types that read each scaling key: set to anything but its default under another type, a key is refused
+# rather than ignored.
+ROPE_KEYS_USED_BY = {
+    "factor": (RopeType.linear, RopeType.dynamic, RopeType.yarn, RopeType.llama3),
+    "original_n_ctx": (RopeType.dynamic, RopeType.yarn, RopeType.llama3),
+    "low_freq_factor": (RopeType.llama3,),
+    "high_freq_factor": (RopeType.llama3,),
+    "beta_fast": (RopeType.yarn,),
+    "beta_slow": (RopeType.yarn,),
+    "attention_factor": (RopeType.yarn,),
+    "truncate": (RopeType.yarn,),
+}
 
 
 @dataclass
@@ -204,7 +218,11 @@ def resolve_kv_groups(cfg: ModelConfig) -> list[list[int]]:
 
 
 def validate_model_config(cfg: ModelConfig) -> None:
-    """Raise ConfigError for any value the model cannot be built with."""
+    """Raise ConfigError for any value the model cannot be built with, and for a key set that the model would not
+    use (it would look as if it had)."""
+    check_bools("model", cfg)
+    check_bools("model.attn", cfg.attn)
+    check_bools("model.rope_scaling", cfg.rope_scaling)
     for key in ("n_layers", "d_model", "n_ctx", "vocab_size", "mlp_ratio"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"model.{key}", getattr(cfg, key), "must be a positive integer")
@@ -219,8 +237,7 @@ def validate_model_config(cfg: ModelConfig) -> None:
     check_choice("model.norm", cfg.norm, Norm)
     check_choice("model.mlp_act", cfg.mlp_act, Activation)
     if cfg.positions == Positions.rotary:
-        if not cfg.rotary_theta > 0:
-            raise ConfigError("model.rotary_theta", cfg.rotary_theta, "must be positive")
+        check_positive("model.rotary_theta", cfg.rotary_theta)
         dims = rotary_dims(cfg)
         if not 0 < cfg.rotary_fraction <= 1 or dims < 2 or dims % 2:
             raise ConfigError(
@@ -229,13 +246,16 @@ def validate_model_config(cfg: ModelConfig) -> None:
                 f"must be in (0, 1] and rotate an even number (2 or more) of the {head_dim} head dimensions "
                 f"(int(head_dim * fraction) = {dims})",
             )
+    else:
+        refuse_unused(cfg, ModelConfig(), ("rotary_theta", "rotary_fraction"), f"model.positions={cfg.positions}")
     validate_rotary_scaling(cfg)
     validate_attention_features(cfg)
-    if not cfg.norm_eps > 0:
-        raise ConfigError("model.norm_eps", cfg.norm_eps, "must be positive")
+    check_positive("model.norm_eps", cfg.norm_eps)
     if cfg.mlp_hidden is not None and cfg.mlp_hidden < 1:
         allowed = "must be a positive integer or null (mlp_ratio * d_model)"
         raise ConfigError("model.mlp_hidden", cfg.mlp_hidden, allowed)
+    if not cfg.mlp:
+        refuse_unused(cfg, ModelConfig(), ("mlp_ratio", "mlp_hidden", "mlp_act", "mlp_bias"), "model.mlp=false")
     if cfg.heads_per_layer is not None:
         hpl = list(cfg.heads_per_layer)
         if len(hpl) != cfg.n_layers or min(hpl) < 0:
@@ -245,22 +265,54 @@ def validate_model_config(cfg: ModelConfig) -> None:
     resolve_kv_groups(cfg)
 
 
+def refuse_unused(section: object, defaults: object, keys: tuple[str, ...], why: str, prefix: str = "model") -> None:
+    """ConfigError for the first of keys set to other than its default where `why` (a setting) leaves it unread."""
+    for key in keys:
+        value = getattr(section, key)
+        if value != getattr(defaults, key):
+            shown = f"{prefix}.{key}"
+            raise ConfigError(shown, value, f"is not used with {why}; leave {shown} unset or change that setting")
+
+
 def validate_rotary_scaling(cfg: ModelConfig) -> None:
     rs = cfg.rope_scaling
     check_choice("model.rope_scaling.type", rs.type, RopeType)
+    unused = tuple(key for key, types in ROPE_KEYS_USED_BY.items() if rs.type not in types)
+    refuse_unused(rs, RopeScalingConfig(), unused, f"model.rope_scaling.type={rs.type}", "model.rope_scaling")
     if rs.type == RopeType.default:
         return
     if cfg.positions != Positions.rotary:
         raise ConfigError("model.rope_scaling.type", rs.type, "needs model.positions=rotary (or type=default)")
-    if not rs.factor > 0 or (rs.type in (RopeType.linear, RopeType.dynamic) and rs.factor < 1):
-        raise ConfigError("model.rope_scaling.factor", rs.factor, "must be positive (1 or more for linear and dynamic)")
+    if not (finite(rs.factor) and rs.factor > 0) or (rs.type in (RopeType.linear, RopeType.dynamic) and rs.factor < 1):
+        allowed = "must be a finite number above 0 (1 or more for linear and dynamic)"
+        raise ConfigError("model.rope_scaling.factor", rs.factor, allowed)
     if rs.original_n_ctx is not None and rs.original_n_ctx < 1:
         raise ConfigError("model.rope_scaling.original_n_ctx", rs.original_n_ctx, "must be a positive integer or null")
-    if rs.type == RopeType.llama3 and not 0 < rs.low_freq_factor < rs.high_freq_factor:
-        allowed = f"must be positive and below model.rope_scaling.high_freq_factor={rs.high_freq_factor}"
-        raise ConfigError("model.rope_scaling.low_freq_factor", rs.low_freq_factor, allowed)
-    if rs.type == RopeType.yarn and rs.attention_factor is not None and not rs.attention_factor > 0:
-        raise ConfigError("model.rope_scaling.attention_factor", rs.attention_factor, "must be positive or null")
+    if rs.type == RopeType.llama3:
+        check_positive("model.rope_scaling.high_freq_factor", rs.high_freq_factor)
+        if not 0 < rs.low_freq_factor < rs.high_freq_factor:
+            allowed = f"must be positive and below model.rope_scaling.high_freq_factor={rs.high_freq_factor}"
+            raise ConfigError("model.rope_scaling.low_freq_factor", rs.low_freq_factor, allowed)
+    if rs.type == RopeType.yarn:
+        validate_yarn(cfg)
+
+
+def validate_yarn(cfg: ModelConfig) -> None:
+    """YaRN's ramp runs between the dimensions that turn beta_fast and beta_slow times over original_n_ctx, found
+    through ln(rotations) / ln(rotary_theta): transformers takes beta_fast >= beta_slow (32 and 1 by default)."""
+    rs = cfg.rope_scaling
+    ramp = "yarn's ramp bounds, in rotations over original_n_ctx"
+    check_positive("model.rope_scaling.beta_slow", rs.beta_slow, f"must be a finite number above 0 ({ramp})")
+    if not (finite(rs.beta_fast) and rs.beta_fast >= rs.beta_slow):
+        allowed = f"must be a finite number of at least model.rope_scaling.beta_slow={rs.beta_slow} ({ramp})"
+        raise ConfigError("model.rope_scaling.beta_fast", rs.beta_fast, allowed)
+    if not cfg.rotary_theta > 1:  # finite: validate_model_config checked it
+        allowed = "must be above 1 with model.rope_scaling.type=yarn (its ramp divides by ln(rotary_theta))"
+        raise ConfigError("model.rotary_theta", cfg.rotary_theta, allowed)
+    if rs.attention_factor is not None:
+        check_positive(
+            "model.rope_scaling.attention_factor", rs.attention_factor, "must be a finite number above 0 or null"
+        )
 
 
 def validate_attention_features(cfg: ModelConfig) -> None:
@@ -274,8 +326,22 @@ def validate_attention_features(cfg: ModelConfig) -> None:
             raise ConfigError("model.layer_types", types, allowed)
         if LayerType.sliding in types and cfg.sliding_window is None:
             raise ConfigError("model.sliding_window", None, "must be set when model.layer_types has sliding layers")
-    if cfg.rotary_theta_local is not None and not cfg.rotary_theta_local > 0:
-        raise ConfigError("model.rotary_theta_local", cfg.rotary_theta_local, "must be positive or null")
+    if cfg.sliding_window is not None and LayerType.sliding not in resolve_layer_types(cfg):
+        raise ConfigError(
+            "model.sliding_window",
+            cfg.sliding_window,
+            "is not used: model.layer_types marks no layer sliding; mark some sliding or leave sliding_window unset",
+        )
+    if cfg.rotary_theta_local is not None:
+        check_positive("model.rotary_theta_local", cfg.rotary_theta_local, "must be a finite number above 0 or null")
+        if cfg.positions != Positions.rotary or LayerType.sliding not in resolve_layer_types(cfg):
+            why = f"model.positions={cfg.positions}" if cfg.positions != Positions.rotary else "no sliding layer"
+            raise ConfigError(
+                "model.rotary_theta_local",
+                cfg.rotary_theta_local,
+                f"is the rotary base of sliding layers, and this model has {why}: leave it unset, or use rotary "
+                "positions and model.sliding_window (with model.layer_types marking the sliding layers)",
+            )
     check_choice("model.qk_norm", cfg.qk_norm, QKNorm)
     if cfg.qk_norm != QKNorm.none and cfg.norm == Norm.layernorm:
         raise ConfigError("model.qk_norm", cfg.qk_norm, "needs an RMS norm: model.norm=rmsnorm or rmsnorm_plus_one")
@@ -284,5 +350,5 @@ def validate_attention_features(cfg: ModelConfig) -> None:
         ("model.attn.softcap", cfg.attn.softcap),
         ("model.final_softcap", cfg.final_softcap),
     ):
-        if value is not None and not value > 0:
-            raise ConfigError(key, value, "must be positive or null")
+        if value is not None:
+            check_positive(key, value, "must be a finite number above 0 or null")

@@ -114,6 +114,20 @@ def check_schema_keys(cfg: DictConfig, schema: type) -> None:
         raise unknown_key(e.full_key, OmegaConf.select(cfg, e.full_key), keys) from None
 
 
+def check_bool_overrides(cfg: DictConfig, overrides: Iterable[str]) -> None:
+    """ConfigError for a command-line value given to a true/false key that is not true or false: OmegaConf reads
+    `model.embed_scale=2` (or 1, yes, on) as true, and the run would not say so. cfg: the config composed from
+    overrides (a sweep's: one job's, its own overrides)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.is_delete() or override.is_sweep_override():
+            continue
+        key = override.key_or_group
+        if isinstance(OmegaConf.select(cfg, key, default=None), bool) and not isinstance(override.value(), bool):
+            raise ConfigError(key, override.value(), "must be true or false")
+
+
 def validate_train_config(cfg: DictConfig) -> None:
     """Each section's own checks and those across sections; raises ConfigError."""
     check_schema_keys(cfg, TrainConfig)

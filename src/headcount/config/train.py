@@ -7,8 +7,8 @@ it unchanged (train/trainer.py), so a new Trainer setting needs only a field her
 from dataclasses import dataclass, field
 from typing import Any
 
-from headcount.config.choice import check_choice, choices
-from headcount.errors import ConfigError
+from headcount.config.choice import check_bools, check_choice, choices
+from headcount.errors import ConfigError, check_non_negative, check_positive, finite
 
 Precision = choices("Precision", ["32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true"])
 
@@ -102,6 +102,7 @@ def validate_trainer_config(cfg: TrainerConfig, least_steps: int = 1) -> None:
     """What a type cannot check: values Lightning would fail on deep inside a run, or silently misuse. least_steps=0
     lets max_steps=0 through (a pretrained model evaluated as it is)."""
     check_choice("trainer.precision", cfg.precision, Precision)
+    check_bools("trainer", cfg)
     if cfg.max_steps < least_steps:
         allowed = "must be a positive integer (0 only with model.pretrained: evaluate it as it is)"
         raise ConfigError("trainer.max_steps", cfg.max_steps, allowed if least_steps else "must be 0 or more")
@@ -113,13 +114,15 @@ def validate_trainer_config(cfg: TrainerConfig, least_steps: int = 1) -> None:
         "rendezvous_timeout_s",
     ):
         check_at_least(f"trainer.{key}", getattr(cfg, key), 1, "must be a positive integer")
-    if cfg.limit_val_batches < 0:
-        raise ConfigError("trainer.limit_val_batches", cfg.limit_val_batches, "must be 0 or more (0: no validation)")
+    limit = cfg.limit_val_batches
+    if not (finite(limit) and (0 <= limit <= 1 or limit == int(limit) > 1)):
+        # Lightning reads a float above 1 as a number of batches, and fails inside the run on one that is not whole
+        allowed = "must be a share of the validation batches in [0, 1] (0: no validation) or a whole number of them"
+        raise ConfigError("trainer.limit_val_batches", limit, allowed)
     o = cfg.optim
-    if not o.lr > 0:
-        raise ConfigError("trainer.optim.lr", o.lr, "must be positive")
+    check_positive("trainer.optim.lr", o.lr)
     for key in ("weight_decay", "warmup_steps", "grad_clip"):
-        check_at_least(f"trainer.optim.{key}", getattr(o, key), 0, "must be 0 or more")
+        check_non_negative(f"trainer.optim.{key}", getattr(o, key))
     for key in ("beta1", "beta2"):
         if not 0 <= getattr(o, key) < 1:
             raise ConfigError(f"trainer.optim.{key}", getattr(o, key), "must be in [0, 1)")

