@@ -2,6 +2,7 @@
 called directly on the same model and prompts (with an independent metric), a rerun reads them back, bad input is
 one line with exit code 2 and nothing written, and a planted wrong sign is caught."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -200,3 +201,48 @@ def composition_claim_verdict(edges: pd.DataFrame, prev: list[str], induction: l
     from headcount.findings.induction import composition_claim
 
     return composition_claim(edges, prev, induction)[0].verdict
+
+
+EDGES = {"mode": "zero", "exact_all": True, "steps": 3, "circuit_size": 8, "random_sets": 2}
+
+
+def test_every_file_of_an_edge_result_goes_through_the_cached_result_step(run_dir, monkeypatch):
+    """edge_attribution wrote its curve and its summary section itself, and only a result's first file was hashed:
+    a changed curve was read back as up to date. Now every file is recorded with its digest, a changed one computes
+    the result again, and reading a result changes neither the table handed back nor the files."""
+    run = headcount.load_run(run_dir)
+    table = run.scan("edge_attribution", **EDGES)
+    ablation = RunPaths(run_dir).ablation
+    entry = json.loads((ablation / "summary.json").read_text())["modes"]["zero"]["scans"]["edge_attribution"]
+    expected = ["edge_attribution.csv", "edge_attribution_faithfulness.csv"]
+    expected += ["edge_attribution_faithfulness.png", "edge_attribution_circuit.png"]
+    assert entry["files"] == expected
+    assert set(entry["digests"]) == set(expected)
+    for name, digest in entry["digests"].items():
+        assert hashlib.sha256((ablation / name).read_bytes()).hexdigest()[:16] == digest
+
+    seen = []
+    use = edge_attribution.EdgeAttributionScan.use
+
+    def spied_use(self, given):
+        before = given.copy()
+        use(self, given)
+        seen.append(given.equals(before))
+
+    monkeypatch.setattr(edge_attribution.EdgeAttributionScan, "use", spied_use)
+    curve = ablation / "edge_attribution_faithfulness.csv"
+    before = {p.name: p.read_bytes() for p in ablation.glob("edge_attribution*.csv")}
+    again = run.scan("edge_attribution", **EDGES)  # read back
+    pd.testing.assert_frame_equal(again, table, check_dtype=False)
+    assert seen == [True]  # use() read the table without changing it
+    assert {p.name: p.read_bytes() for p in ablation.glob("edge_attribution*.csv")} == before
+
+    curve.write_text(curve.read_text() + "eap,1,2.0\n")  # the second table changed after its record
+    computed = []
+    compute = edge_attribution.EdgeAttributionScan.compute
+    monkeypatch.setattr(
+        edge_attribution.EdgeAttributionScan, "compute", lambda self, key: computed.append(key) or compute(self, key)
+    )
+    run.scan("edge_attribution", **EDGES)
+    assert len(computed) == 1
+    assert curve.read_bytes() == before["edge_attribution_faithfulness.csv"]

@@ -29,10 +29,10 @@ from torch import Tensor
 from headcount.ablation.engine.heads import top_heads
 from headcount.ablation.engine.metrics import Readout, Targets
 from headcount.ablation.engine.modes import MODES, AblationMode, Zero
-from headcount.ablation.scans.base import KINDS
+from headcount.ablation.scans.base import KINDS, ScanSettings
 from headcount.circuits import Graph, NodeOutputs, PointMetric
 from headcount.circuits.graph import QKV
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 
 LAYER = re.compile(r"^L(\d+)(?:\.([qkv]))?$")
@@ -60,11 +60,12 @@ def check_edge_mode(mode: str, key: str, what: str) -> None:
         )
 
 
-def check_circuit_scan(name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+def check_circuit_scan(name: str, cfg: ScanSettings, settings: AblationConfig) -> None:
     """The checks that need no model: a mode with a corrupted run, and the top-k names' kinds."""
     check_edge_mode(settings.mode, "ablation.mode", f"the {name} scan")
     for key in ("senders", "receivers"):
-        check_top_names(name, getattr(cfg, key), settings, f"ablation.scans.{name}.{key}")
+        if hasattr(cfg, key):  # edge_attribution takes receivers alone
+            check_top_names(name, getattr(cfg, key), settings, f"ablation.scans.{name}.{key}")
 
 
 def check_top_names(name: str, entries: list[str], settings: AblationConfig, key: str) -> None:

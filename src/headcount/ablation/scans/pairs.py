@@ -2,6 +2,7 @@
 ablation raised the loss most (the single_head scan runs first if it has not). Its figure is a heads x heads grid."""
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -9,23 +10,29 @@ import pandas as pd
 
 from headcount.ablation.engine.heads import all_heads, head_name
 from headcount.ablation.engine.masks import HeadMask, most_important_heads, pair_masks
-from headcount.ablation.scans.base import KINDS
+from headcount.ablation.scans.base import KINDS, ScanSettings
 from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.ablation.scans.single_head import single_head_delta
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 from headcount.plotting import heatmap
 
 HEAD_NAME = re.compile(r"L(\d+)H(\d+)")
 
 
+@dataclass
+class PairsSettings(ScanSettings):
+    top_k: int | None = None  # only pairs among the k most important heads (None: all pairs)
+
+
 @KINDS.register
 class PairsScan(MaskScan):
     kind = "pairs"
     doc = "two heads off together: all pairs, or pairs among the top k"
+    Settings = PairsSettings
 
     @classmethod
-    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    def check(cls, name: str, cfg: PairsSettings, settings: AblationConfig) -> None:
         if cfg.top_k is not None and cfg.top_k < 2:
             raise ConfigError(
                 f"ablation.scans.{name}.top_k", cfg.top_k, "must be at least 2 (pairs among the top k heads) or null"
