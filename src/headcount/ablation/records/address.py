@@ -128,7 +128,6 @@ def metric_name(spec) -> str:
     return str(spec)
 
 
-
 def variant_of(mode: str, patch_direction: str, patch_positions: str, dtype: str = PLAIN_DTYPE) -> tuple[str, ...]:
     """The settings that give results their own files beyond mode and metric (single_head.patch.logit_diff.denoise.
     csv; a low precision's single_head.zero.bfloat16.csv beside float32's single_head.csv, so that a precision

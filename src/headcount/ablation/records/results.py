@@ -187,7 +187,7 @@ class ResultFiles:
         seconds: float,
         rows: int,
         shared: bool = False,
-        **how: float | str | list[str],
+        **how: float | str | list[str] | dict,
     ) -> None:
         """Record a scan's result in summary.json under `name` (its entry's name); `how`: how it was computed beyond
         its seconds (a distributed scan's processes and reduction time), and a scan's own variant (`scan`,
@@ -202,6 +202,23 @@ class ResultFiles:
         entry["digests"] = {f.name: file_digest(f) for f in files}  # every file of the result, the table's included
         summary_file.record_scan(self.summary_path, None if shared else self.mode, name, entry)
         self.note_written(self.summary_path)
+
+    def note_replaced(self, name: str, key: str, path: Path, settings: dict, shared: bool = False) -> None:
+        """One line when a scan's result is about to be replaced by one computed under other settings (its own, or
+        the session's): which file, and what changed where the scan records its settings (path_patching's senders
+        and receivers); summary.json keeps the earlier record under `superseded` (summary.record_scan)."""
+        old = summary_file.scan_entry(self.summary_path, None if shared else self.mode, name)
+        if old.get("fingerprint") in (None, key) or not path.exists():
+            return
+        before = old.get("settings", {})
+        changed = [f"{k}: {before.get(k)} -> {v}" for k, v in settings.items() if before.get(k) != v and before]
+        what = f" ({'; '.join(changed)})" if changed else ""
+        self.console.print(
+            f"[yellow]note:[/yellow] {escape(str(path))} is replaced: {escape(name)} is computed again under other "
+            f"settings{escape(what)}; summary.json keeps the earlier record under `superseded`",
+            highlight=False,
+            soft_wrap=True,
+        )
 
     def section_value(self, name: str, shared: bool = False):
         """What this session's section of summary.json (shared: the mode-independent one) holds under `name`."""

@@ -127,6 +127,11 @@ class Scan:
         head's exact change from an up-to-date single_head scan)."""
         return table
 
+    def recorded_settings(self) -> dict:
+        """The scan's own settings its summary.json entry records, so that a rerun under others says what changed
+        (path_patching's senders and receivers); {} for a kind whose settings its variant or table already say."""
+        return {}
+
     def record(self) -> dict:
         """The constant columns the table ends with: how it was computed (a result no mode or metric changes says
         only what it read)."""
@@ -160,6 +165,8 @@ class Scan:
         table = self.read_back(announce)
         if table is None:
             key, start = self.key(), time.perf_counter()
+            settings = self.recorded_settings()
+            self.session.files.note_replaced(self.entry, key, self.csv, settings, self.mode_independent)
             result = self.compute(key)
             result = result if isinstance(result, ScanResult) else ScanResult(result)
             table = with_record(result.table, self.record())
@@ -184,6 +191,8 @@ class Scan:
                 how = {"processes": world.size, "reduce_seconds": self.reduce_seconds}
             if self.variant:
                 how = {**how, "scan": self.name, "variant": list(self.variant)}
+            if settings:
+                how = {**how, "settings": settings}
             self.session.files.record(
                 self.entry, self.kind, key, files, seconds, len(table), self.mode_independent, **how
             )

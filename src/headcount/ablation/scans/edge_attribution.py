@@ -174,12 +174,7 @@ class EdgeAttributionScan(Scan):
 
     def use(self, table: pd.DataFrame) -> None:
         entry: dict = {"n_edges": len(table), "verified": int(table["verified"].sum())}
-        k = self.cfg.verify_top_k
-        if table["verified"].all() and 1 <= k < len(table):
-            exact = torch.tensor(table["exact"].to_numpy())
-            for method in ("eap", "eap_ig"):
-                agreement = ranking_agreement(torch.tensor(table[method].to_numpy()), exact, k)
-                entry[method] = {"spearman": agreement["spearman"], f"top_{k}_recall": agreement["top_k_recall"]}
+        entry.update(agreement_entry(table, self.cfg.verify_top_k))
         largest = table.loc[table["exact"].abs().idxmax()] if table["verified"].any() else None
         if largest is not None:
             entry["largest_exact"] = {"edge": largest["edge"], "exact": float(largest["exact"])}
@@ -207,6 +202,35 @@ class EdgeAttributionScan(Scan):
         circuit_png = self.path(".png", "_circuit")
         atomic_savefig(draw_circuit(graph, circuit, weights, title), circuit_png, dpi=120)
         return [curve_png, circuit_png]
+
+
+def agreement_entry(table: pd.DataFrame, k: int) -> dict:
+    """How EAP's and EAP-IG's rankings agree with the exact scores (summary.json's `eap` and `eap_ig`): Spearman's
+    rank correlation when every edge of the table has an exact score, and the top-k recall where k is below the
+    number of edges; where a number is not reported, the entry says why in its place (a recall over every edge is
+    1.0 whatever the scores; with only some edges exact there is no ranking of all to compare)."""
+    n, recall = len(table), f"top_{k}_recall"
+    if not table["verified"].all():
+        why = (
+            f"not reported: {int(table['verified'].sum())} of the {n} edges have an exact score (exact_all scores all)"
+        )
+        return {method: why for method in ("eap", "eap_ig")}
+    if n < 2:
+        return {method: f"not reported: a ranking of {n} edge compares nothing" for method in ("eap", "eap_ig")}
+    exact = torch.tensor(table["exact"].to_numpy())
+    entry = {}
+    for method in ("eap", "eap_ig"):
+        agreement = ranking_agreement(torch.tensor(table[method].to_numpy()), exact, min(max(k, 1), n))
+        entry[method] = {"spearman": agreement["spearman"]}
+        if 1 <= k < n:
+            entry[method][recall] = agreement["top_k_recall"]
+        else:
+            entry[method][recall] = (
+                f"not reported: verify_top_k={k} is not below the {n} edges, so the recall is 1.0 whatever the scores"
+                if k >= 1
+                else "not reported: verify_top_k=0 names no top k"
+            )
+    return entry
 
 
 def circuit_score(scores: dict[str, torch.Tensor]) -> str:

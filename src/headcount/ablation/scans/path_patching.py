@@ -15,7 +15,6 @@ of them reads has no row: senders [heads] into receivers another scan finds, in 
 circuit scan ranks this one's sender heads by name (`top3:<this scan's name>`): by their rows' damage added up.
 """
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +24,12 @@ import torch
 
 from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
 from headcount.ablation.scans.circuit_inputs import (
+    TOP,
     check_circuit_scan,
     check_order,
+    check_receivers_read_heads,
+    check_sender_entries,
+    check_top_count,
     circuit_inputs,
     resolve_receivers,
     resolve_senders,
@@ -35,6 +38,7 @@ from headcount.circuits import Graph, draw_circuit, path_patch
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
+from headcount.labels import join_names, parse_head, split_names
 from headcount.plotting import new_figure, set_title
 
 
@@ -66,8 +70,24 @@ class PathPatchingScan(Scan):
                 raise ConfigError(f"ablation.scans.{name}.{key}", [], "names none: list at least one")
 
     def prepare(self) -> None:
-        if not any(e.strip().startswith("top") for e in [*self.cfg.senders, *self.cfg.receivers]):
-            self.pairs()  # every name checked against the model before any work (top-k names need their scan)
+        """Every name checked against the model before any work; a top-k name needs its ranking's scan, so what can
+        be checked without it is: its k, a suffix on a sender, and receivers no head sends to (they would refuse
+        every head the ranking names, after the ranking ran)."""
+        key, graph = f"ablation.scans.{self.name}", Graph.of(self.session.model)
+        check_sender_entries(self.cfg.senders, graph, f"{key}.senders")
+        ranked = lambda entries: [e for e in entries if TOP.match(str(e).strip())]  # noqa: E731
+        for entry in ranked(self.cfg.receivers):
+            check_top_count(entry, graph, f"{key}.receivers")
+        if not ranked([*self.cfg.senders, *self.cfg.receivers]):
+            self.pairs()
+        elif not ranked(self.cfg.receivers) and not self.cfg.skip_unreached:
+            receivers = resolve_receivers(self.cfg.receivers, self.session, f"{key}.receivers")
+            check_receivers_read_heads(graph, receivers, f"{key}.receivers", ", ".join(ranked(self.cfg.senders)))
+
+    def recorded_settings(self) -> dict:
+        cfg = self.cfg
+        paths = {"senders": list(cfg.senders), "receivers": list(cfg.receivers)}
+        return {**paths, "receivers_together": cfg.receivers_together, "skip_unreached": cfg.skip_unreached}
 
     def fingerprint_parts(self) -> tuple:
         cfg = self.cfg
@@ -98,7 +118,7 @@ class PathPatchingScan(Scan):
         table = pd.DataFrame(
             {
                 "sender": [s[0] for s, _ in pairs],
-                "receivers": [", ".join(r) for _, r in pairs],
+                "receivers": [join_names(r) for _, r in pairs],
                 "effect": (effects / inputs.n_points).numpy(),
             }
         )
@@ -124,7 +144,7 @@ class PathPatchingScan(Scan):
         graph = Graph.of(self.session.model)
         weights = torch.zeros(len(graph.edges), dtype=torch.float64)
         for row in table.itertuples():
-            for receiver in row.receivers.split(", "):
+            for receiver in split_names(row.receivers):
                 weights[graph.edge_index[f"{row.sender} -> {receiver}"]] += abs(row.effect)
         edges = set(weights.nonzero()[:, 0].tolist())
         fig = draw_circuit(graph, edges, weights, self.title("paths patched, arrows as wide as |effect|"))
@@ -133,12 +153,9 @@ class PathPatchingScan(Scan):
         return [heatmap, circuit]
 
 
-HEAD = re.compile(r"^L\d+H\d+$")
-
-
 def top_sender_heads(table: pd.DataFrame, k: int) -> list[str]:
     """A path_patching table's k sender heads of largest damage, added up over their rows (largest first)."""
-    heads = table[table["sender"].map(lambda s: bool(HEAD.match(str(s))))]
+    heads = table[table["sender"].map(lambda s: parse_head(s) is not None)]
     damage = heads.groupby("sender", sort=False)["damage"].sum()
     return damage.sort_values(ascending=False, kind="stable").index[:k].tolist()
 
