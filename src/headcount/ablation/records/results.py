@@ -169,7 +169,7 @@ class ResultFiles:
                 path.replace(self.out / rename[path.name])
         moved = {**old, "files": [rename[f.name] for f in files], "scan": plain, "variant": entry.split(".")[1:]}
         if "digests" in old:
-            moved["digests"] = {rename[name]: digest for name, digest in old["digests"].items()}
+            moved["digests"] = {rename.get(name, name): digest for name, digest in old["digests"].items()}
         summary_file.rename_scan(self.summary_path, mode, plain, entry, moved)
         self.console.print(
             f"[yellow]note:[/yellow] {escape(str(files[0]))} holds {entry}'s result, named before such results had "
