@@ -34,13 +34,14 @@ from headcount.ablation.records import resumable
 from headcount.ablation.records.results import RECORD_COLUMNS
 from headcount.ablation.records.summary import read_mode_summary
 from headcount.ablation.scans import KINDS, validate_scans
+from headcount.ablation.scans.base import typed_scans
 from headcount.ablation.scans.mask_scan import SCAN_COLUMNS
 from headcount.ablation.scans.pruning import pruning_figure
 from headcount.cli.ablate import ablate, typed_ablation_keys
 from headcount.cli.errors import BAD_INPUT, as_config_error
 from headcount.cli.train import run
 from headcount.config import CONF_DIR
-from headcount.config.ablation import AblationConfig, L0GatesConfig, PruningConfig, ScanConfig
+from headcount.config.ablation import AblationConfig, PruningConfig
 from headcount.data.examples import split_examples
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths, load_model
@@ -176,18 +177,21 @@ def test_every_scan_config_file_is_a_registered_kind():
 @pytest.mark.parametrize(
     "scan, settings, key",
     [
-        (ScanConfig(kind="triples"), {}, "ablation.scans.s.kind"),
-        (ScanConfig(kind="custom"), {}, "ablation.scans.s.masks_file"),
-        (ScanConfig(kind="pairs", top_k=1), {}, "ablation.scans.s.top_k"),
-        (ScanConfig(kind="l0_gates", l0=L0GatesConfig(steps=0)), {}, "ablation.scans.s.l0.steps"),
-        (ScanConfig(kind="pruning"), {"pruning": PruningConfig(step=0)}, "ablation.pruning.step"),
+        ({"kind": "triples"}, {}, "ablation.scans.s.kind"),
+        ({"kind": "custom"}, {}, "ablation.scans.s.masks_file"),
+        ({"kind": "pairs", "top_k": 1}, {}, "ablation.scans.s.top_k"),
+        ({"kind": "l0_gates", "l0": {"steps": 0}}, {}, "ablation.scans.s.l0.steps"),
+        ({"kind": "l0_gates", "l0": {"stepz": 3}}, {}, "ablation.scans.s.l0.stepz"),
+        ({"kind": "pruning"}, {"pruning": PruningConfig(step=0)}, "ablation.pruning.step"),
+        ({"kind": "single_head", "receivers": ["L1H2.q"]}, {}, "ablation.scans.s.receivers"),
+        ({"kind": "pairs", "top_k": "six"}, {}, "ablation.scans.s.top_k"),
     ],
 )
 def test_scan_checks_need_no_model(scan, settings, key):
     with pytest.raises(ConfigError) as error:
-        validate_scans(AblationConfig(scans={"s": scan}, **settings))
+        validate_scans(AblationConfig(scans=typed_scans({"s": scan}), **settings))
     assert error.value.key == key
-    validate_scans(AblationConfig(scans={"s": ScanConfig(kind="pairs", top_k=2)}))
+    validate_scans(AblationConfig(scans=typed_scans({"s": {"kind": "pairs", "top_k": 2}})))
 
 
 # --- figures ----------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 called directly on the same model and prompts (with an independent metric), a rerun reads them back, bad input is
 one line with exit code 2 and nothing written, and a planted wrong sign is caught."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -142,6 +143,27 @@ BAD = [
     ),
     (["ablation=edge_attribution", "ablation.scans.edge_attribution.steps=0"], "edge_attribution.steps=0: EAP-IG"),
     (["ablation=path_patching", "ablation.mode=mean"], "ablation.mode='mean': the path_patching scan needs"),
+    # issue 34: refused before the ranking's scan runs (nothing written), k checked, no name the user never wrote
+    (
+        [
+            "ablation=path_patching",
+            "ablation.scans.path_patching.senders=[top3:direct_effect]",
+            "ablation.scans.path_patching.receivers=[L0H1.q]",
+        ],
+        "receivers='L0H1.q': reads no head, so none of the heads top3:direct_effect names can send to it",
+    ),
+    (
+        ["ablation=path_patching", "ablation.scans.path_patching.senders=[top0:single_head]"],
+        "senders='top0:single_head': k must be at least 1",
+    ),
+    (
+        ["ablation=path_patching", "ablation.scans.path_patching.senders=[top99:single_head]"],
+        "senders='top99:single_head': k must be at most the model's",
+    ),
+    (
+        ["ablation=path_patching", "ablation.scans.path_patching.senders=[heads.v]"],
+        "senders='heads.v': names heads' .v inputs, which receive",
+    ),
 ]
 
 
@@ -200,3 +222,95 @@ def composition_claim_verdict(edges: pd.DataFrame, prev: list[str], induction: l
     from headcount.findings.induction import composition_claim
 
     return composition_claim(edges, prev, induction)[0].verdict
+
+
+EDGES = {"mode": "zero", "exact_all": True, "steps": 3, "circuit_size": 8, "random_sets": 2}
+
+
+def test_every_file_of_an_edge_result_goes_through_the_cached_result_step(run_dir, monkeypatch):
+    """edge_attribution wrote its curve and its summary section itself, and only a result's first file was hashed:
+    a changed curve was read back as up to date. Now every file is recorded with its digest, a changed one computes
+    the result again, and reading a result changes neither the table handed back nor the files."""
+    run = headcount.load_run(run_dir)
+    table = run.scan("edge_attribution", **EDGES)
+    ablation = RunPaths(run_dir).ablation
+    entry = json.loads((ablation / "summary.json").read_text())["modes"]["zero"]["scans"]["edge_attribution"]
+    expected = ["edge_attribution.csv", "edge_attribution_faithfulness.csv"]
+    expected += ["edge_attribution_faithfulness.png", "edge_attribution_circuit.png"]
+    assert entry["files"] == expected
+    assert set(entry["digests"]) == set(expected)
+    for name, digest in entry["digests"].items():
+        assert hashlib.sha256((ablation / name).read_bytes()).hexdigest()[:16] == digest
+
+    seen = []
+    use = edge_attribution.EdgeAttributionScan.use
+
+    def spied_use(self, given):
+        before = given.copy()
+        use(self, given)
+        seen.append(given.equals(before))
+
+    monkeypatch.setattr(edge_attribution.EdgeAttributionScan, "use", spied_use)
+    curve = ablation / "edge_attribution_faithfulness.csv"
+    before = {p.name: p.read_bytes() for p in ablation.glob("edge_attribution*.csv")}
+    again = run.scan("edge_attribution", **EDGES)  # read back
+    pd.testing.assert_frame_equal(again, table, check_dtype=False)
+    assert seen == [True]  # use() read the table without changing it
+    assert {p.name: p.read_bytes() for p in ablation.glob("edge_attribution*.csv")} == before
+
+    curve.write_text(curve.read_text() + "eap,1,2.0\n")  # the second table changed after its record
+    computed = []
+    compute = edge_attribution.EdgeAttributionScan.compute
+    monkeypatch.setattr(
+        edge_attribution.EdgeAttributionScan, "compute", lambda self, key: computed.append(key) or compute(self, key)
+    )
+    run.scan("edge_attribution", **EDGES)
+    assert len(computed) == 1
+    assert curve.read_bytes() == before["edge_attribution_faithfulness.csv"]
+
+
+def test_every_edge_exact_with_k_at_least_the_edges_keeps_the_spearman_and_says_why_no_recall(run_dir):
+    """verify_top_k at least the number of edges, every edge exact, silently dropped EAP's and EAP-IG's Spearman
+    from summary.json."""
+    run = headcount.load_run(run_dir)
+    table = run.scan("edge_attribution", mode="resample", verify_top_k=1000, steps=2, circuit_size=4, random_sets=1)
+    assert table["verified"].all()
+    section = json.loads((RunPaths(run_dir).ablation / "summary.json").read_text())["modes"]["resample"]
+    entry = section["edge_attribution"]["edge_attribution"]
+    for method in ("eap", "eap_ig"):
+        ranks = table[method].abs().rank(), table["exact"].abs().rank()
+        assert entry[method]["spearman"] == pytest.approx(float(ranks[0].corr(ranks[1])), rel=1e-9)
+        why = entry[method]["top_1000_recall"]
+        expected = f"not reported: verify_top_k=1000 is not below the {len(table)} edges, so the recall is 1.0 "
+        assert why == expected + "whatever the scores"
+
+
+def test_some_edges_exact_says_why_there_is_no_agreement(run_dir):
+    run = headcount.load_run(run_dir)
+    run.scan("edge_attribution", mode="resample", verify_top_k=3, steps=2, circuit_size=4, random_sets=1)
+    section = json.loads((RunPaths(run_dir).ablation / "summary.json").read_text())["modes"]["resample"]
+    entry = section["edge_attribution"]["edge_attribution"]
+    assert entry["eap"].startswith("not reported: 3 of the ") and "exact_all scores all" in entry["eap"]
+
+
+def test_a_path_patching_rerun_with_other_senders_says_it_replaces_the_table(run_dir, capsys):
+    """A rerun with other senders or receivers replaced the table silently (only the first table's record kept).
+    Chosen: one table per scan name, its replacement said in one line naming what changed, the earlier record
+    (with its senders and receivers) kept under summary.json's `superseded`; two path sets side by side are two
+    scans with names of their own (as ioi_circuit's s_inhibition and induction)."""
+    run = headcount.load_run(run_dir)
+    first = {"senders": ["L0H0"], "receivers": ["L1H0.q"]}
+    run.scan("path_patching", mode="zero", **first)
+    capsys.readouterr()
+    run.scan("path_patching", mode="zero", senders=["L0H1"], receivers=["L1H0.q"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "is replaced" in line]
+    assert len(lines) == 1 and "path_patching.zero.csv" not in lines[0]  # zero mode keeps the plain name
+    assert "senders: ['L0H0'] -> ['L0H1']" in lines[0] and "superseded" in lines[0], err
+    summary = json.loads((RunPaths(run_dir).ablation / "summary.json").read_text())
+    old = [s for s in summary["superseded"] if s.get("scan") == "path_patching" and s.get("mode") == "zero"]
+    assert old[-1]["settings"]["senders"] == ["L0H0"]
+    assert summary["modes"]["zero"]["scans"]["path_patching"]["settings"]["senders"] == ["L0H1"]
+    capsys.readouterr()
+    run.scan("path_patching", mode="zero", senders=["L0H1"], receivers=["L1H0.q"])  # up to date: nothing replaced
+    assert "is replaced" not in capsys.readouterr().err

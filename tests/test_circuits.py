@@ -284,7 +284,12 @@ PAIRS = {
     ],
     "gemma2": [(["L0H2"], ["L1H1.v"]), (["emb", "L0.mlp"], ["L2H3.k", "L2H0.q"]), (["L1H0", "L2.mlp"], ["logits"])],
     "olmo2": [(["L0H1", "L0H3"], ["L1H2.q", "L1H0.k"]), (["L1H1"], ["L2.mlp"]), (["L2H0", "L1H1"], ["logits"])],
-    "llama3": [(["L0H1"], ["L2H3.v"]), (["emb", "L1H2"], ["L2H1.k"]), (["L1H1", "L2H2"], ["logits"])],
+    "llama3": [
+        (["L0H1"], ["L2H3.v"]),
+        (["emb", "L1H2"], ["L2H1.k"]),
+        (["L1H1", "L2H2"], ["logits"]),
+        (["L0.mlp", "L1H0"], ["L2H0.q"]),  # an MLP sender: its change joins the stream too (issue 33's plant)
+    ],
     "neox_parallel": [
         (["L0H1"], ["L1H0.q"]),
         (["L0H2", "L0.mlp"], ["L1H3.k", "L1H1.v"]),

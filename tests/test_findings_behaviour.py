@@ -17,7 +17,6 @@ from headcount.ablation.records.address import ResultAddress
 from headcount.ablation.scans.attribution import attribution_summary
 from headcount.ablation.scans.direct_effect import DirectEffectScan
 from headcount.cli.train import run
-from headcount.config.ablation import ScanConfig
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches
 from headcount.errors import ConfigError
@@ -191,7 +190,7 @@ def test_direct_effect_is_refused_by_name_where_it_would_not_be_exact(family, me
     def scan_on(**model) -> DirectEffectScan:
         cfg = ModelConfig(n_layers=1, d_model=16, n_ctx=12, vocab_size=20, attn=AttentionConfig(n_heads=4), **model)
         session = SimpleNamespace(model=Transformer(cfg), section="zero", address=ResultAddress(Path("run")))
-        return DirectEffectScan("direct_effect", ScanConfig(kind="direct_effect"), session)
+        return DirectEffectScan("direct_effect", DirectEffectScan.Settings(kind="direct_effect"), session)
 
     with pytest.raises(ConfigError) as error:
         scan_on(**family).prepare()

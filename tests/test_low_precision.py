@@ -50,9 +50,10 @@ def ablate_with(run_dir: Path, *overrides: str) -> None:
     ablate(cfg, typed_ablation_keys(overrides))
 
 
-def single_head(run_dir: Path) -> tuple[pd.DataFrame, dict]:
+def single_head(run_dir: Path, dtype: str = "float32") -> tuple[pd.DataFrame, dict]:
     out = RunPaths(run_dir).ablation
-    return pd.read_csv(out / "single_head.csv"), json.loads((out / "summary.json").read_text())
+    name = "single_head.csv" if dtype == "float32" else f"single_head.zero.{dtype}.csv"
+    return pd.read_csv(out / name), json.loads((out / "summary.json").read_text())
 
 
 def test_a_low_precision_scan_records_its_dtype_and_stays_near_float32(trained_run, tmp_path):
@@ -63,9 +64,9 @@ def test_a_low_precision_scan_records_its_dtype_and_stays_near_float32(trained_r
     assert "dtype" not in f32.columns  # float32, the default, records nothing new: earlier results stay up to date
     for dtype, tolerance in (("bfloat16", 0.05), ("float16", 0.01)):
         ablate_with(run_dir, "ablation=single_head", f"ablation.dtype={dtype}")
-        low, summary = single_head(run_dir)
+        low, summary = single_head(run_dir, dtype)
         assert (low["dtype"] == dtype).all() and low["mask"].tolist() == f32["mask"].tolist()
-        section = summary["modes"]["zero"]
+        section = summary["modes"][f"zero.{dtype}"]
         assert section["settings"]["dtype"] == dtype and "dtype" not in summary32["modes"]["zero"]["settings"]
         # another fingerprint: a float32 result is never read back as this one's, nor this one as float32's
         assert section["fingerprint"] != summary32["modes"]["zero"]["fingerprint"]
@@ -73,6 +74,37 @@ def test_a_low_precision_scan_records_its_dtype_and_stays_near_float32(trained_r
         assert (low["delta_loss"] - f32["delta_loss"]).abs().max() < tolerance, dtype
         assert (low["delta_loss"] != f32["delta_loss"]).any()  # really computed in another precision
         assert low["loss"].map(lambda v: len(repr(v))).max() > 8  # sums in float64: not bfloat16's few digits
+
+
+def test_a_low_precision_scan_keeps_the_float32_tables_and_the_float32_scan_keeps_its(trained_run, tmp_path):
+    """ablation.dtype=bfloat16 wrote single_head.csv over the float32 table (summary.json kept only its headline
+    under `superseded`), float16 then over bfloat16's: a precision comparison needs every one. The dtype is in the
+    result's address, float32 keeping the plain names; a mode-independent result (head_scores) too."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    out = RunPaths(run_dir).ablation
+    ablate_with(run_dir, "ablation=[single_head,head_scores]", "ablation.dtype=bfloat16")
+    ablate_with(run_dir, "ablation=[single_head,head_scores]")
+    ablate_with(run_dir, "ablation=[single_head,head_scores]", "ablation.dtype=float16")
+    tables = {dtype: single_head(run_dir, dtype)[0] for dtype in ("float32", "bfloat16", "float16")}
+    assert "dtype" not in tables["float32"] and (tables["bfloat16"]["dtype"] == "bfloat16").all()
+    assert (tables["float16"]["dtype"] == "float16").all()
+    assert {p.name for p in out.glob("head_scores*.csv")} == {
+        "head_scores.csv",
+        "head_scores.bfloat16.csv",
+        "head_scores.float16.csv",
+    }
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"zero", "zero.bfloat16", "zero.float16"} <= set(summary["modes"])
+    assert "superseded" not in summary
+    for section in ("zero", "zero.bfloat16", "zero.float16"):
+        assert "single_head" in summary["modes"][section]["scans"]
+    shared = summary["mode_independent"]["scans"]
+    assert {"head_scores", "head_scores.bfloat16", "head_scores.float16"} <= set(shared)
+    # each reads back as up to date: nothing is computed again
+    before = {p.name: p.read_bytes() for p in out.glob("*.csv")}
+    ablate_with(run_dir, "ablation=[single_head,head_scores]", "ablation.dtype=bfloat16")
+    assert {p.name: p.read_bytes() for p in out.glob("*.csv")} == before
 
 
 def test_a_dtype_outside_the_choices_is_one_line(trained_run):

@@ -16,7 +16,6 @@ from headcount.ablation.engine.metrics import METRICS
 from headcount.ablation.records.address import ResultAddress
 from headcount.ablation.scans import KINDS
 from headcount.cli import ablate as ablating
-from headcount.config.ablation import ScanConfig
 from headcount.config.task import TaskConfig
 from headcount.errors import ConfigError
 from headcount.run_dir import RunPaths
@@ -460,7 +459,7 @@ def test_a_scan_table_with_a_nan_metric_is_refused_before_it_is_written(tmp_path
     """A NaN in a metric column (a model that overflows, a metric's log of 0) was written to the CSV, the figure and
     the summary, then every read of it failed. The scan refuses it, naming the metric, the mask and the column."""
     session = SimpleNamespace(metric=METRICS["logit_diff"](), section="zero", address=ResultAddress(tmp_path))
-    scan = KINDS["single_head"]("single_head", ScanConfig(kind="single_head"), session)
+    scan = KINDS["single_head"]("single_head", KINDS["single_head"].Settings(kind="single_head"), session)
     table = pd.DataFrame({"mask": ["L0H0", "L0H1"], "logit_diff": [1.0, 2.0], "delta_logit_diff": [0.5, float("inf")]})
     with pytest.raises(ConfigError) as error:
         scan.refuse_non_finite(table)

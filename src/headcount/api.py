@@ -43,11 +43,12 @@ from headcount.ablation.plan import plan
 from headcount.ablation.records.address import ResultAddress, result_folders
 from headcount.ablation.records.results import read_checked, with_record
 from headcount.ablation.records.summary import read_summary
+from headcount.ablation.scans.base import ScanSettings, typed_scan, typed_scans
 from headcount.ablation.scans.mask_scan import scan_table
 from headcount.ablation.session import AblationSession, resolve_device, typed_ablation
 from headcount.api_edges import EdgeSets, evaluate_edges
 from headcount.config import typed
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig
 from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
@@ -71,11 +72,12 @@ class Run:
         self.path = Path(run_dir)
         self.finished: FinishedRun = open_finished_run(self.path)
         self.config: DictConfig = self.finished.config
-        self.settings: AblationConfig = typed_ablation(self.config.get("ablation") or OmegaConf.create({}))
+        ablation = OmegaConf.to_container(self.config.get("ablation") or OmegaConf.create({}))
+        scans = ablation.pop("scans", None) or {}
+        self.settings: AblationConfig = typed_ablation(OmegaConf.create(ablation))
         # The scans the run's config lists: scan(name) takes their settings (pairs' top_k, custom's masks_file). An
         # entry without a kind was never selected (config/ablation.py unselected_scans_dropped).
-        self.scan_settings: dict[str, ScanConfig] = {n: s for n, s in self.settings.scans.items() if s.kind}
-        self.settings.scans = {}
+        self.scan_settings: dict[str, ScanSettings] = typed_scans({n: s for n, s in scans.items() if s.get("kind")})
         validate_settings(self.settings, task_config(self.config))
         self.device = resolve_device(device or self.settings.device)
         self.model: Transformer = self.finished.model.to(self.device, torch.float32).eval()
@@ -155,7 +157,8 @@ class Run:
             what = ", ".join(given) or "none"
             raise ConfigError("evaluate", what, "give exactly one of masks, edges_removed= or circuit=")
         s = self.mode_settings(mode, metric, **settings)
-        planned = plan(s, self.task_settings(task), lambda _: self.task(task), self.ablation_dir)
+        checked = validate_settings(s, self.task_settings(task))
+        planned = plan(checked, lambda _: self.task(task), self.ablation_dir)
         if masks is None:
             table, data, n_points = evaluate_edges(self, edges_removed, circuit, s, planned)
             return with_record(table, self.evaluation_record(data, planned, n_points))
@@ -182,8 +185,10 @@ class Run:
         masks_file="masks.yaml" for custom, verify_top_k=20 for attribution). Returns the scan's table."""
         settings = self.mode_settings(mode, metric)
         settings.prune.export = False
-        own = OmegaConf.structured(self.scan_settings.get(name, ScanConfig(kind=name)))
-        settings.scans = {name: OmegaConf.to_object(OmegaConf.merge(own, scan_settings))}
+        own = self.scan_settings.get(name)
+        own = OmegaConf.to_container(OmegaConf.structured(own)) if own is not None else {"kind": name}
+        # Typed here, so a key the kind does not take is one line naming the kind and what it takes.
+        settings.scans = {name: typed_scan(name, OmegaConf.merge(OmegaConf.create(own), scan_settings))}
         config = self.config.copy()
         config.ablation = OmegaConf.structured(settings)
         config.trainer = OmegaConf.structured(TrainerConfig())  # this process alone, however the run trained

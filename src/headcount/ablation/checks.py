@@ -1,8 +1,11 @@
 """The checks on an ablation section that need no model or data beyond its own settings and the task section: the
 components it names (mode, metric, scans) and how they combine. Every command and the Python API run them before
-any work, so a mistake is one line."""
+any work, so a mistake is one line; they run once per settings: `plan` (ablation/plan.py) takes what they return,
+`CheckedSettings`, and checks nothing again."""
 
-from headcount.ablation.engine.metrics import Metric, resolve_metric
+from dataclasses import dataclass
+
+from headcount.ablation.engine.metrics import resolve_metric
 from headcount.ablation.engine.modes import MODES, AblationMode
 from headcount.ablation.scans import validate_scans
 from headcount.config.ablation import AblationConfig, validate_ablation_config
@@ -11,9 +14,18 @@ from headcount.errors import ConfigError
 from headcount.tasks import SOURCES
 
 
-def validate_settings(s: AblationConfig, task: TaskConfig | None) -> tuple[AblationMode, Metric | None]:
-    """The mode and, when one is named, the metric; ConfigError for the first thing wrong. task: the task section,
-    None for the run's own data."""
+@dataclass(frozen=True)
+class CheckedSettings:
+    """Settings that passed validate_settings, with the task section they were checked against and their mode."""
+
+    settings: AblationConfig
+    task: TaskConfig | None
+    mode: AblationMode
+
+
+def validate_settings(s: AblationConfig, task: TaskConfig | None) -> CheckedSettings:
+    """The settings checked, with their mode; ConfigError for the first thing wrong. task: the task section, None for
+    the run's own data. Every scan's settings are its kind's (typed by ablation/scans/base.py's typed_scan)."""
     validate_ablation_config(s)
     mode = MODES.get(str(s.mode))()
     if task is not None:
@@ -44,4 +56,4 @@ def validate_settings(s: AblationConfig, task: TaskConfig | None) -> tuple[Ablat
             "the input",
         )
     validate_scans(s)
-    return mode, metric
+    return CheckedSettings(s, task, mode)

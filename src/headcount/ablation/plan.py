@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from headcount.ablation.checks import validate_settings
+from headcount.ablation.checks import CheckedSettings
 from headcount.ablation.engine.metrics import Metric, resolve_metric
 from headcount.ablation.engine.modes import AblationMode
 from headcount.ablation.records.address import ResultAddress, variant_of
@@ -34,22 +34,18 @@ class AblationPlan:
         return [] if self.task is None else list(self.task.positions)
 
 
-def plan(
-    settings: AblationConfig,
-    task_cfg: TaskConfig | None,
-    make_task: Callable[[TaskConfig], TaskSet],
-    ablation_dir: Path,
-) -> AblationPlan:
-    """Check the settings (ConfigError for the first thing wrong), build the task `task_cfg` names with `make_task`
-    (its prompts encoded for the model's tokenizer), resolve the metric (a task's default: logit_diff when it has
-    wrong answers) and check the mode against the task. ablation_dir: the run's <run>/ablation/."""
-    mode, _ = validate_settings(settings, task_cfg)
+def plan(checked: CheckedSettings, make_task: Callable[[TaskConfig], TaskSet], ablation_dir: Path) -> AblationPlan:
+    """From settings checked once (ablation/checks.py validate_settings), build the task they were checked with using
+    `make_task` (its prompts encoded for the model's tokenizer), resolve the metric (a task's default: logit_diff when
+    it has wrong answers) and check the mode against the task (ConfigError for the first thing wrong). ablation_dir:
+    the run's <run>/ablation/."""
+    settings, task_cfg, mode = checked.settings, checked.task, checked.mode
     task = None if task_cfg is None else make_task(task_cfg)
     metric = resolve_metric(settings.metric, None if task is None else task.has_wrong, task=task is not None)
     mode.check(settings, None if task is None else task.has_corrupted)
     if task is not None and settings.patch_positions == "each":
         check_patched_positions(task)
-    variant = variant_of(settings.mode, settings.patch_direction, settings.patch_positions)
+    variant = variant_of(settings.mode, settings.patch_direction, settings.patch_positions, settings.dtype)
     address = ResultAddress(Path(ablation_dir), settings.mode, metric.name, "" if task is None else task.name, variant)
     return AblationPlan(settings, mode, metric, task, address)
 

@@ -36,9 +36,10 @@ from headcount.ablation.records.distributed import scan_world
 from headcount.ablation.records.results import ResultFiles, fingerprint, model_fingerprint
 from headcount.ablation.records.summary import read_summary, record_default_metric, record_task_source
 from headcount.ablation.scans import KINDS, Scan
+from headcount.ablation.scans.base import ScanSettings, typed_scans
 from headcount.captions import describe_run
 from headcount.config import typed
-from headcount.config.ablation import AblationConfig, ScanConfig, ScanDtype
+from headcount.config.ablation import AblationConfig, ScanDtype
 from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
@@ -110,7 +111,11 @@ def check_task_folder(cfg: TaskConfig, address: ResultAddress, tokens: str) -> N
 
 
 def typed_ablation(section: DictConfig) -> AblationConfig:
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AblationConfig), section))
+    """The ablation section typed: its own keys by AblationConfig, each scan's by its kind's settings (a key the kind
+    does not take: one-line ConfigError)."""
+    settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AblationConfig), section))
+    settings.scans = typed_scans(settings.scans)
+    return settings
 
 
 def low_precision(s: AblationConfig) -> dict:
@@ -137,7 +142,7 @@ class AblationSession:
     def __init__(self, cfg: DictConfig, run_dir: Path):
         self.settings = s = typed_ablation(cfg.ablation)
         task_cfg = task_config(cfg)
-        validate_settings(s, task_cfg)  # before anything is read or written; plan() below goes on from here
+        checked = validate_settings(s, task_cfg)  # before anything is read or written; plan() below goes on from here
         # The processes the trainer section asks for (one: none), before anything is read or written
         self.world = scan_world(typed(cfg.trainer, TrainerConfig), s.device) if "trainer" in cfg else None
         set_first_process(self.world is None or self.world.rank == 0)
@@ -147,7 +152,7 @@ class AblationSession:
         model_key = model_fingerprint(self.run.model)
         self.model = self.run.model.to(self.device, ScanDtype(s.dtype).torch).eval()
         self.heads_per_layer = self.model.heads_per_layer
-        planned = plan(s, task_cfg, lambda c: run_task(cfg, self.model, c), RunPaths(run_dir).ablation)
+        planned = plan(checked, lambda c: run_task(cfg, self.model, c), RunPaths(run_dir).ablation)
         self.mode, self.metric, self.task, self.address = planned.mode, planned.metric, planned.task, planned.address
         self.positions = planned.positions
         self.section, self.out = self.address.section, self.address.folder
@@ -182,7 +187,8 @@ class AblationSession:
             **low_precision(s),
         }
         self.key = fingerprint(model_key, data["fingerprint"], settings_record)
-        self.eval_key = fingerprint(model_key, data["fingerprint"], {"split": eval_set.split, "n_eval": n_eval})
+        eval_settings = {"split": eval_set.split, "n_eval": n_eval, **low_precision(s)}
+        self.eval_key = fingerprint(model_key, data["fingerprint"], eval_settings)
         self.files = ResultFiles(self.address, self.key)
         evaluated = evaluation(s, self.mode, self.metric, self.model, eval_set, self.files, self.device)
         self.replacements, self.batches, self.evaluator = evaluated.replacements, evaluated.batches, evaluated.evaluator
@@ -234,14 +240,14 @@ class AblationSession:
             record_task_source(self.files.summary_path, source)
         self.shared: dict[str, Any] = {}  # scan kind -> what its last run here handed to other scans
 
-    def new_scan(self, name: str, cfg: ScanConfig) -> Scan:
+    def new_scan(self, name: str, cfg: ScanSettings) -> Scan:
         return KINDS[cfg.kind](name, cfg, self)
 
     def provided(self, kind: str, compute: bool = True) -> Any:
         """What a scan of this kind hands to others, from this session's run of it, else from its up-to-date
         results under its kind's name; failing both, runs it under that name, or with compute=False returns None."""
         if kind not in self.shared:
-            scan = self.new_scan(kind, ScanConfig(kind=kind))
+            scan = self.new_scan(kind, KINDS[kind].Settings(kind=kind))
             if compute or scan.read_back(announce=False) is not None:
                 scan.prepare()  # its checks against the model and task, as for a scan the settings name
                 scan.run()

@@ -18,11 +18,11 @@ edge-patched forward (circuits/forward.py) reads as one tensor slice.
 """
 
 import difflib
-import re
 from dataclasses import dataclass
 from functools import cached_property
 
 from headcount.errors import ConfigError
+from headcount.labels import head_label, split_input
 from headcount.model.transformer import Transformer
 
 QKV = ("q", "k", "v")
@@ -39,7 +39,7 @@ class Node:
     @property
     def name(self) -> str:
         if self.kind == "head":
-            return f"L{self.layer}H{self.head}"
+            return head_label(self.layer, self.head)
         return f"L{self.layer}.mlp" if self.kind == "mlp" else self.kind
 
 
@@ -137,9 +137,9 @@ class Graph:
             return self.receiver_names[name]
         if name in self.node_names and self.node_names[name].kind == "head":
             raise ConfigError(key, name, f"a head is read through .q, .k or .v: {name}.q, {name}.k or {name}.v")
-        head = re.fullmatch(r"(L\d+H\d+)\.(\w*)", name)
-        if head and head[1] in self.node_names and head[2] not in QKV:
-            raise ConfigError(key, name, f"a head's input suffix must be .q, .k or .v, not .{head[2]}")
+        head = split_input(name)
+        if head and head_label(*head[0]) in self.node_names and head[1] not in QKV:
+            raise ConfigError(key, name, f"a head's input suffix must be .q, .k or .v, not .{head[1]}")
         raise ConfigError(key, name, self._not_found(name, self.receiver_names, "receiver input"))
 
     def edge(self, name: str, key: str = "circuits.edge") -> Edge:

@@ -22,11 +22,14 @@ from typing import Any
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 from rich.console import Console
 from rich.text import Text
 
 from headcount import processes, run_lock
+from headcount.ablation.scans import KINDS
+from headcount.ablation.scans.base import not_taken
 from headcount.config import CONF_DIR
 from headcount.config.schema import closest, unknown_key
 from headcount.errors import ConfigError
@@ -77,6 +80,10 @@ def unknown_override(error: HydraException, cause: ConfigKeyError | ConfigAttrib
             f"no scan named {scan} is selected (selected: {', '.join(selected) or 'none'}); "
             f"select it first, e.g. ablation=[{','.join([*selected, scan])}]",
         )
+    parts = cause.full_key.split(".")
+    kind = cause.parent_node.get("kind") if isinstance(cause.parent_node, DictConfig) else None
+    if cause.full_key.startswith("ablation.scans.") and len(parts) == 4 and kind in KINDS:
+        return not_taken(parts[2], kind, parts[3], value)  # a setting the scan's kind does not take
     keys = list(cause.parent_node.keys()) if cause.parent_node is not None else []
     return unknown_key(cause.full_key, value, [key for key in keys if key != "hydra"])  # Hydra's node: not ours
 

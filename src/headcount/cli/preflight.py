@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from headcount.ablation.checks import validate_settings
 from headcount.ablation.engine.evaluation import run_task, task_config
 from headcount.ablation.export import check_export
 from headcount.ablation.plan import AblationPlan, plan
@@ -155,7 +156,8 @@ def check_ablation(settings: AblationConfig, model: Transformer, cfg: DictConfig
     """The ablation section and each listed scan's checks, those against the model's heads included, and the task
     the config names: its prompts encoded for the model, every prompt checked, the metric and mode against it."""
     task_cfg = task_config(cfg) if cfg is not None else None
-    planned = plan(settings, task_cfg, lambda c: run_task(cfg, model, c), Path("ablation"))  # a run not made yet
+    checked = validate_settings(settings, task_cfg)
+    planned = plan(checked, lambda c: run_task(cfg, model, c), Path("ablation"))  # a run not made yet
     shape = ModelShape(planned, model)
     for name, scan in settings.scans.items():
         KINDS[scan.kind](name, scan, shape).prepare()

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, open_dict
 from headcount.config.choice import Choice, check_bools, check_choice
 from headcount.errors import ConfigError, check_positive, check_seed, finite
 
-# Where the scan config nests L0GatesConfig, for error messages.
+# Where an l0_gates scan nests L0GatesConfig (ablation/scans/l0_gates.py), for error messages.
 KEY = "ablation.scans.l0_gates.l0"
 
 
@@ -74,37 +74,6 @@ class ExportOrder(Choice):
     l0_gates = "l0_gates"
 
 
-@dataclass
-class ScanConfig:
-    # A kind registered in headcount.ablation.scans (one module per kind), set by the option of the ablation list that
-    # selects the scan (conf/ablation/<kind>.yaml). An entry without one only holds settings (an experiment's, for a
-    # scan that `ablation=[...]` left out): it is dropped, not run as some default kind (unselected_scans_dropped).
-    kind: str | None = None
-    top_k: int | None = None  # pairs: only pairs among the k most important heads (None: all pairs)
-    verify_top_k: int = 10  # attribution: evaluate exactly the k heads (or head-positions) with the largest estimate
-    backup_top_k: int = 0  # direct_effect: mean-ablate the k heads of largest direct effect, then measure again
-    top_fraction: float = 0.05  # top_heads: this share of all heads, the highest ranked, off together...
-    rank_by: str = "single_head"  # ...ranked by this scan kind's per-head result (single_head, direct_effect, ...)
-    random_sets: int = 5  # ...beside this many random sets of as many heads
-    masks_file: str | None = None  # custom: YAML/JSON list of masks
-    l0: L0GatesConfig = field(default_factory=L0GatesConfig)  # l0_gates: the hard-concrete gate training
-    # path_patching: the senders (node names: emb, L0H1, L0.mlp; L2 for every head of layer 2; top3:direct_effect
-    # for another scan kind's 3 highest-ranked heads) and the receiver inputs (L1H0.k, L1.mlp, logits; L1.q for the
-    # queries of every head of layer 1; top3:direct_effect.q); edge_attribution: only the edges into these receivers
-    senders: list[str] = field(default_factory=list)
-    receivers: list[str] = field(default_factory=list)
-    receivers_together: bool = True  # path_patching: one path per sender into the whole receiver set, or each alone
-    # path_patching: leave out each sender's receivers that do not read it (its own layer or earlier) rather than
-    # refuse them, and a sender none of them reads (senders [heads] into heads found by another scan)
-    skip_unreached: bool = False
-    from_position: str | None = None  # position_attention: attend from this named position (S2), not the scored one
-    heads: list[str] = field(default_factory=list)  # head_circuit: the circuit's heads (names, layers, top-k)
-    steps: int = 5  # edge_attribution: EAP-IG's interpolation steps
-    exact_all: bool = False  # edge_attribution: every edge's exact score, not only the verify_top_k largest EAP's
-    circuit_size: int = 20  # edge_attribution: the edges of the circuit drawn and scored
-    circuit_sizes: list[int] | None = None  # edge_attribution: the faithfulness curve's sizes (None: 1, 2, 4, ...)
-
-
 DEFAULT_ORDERS = (PruningOrder.gradient, PruningOrder.gradient_iterative, PruningOrder.single_head, PruningOrder.random)
 
 
@@ -158,8 +127,10 @@ class AblationConfig:
     progress: bool = True
     # Ablate although the data differs from what the run trained on (recorded in summary.json); off: refuse.
     allow_data_change: bool = False
-    # Scans to run, keyed by name; filled by selecting configs from conf/ablation/.
-    scans: dict[str, ScanConfig] = field(default_factory=dict)
+    # Scans to run, keyed by name; filled by selecting configs from conf/ablation/. Each entry's keys are its kind's
+    # (a `ScanSettings` class beside the kind, headcount/ablation/scans/<kind>.py), typed by ablation/scans/base.py's
+    # typed_scan: this layer does not know the kinds.
+    scans: dict[str, Any] = field(default_factory=dict)
     pruning: PruningConfig = field(default_factory=PruningConfig)
     prune: PruneExportConfig = field(default_factory=PruneExportConfig)
 
@@ -267,7 +238,7 @@ def validate_prune_export(cfg: AblationConfig) -> None:
 
 def validate_l0_export(cfg: AblationConfig) -> None:
     """order=l0_gates exports one learned mask: it needs an l0_gates scan, and a choice among its targets."""
-    scans = [scan for scan in cfg.scans.values() if scan.kind == "l0_gates"]
+    scans = [scan for scan in cfg.scans.values() if scan.kind == "l0_gates"]  # typed: each has its kind's keys
     if len(scans) != 1:
         raise ConfigError(
             "ablation.prune.order", "l0_gates", f"needs exactly one l0_gates scan in ablation (found {len(scans)})"

@@ -28,6 +28,7 @@ from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, 
 from headcount.findings.ioi_heads import PAPER, task_claim
 from headcount.findings.run_data import scan_file, scan_results
 from headcount.findings.sixteen_heads import copied
+from headcount.labels import parse_head
 
 CLASS_SIZE = 3  # the experiment's top3 selectors: three heads per class
 FAITHFUL = 0.8  # (5) Wang et al. report 87% for their circuit
@@ -63,7 +64,7 @@ def path_effects(paths: pd.DataFrame) -> pd.Series:
 
 
 def attention_of(attention: pd.DataFrame, head: str) -> pd.Series:
-    layer, h = (int(x) for x in head[1:].split("H"))
+    layer, h = parse_head(head)
     return attention[(attention["layer"] == layer) & (attention["head"] == h)].iloc[0]
 
 

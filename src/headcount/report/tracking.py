@@ -39,7 +39,9 @@ def edge_headline(section: dict) -> dict[str, Any]:
     numbers: dict[str, Any] = {}
     for name, entry in section.get("edge_attribution", {}).items():
         for method in ("eap", "eap_ig"):
-            numbers |= {f"{name}/{method}_{key}": value for key, value in entry.get(method, {}).items()}
+            agreement = entry.get(method, {})  # or the reason it is not reported, in words: no number to log
+            agreement = agreement if isinstance(agreement, dict) else {}
+            numbers |= {f"{name}/{method}_{k}": v for k, v in agreement.items() if not isinstance(v, str)}
         if top := entry.get("largest_exact"):
             numbers |= {f"{name}/largest_exact_edge": top["edge"], f"{name}/largest_exact": top["exact"]}
     for name, entry in section.get("edge_circuits", {}).items():

@@ -5,12 +5,9 @@ layer, and the slots past a layer's own heads exist in no computation."""
 import torch
 from torch import Tensor
 
-Head = tuple[int, int]
+from headcount.labels import Head, head_label
 
-
-def head_name(layer: int, head: int) -> str:
-    """A head's label everywhere (masks, tables, figures, findings): L1H3."""
-    return f"L{int(layer)}H{int(head)}"
+head_name = head_label  # a head's label everywhere (masks, tables, figures, findings): L1H3 (headcount/labels.py)
 
 
 def all_heads(heads_per_layer: list[int]) -> list[Head]:

@@ -11,7 +11,6 @@ Custom masks come from a YAML or JSON file:
 
 import itertools
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from torch import Tensor
 
 from headcount.ablation.engine.heads import Head, all_heads, existing_heads, head_name, max_heads, top_heads
 from headcount.errors import ConfigError
+from headcount.labels import parse_head
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,6 @@ def is_pair(pair) -> bool:
     return isinstance(pair, list) and len(pair) == 2 and all(type(x) is int for x in pair)
 
 
-HEAD_NAME = re.compile(r"L(\d+)H(\d+)")
-
 MaskSpec = HeadMask | str | Iterable[Head | str]  # one mask as the Python API takes it
 
 
@@ -177,9 +175,9 @@ def requested_mask(
 
 def parsed_head(item: Head | str, key: str) -> Head:
     """(layer, head) from a pair or a name such as "L1H3"."""
-    match = HEAD_NAME.fullmatch(item.strip()) if isinstance(item, str) else None
-    if match:
-        return int(match[1]), int(match[2])
+    parsed = parse_head(item) if isinstance(item, str) else None
+    if parsed is not None:
+        return parsed
     if not isinstance(item, str) and len(item) == 2 and all(isinstance(x, int) for x in item):
         return int(item[0]), int(item[1])
     raise ConfigError(key, item, 'a head is a (layer, head) pair or a name such as "L1H3"')

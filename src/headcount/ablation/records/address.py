@@ -8,8 +8,9 @@ API, findings, reports, W&B, resume) reads it back instead of rebuilding it from
 
 Zero ablation measured by loss keeps the plain names, as results were named before other modes and metrics; results
 no mode changes (head_scores) keep plain names too. A setting that changes a result and names its files apart
-(patch_direction=denoise, patch_positions=each) is one entry of the address's `variant`, which ablation/plan.py fills:
-single_head.patch.logit_diff.denoise.csv beside single_head.patch.logit_diff.csv. A setting of one scan that changes
+(patch_direction=denoise, patch_positions=each, a dtype other than float32) is one entry of the address's `variant`,
+which ablation/plan.py fills: single_head.patch.logit_diff.denoise.csv beside single_head.patch.logit_diff.csv,
+single_head.zero.bfloat16.csv beside single_head.csv. A setting of one scan that changes
 its result (top_heads' rank_by) is that scan's own variant (its kind's `variant`), after the section in its file names
 and in the name of its summary.json entry: top_heads.zero.by_retrieval_scores.csv beside top_heads.csv.
 """
@@ -23,6 +24,8 @@ from headcount.run_dir import RunPaths
 
 PLAIN_SECTION = "zero"  # the section whose files carry no tag
 PLAIN_METRIC = "loss"  # the metric a section's name leaves out
+PLAIN_DTYPE = "float32"  # the precision whose results carry no dtype in their address
+LOW_PRECISIONS = ("bfloat16", "float16")  # the others (config/ablation.py ScanDtype)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,12 @@ class ResultAddress:
         """What tells these results apart from others of the same scan in the same folder, in the order file names
         carry it: the mode, the metric unless it is loss, then the variant."""
         return (self.mode, *((self.metric,) if self.names_metric else ()), *self.variant)
+
+    @property
+    def precision(self) -> tuple[str, ...]:
+        """The variant's dtype, where the results are not float32's: a result no mode changes (head_scores) still
+        carries it (head_scores.bfloat16.csv)."""
+        return tuple(v for v in self.variant if v in LOW_PRECISIONS)
 
     @property
     def names_metric(self) -> bool:
@@ -119,12 +128,15 @@ def metric_name(spec) -> str:
     return str(spec)
 
 
-def variant_of(mode: str, patch_direction: str, patch_positions: str) -> tuple[str, ...]:
+def variant_of(mode: str, patch_direction: str, patch_positions: str, dtype: str = PLAIN_DTYPE) -> tuple[str, ...]:
     """The settings that give results their own files beyond mode and metric (single_head.patch.logit_diff.denoise.
-    csv): their defaults name nothing, so every address made before variants stays as it was."""
+    csv; a low precision's single_head.zero.bfloat16.csv beside float32's single_head.csv, so that a precision
+    comparison keeps both): their defaults name nothing, so every address made before variants stays as it was."""
+    dtype = getattr(dtype, "value", dtype)  # a ScanDtype choice or its name
     return (
         *(("denoise",) if str(mode) == "patch" and str(patch_direction) == "denoise" else ()),
         *(("each",) if str(patch_positions) == "each" else ()),
+        *((str(dtype),) if str(dtype) != PLAIN_DTYPE else ()),
     )
 
 
@@ -147,6 +159,7 @@ def run_address(run_dir: str | Path, config: DictConfig | None = None) -> Result
         mode,
         OmegaConf.select(config, "ablation.patch_direction", default=defaults.patch_direction),
         OmegaConf.select(config, "ablation.patch_positions", default=defaults.patch_positions),
+        OmegaConf.select(config, "ablation.dtype", default=defaults.dtype),
     )
     if OmegaConf.select(config, "task.source", default=None) is None:
         return ResultAddress(paths.ablation, mode, metric_name(spec), variant=variant)

@@ -46,14 +46,31 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def matches_record(csv_path: Path, entry: dict) -> bool:
-    """Whether a result table is the file its summary.json entry recorded (entries from before digests: trusted)."""
-    return "sha256" not in entry or file_digest(csv_path) == entry["sha256"]
+def recorded_digest(entry: dict, file_name: str) -> str | None:
+    """The sha256 a summary.json entry recorded for one of its files: `digests` holds every file's; entries from
+    before it hold only the table's (`sha256`), entries from before digests none."""
+    if file_name in entry.get("digests", {}):
+        return entry["digests"][file_name]
+    files = entry.get("files", [])
+    return entry.get("sha256") if files and files[0] == file_name else None
+
+
+def matches_record(path: Path, entry: dict) -> bool:
+    """Whether a result file is the one its summary.json entry recorded (a file it recorded no digest of: trusted)."""
+    digest = recorded_digest(entry, Path(path).name)
+    return digest is None or file_digest(path) == digest
+
+
+def result_intact(folder: Path, entry: dict) -> bool:
+    """Whether every file a summary.json entry recorded is there and is the file it recorded: a result is read back
+    whole or computed again, never in part (its second table changed, its figure deleted)."""
+    return all((folder / name).exists() and matches_record(folder / name, entry) for name in entry.get("files", []))
 
 
 def read_checked(csv_path: Path) -> pd.DataFrame:
-    """A result table, after checking it is the file summary.json (in its folder) recorded; ConfigError naming it
-    otherwise (a table replaced after its record, or cut short), so that no reader uses one that lies."""
+    """A result table (any table of a result), after checking it is the file summary.json (in its folder) recorded;
+    ConfigError naming it otherwise (a table replaced after its record, or cut short), so that no reader uses one
+    that lies."""
     csv_path = Path(csv_path)
     entry = summary_file.entry_of_file(csv_path.parent / "summary.json", csv_path.name)
     if entry is not None and not matches_record(csv_path, entry):
@@ -113,10 +130,11 @@ class ResultFiles:
         file summary.json recorded (a CSV replaced after its record, or cut short, is computed again)."""
         entry = summary_file.scan_entry(self.summary_path, None if shared else self.mode, name)
         matches = entry.get("fingerprint") == key and csv_path.exists()
-        if matches and not matches_record(csv_path, entry):
+        if matches and not result_intact(self.out, entry):
+            changed = [f for f in entry["files"] if not result_intact(self.out, {**entry, "files": [f]})]
             self.console.print(
-                f"[yellow]note:[/yellow] {escape(str(csv_path))} is not the table summary.json recorded for it "
-                "(changed or cut short since): computing it again",
+                f"[yellow]note:[/yellow] {escape(str(self.out / changed[0]))} is not the file summary.json recorded "
+                f"for {escape(name)} (changed, cut short or removed since): computing it again",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -150,6 +168,8 @@ class ResultFiles:
             if path.exists():
                 path.replace(self.out / rename[path.name])
         moved = {**old, "files": [rename[f.name] for f in files], "scan": plain, "variant": entry.split(".")[1:]}
+        if "digests" in old:
+            moved["digests"] = {rename.get(name, name): digest for name, digest in old["digests"].items()}
         summary_file.rename_scan(self.summary_path, mode, plain, entry, moved)
         self.console.print(
             f"[yellow]note:[/yellow] {escape(str(files[0]))} holds {entry}'s result, named before such results had "
@@ -167,7 +187,7 @@ class ResultFiles:
         seconds: float,
         rows: int,
         shared: bool = False,
-        **how: float | str | list[str],
+        **how: float | str | list[str] | dict,
     ) -> None:
         """Record a scan's result in summary.json under `name` (its entry's name); `how`: how it was computed beyond
         its seconds (a distributed scan's processes and reduction time), and a scan's own variant (`scan`,
@@ -179,8 +199,32 @@ class ResultFiles:
         entry = {"kind": kind, "fingerprint": key, "files": [f.name for f in files], "rows": rows, "seconds": seconds}
         entry |= how
         entry["sha256"] = file_digest(files[0])  # the table as written: a reader checks it is still this one
+        entry["digests"] = {f.name: file_digest(f) for f in files}  # every file of the result, the table's included
         summary_file.record_scan(self.summary_path, None if shared else self.mode, name, entry)
         self.note_written(self.summary_path)
+
+    def note_replaced(self, name: str, key: str, path: Path, settings: dict, shared: bool = False) -> None:
+        """One line when a scan's result is about to be replaced by one computed under other settings (its own, or
+        the session's): which file, and what changed where the scan records its settings (path_patching's senders
+        and receivers); summary.json keeps the earlier record under `superseded` (summary.record_scan)."""
+        old = summary_file.scan_entry(self.summary_path, None if shared else self.mode, name)
+        if old.get("fingerprint") in (None, key) or not path.exists():
+            return
+        before = old.get("settings", {})
+        changed = [f"{k}: {before.get(k)} -> {v}" for k, v in settings.items() if before.get(k) != v and before]
+        what = f" ({'; '.join(changed)})" if changed else ""
+        self.console.print(
+            f"[yellow]note:[/yellow] {escape(str(path))} is replaced: {escape(name)} is computed again under other "
+            f"settings{escape(what)}; summary.json keeps the earlier record under `superseded`",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    def section_value(self, name: str, shared: bool = False):
+        """What this session's section of summary.json (shared: the mode-independent one) holds under `name`."""
+        summary = summary_file.read_summary(self.summary_path)
+        section = summary.get(summary_file.SHARED, {}) if shared else summary["modes"].get(self.mode, {})
+        return section[name]
 
     def update_summary(self, updates: dict, shared: bool = False) -> None:
         if summary_file.update_section(self.summary_path, None if shared else self.mode, updates):

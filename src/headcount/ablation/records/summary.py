@@ -149,11 +149,11 @@ def rename_scan(path: Path, mode: str | None, old: str, new: str, entry: dict) -
 
 
 def entry_of_file(path: Path, file_name: str) -> dict | None:
-    """The scan entry (of any section) whose first file, its table, is file_name; None when none records it."""
+    """The scan entry (of any section) that records file_name among its files; None when none records it."""
     summary = read_summary(path)
     sections = [*summary["modes"].values(), summary.get(SHARED, {})]
     for section in sections:
         for entry in section.get("scans", {}).values():
-            if entry.get("files", [None])[0] == file_name:
+            if file_name in entry.get("files", []):
                 return entry
     return None

@@ -11,6 +11,7 @@ the estimates with the exact changes and the recall of the exact top-k (by |chan
 top-2k.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +20,16 @@ import pandas as pd
 from headcount.ablation.engine.masks import single_head_masks
 from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.methods.attribution import attribute
-from headcount.ablation.scans.base import KINDS, Scan
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
+from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
+
+
+@dataclass
+class AttributionSettings(ScanSettings):
+    verify_top_k: int = 10  # evaluate exactly the k heads (or head-positions) with the largest estimate
 
 
 @KINDS.register
@@ -31,9 +37,10 @@ class AttributionScan(Scan):
     kind = "attribution"
     ranks_heads = True
     doc = "every head's effect estimated at once (attribution patching), the top k verified exactly"
+    Settings = AttributionSettings
 
     @classmethod
-    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    def check(cls, name: str, cfg: AttributionSettings, settings: AblationConfig) -> None:
         require_differentiable(settings.metric, f"the {name} scan (attribution patching)")
         if cfg.verify_top_k < 0:
             raise ConfigError(f"ablation.scans.{name}.verify_top_k", cfg.verify_top_k, "must be 0 or more")
@@ -85,12 +92,19 @@ class AttributionScan(Scan):
             return None
         return table.set_index("mask")[f"delta_{session.metric.primary}"]
 
-    def use(self, table: pd.DataFrame) -> None:
-        table["exact"] = pd.to_numeric(table["exact"], errors="coerce")  # read back, an empty cell is ""
-        table["verified"] = table["verified"].astype(str) == "True"
+    def typed_table(self, table: pd.DataFrame) -> pd.DataFrame:
+        exact = pd.to_numeric(table["exact"], errors="coerce")  # read back, an empty cell is ""
+        return table.assign(exact=exact, verified=table["verified"].astype(str) == "True")
+
+    def handed_back(self, table: pd.DataFrame) -> pd.DataFrame:
+        """Every head's exact change, from the single_head scan of this mode and metric when it is up to date."""
         scan_exact = self.exact_scan()
-        if scan_exact is not None:  # every head's exact change, from the single_head scan of this mode and metric
-            table["exact"] = table["exact"].fillna(table["mask"].map(scan_exact))
+        if scan_exact is None:
+            return table
+        return table.assign(exact=table["exact"].fillna(table["mask"].map(scan_exact)))
+
+    def use(self, table: pd.DataFrame) -> None:
+        table = self.handed_back(table)  # the summary reads every exact change there is
         if "position" not in table:  # per head: how much switching it off is estimated to worsen the metric
             damage = table.assign(damage=self.session.metric.damage(table["attribution"], 0.0))
             self.session.shared[self.kind] = self.session.layer_head_tensor(damage, "damage")
@@ -98,9 +112,7 @@ class AttributionScan(Scan):
         self.session.files.update_summary({"attribution": {self.name: summary}})
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
-        scan_exact = self.exact_scan()
-        if scan_exact is not None:
-            table = table.assign(exact=table["exact"].fillna(table["mask"].map(scan_exact)))
+        table = self.handed_back(table)
         metric = self.session.metric
         title = self.title(f"attribution estimate against exact change in {metric.name} ({metric.unit})")
         return [attribution_figure(table, self.path(".png"), title, metric.unit)]

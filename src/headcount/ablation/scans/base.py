@@ -1,23 +1,26 @@
-"""What every scan kind shares: the registry of kinds, and the cached-result step.
+"""What every scan kind shares: the registry of kinds, their settings, and the cached-result step.
 
-A scan kind is a `Scan` subclass registered with `@KINDS.register`: it names its fingerprint inputs, computes its
-table, draws its figures and says what follows from its table. `Scan.run` does the rest, the same way for every kind:
-read the table back when summary.json holds the same fingerprint and the CSV is there (announcing it), otherwise
-compute it, append the record columns (mode, metric, splits, sizes), write `<name>.csv` (`<name>.<section>.csv` for
-other modes and metrics: single_head.mean.csv, single_head.patch.logit_diff.csv), drop the partial file a resumable
-scan kept, draw the figures and record the scan in its section of summary.json. A `mode_independent` kind (its result
-is the same in every mode and metric) keeps plain names and one record.
+A scan kind is a `Scan` subclass registered with `@KINDS.register`, beside its typed settings (`Settings`, a
+`ScanSettings` dataclass in the same module, holding only the keys that kind reads): it names its fingerprint inputs,
+computes its table, draws its figures and says what follows from its table. `Scan.run` does the rest, the same way for
+every kind: read the table back when summary.json holds the same fingerprint and the CSV is there (announcing it),
+otherwise compute it, append the record columns (mode, metric, splits, sizes), write `<name>.csv`
+(`<name>.<section>.csv` for other modes and metrics: single_head.mean.csv, single_head.patch.logit_diff.csv), drop the
+partial file a resumable scan kept, draw the figures and record the scan in its section of summary.json. A
+`mode_independent` kind (its result is the same in every mode and metric) keeps plain names and one record.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
 
 from headcount.ablation.engine.evaluator import MaskTotals
 from headcount.ablation.engine.masks import HeadMask
@@ -25,8 +28,8 @@ from headcount.ablation.records.distributed import evaluate_resumably
 from headcount.ablation.records.results import fingerprint, with_record, write_csv
 from headcount.ablation.records.resumable import discard_partials
 from headcount.ablation.scans.context import ScanContext
-from headcount.config import typed
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig
+from headcount.config.schema import closest, unknown_key
 from headcount.errors import ConfigError
 from headcount.processes import first_process
 from headcount.registry import Registry
@@ -36,15 +39,38 @@ KINDS: Registry[type[Scan]] = Registry(
 )
 
 
+@dataclass
+class ScanSettings:
+    """A scan's settings: its kind (set by the option of the ablation list that selects it, conf/ablation/<kind>.yaml).
+    A kind that takes settings of its own subclasses this beside its Scan and names it as the Scan's `Settings`; a key
+    its class lacks is refused (typed_scan, below)."""
+
+    kind: str | None = None
+
+
+@dataclass
+class ScanResult:
+    """What a kind's compute returns when its result is more than one table: its table, further tables (by the detail
+    their file names carry after the scan's name: `_faithfulness` -> <name>_faithfulness.csv) and its summary.json
+    entries. Scan.run writes and records every part, so each is written, hashed and read back like the table."""
+
+    table: pd.DataFrame
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)
+
+
 class Scan:
     kind: ClassVar[str]
     doc: ClassVar[str]  # what the kind does, in a line (headcount-ablate --list)
     mode_independent: ClassVar[bool] = False
     ranks_heads: ClassVar[bool] = False  # hands other scans an (L, H) score per head (top_heads ranks by it)
+    Settings: ClassVar[type[ScanSettings]] = ScanSettings  # the keys this kind takes (none but its kind here)
 
-    def __init__(self, name: str, cfg: ScanConfig, session: ScanContext):
+    def __init__(self, name: str, cfg: ScanSettings | None, session: ScanContext):
         self.name, self.cfg, self.session = name, cfg, session
         self.variant = self.variant_of(cfg) if cfg is not None else ()
+        if self.mode_independent:  # no section names its precision: the file and the entry do
+            self.variant = (*self.variant, *session.address.precision)
         self.entry = session.address.entry_name(name, self.variant)  # its record in summary.json
         self.section = None if self.mode_independent else session.section
         self.csv = self.path(".csv")
@@ -63,11 +89,11 @@ class Scan:
     # --- what a kind defines ----------------------------------------------------------------------------------
 
     @classmethod
-    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    def check(cls, name: str, cfg: ScanSettings, settings: AblationConfig) -> None:
         """ConfigError for settings this kind cannot use; needs no model, so it runs before any work."""
 
     @classmethod
-    def variant_of(cls, cfg: ScanConfig) -> tuple[str, ...]:
+    def variant_of(cls, cfg: ScanSettings) -> tuple[str, ...]:
         """The scan's own settings that change what its result is (not only how it is computed), named in its file
         names and summary.json entry so that two of them keep two results (ablation/records/address.py); () at
         their defaults, so results named before stay where they are."""
@@ -80,14 +106,31 @@ class Scan:
         """What the table depends on beyond the session's checkpoint, data and settings."""
         return (self.kind,)
 
-    def compute(self, key: str) -> pd.DataFrame:
+    def compute(self, key: str) -> pd.DataFrame | ScanResult:
+        """The table (or a ScanResult: the table, further tables and summary entries); writes nothing."""
         raise NotImplementedError
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         return []
 
+    def typed_table(self, table: pd.DataFrame) -> pd.DataFrame:
+        """The table with the column types its CSV loses (a read-back empty cell is "", a bool is "True"), as a new
+        frame: what run() hands back and use() reads, computed or read back alike."""
+        return table
+
     def use(self, table: pd.DataFrame) -> None:
-        """What follows from the table, computed or read back: summary.json entries, values other scans need."""
+        """What follows from the table, computed or read back: summary.json entries, values other scans need. Reads
+        the table only (a result is never changed by reading it)."""
+
+    def handed_back(self, table: pd.DataFrame) -> pd.DataFrame:
+        """What run() returns: the table, or a new frame with what other results add to it (attribution: every
+        head's exact change from an up-to-date single_head scan)."""
+        return table
+
+    def recorded_settings(self) -> dict:
+        """The scan's own settings its summary.json entry records, so that a rerun under others says what changed
+        (path_patching's senders and receivers); {} for a kind whose settings its variant or table already say."""
+        return {}
 
     def record(self) -> dict:
         """The constant columns the table ends with: how it was computed (a result no mode or metric changes says
@@ -122,7 +165,11 @@ class Scan:
         table = self.read_back(announce)
         if table is None:
             key, start = self.key(), time.perf_counter()
-            table = with_record(self.compute(key), self.record())
+            settings = self.recorded_settings()
+            self.session.files.note_replaced(self.entry, key, self.csv, settings, self.mode_independent)
+            result = self.compute(key)
+            result = result if isinstance(result, ScanResult) else ScanResult(result)
+            table = with_record(result.table, self.record())
             if table.empty:  # never replace a result by an empty one
                 raise ConfigError(
                     f"ablation.scans.{self.name}",
@@ -131,19 +178,27 @@ class Scan:
                 )
             self.refuse_non_finite(table)
             write_csv(self.csv, table)
+            parts = [self.path(".csv", detail) for detail in result.tables]
+            for path, part in zip(parts, result.tables.values()):
+                write_csv(path, part)
+            if result.summary:
+                self.session.files.update_summary(result.summary, self.mode_independent)
             discard_partials(self.partial)
-            files = [self.csv, *self.figures(table)]
+            files = [self.csv, *parts, *self.figures(table)]
             seconds = time.perf_counter() - start
             world, how = self.session.world, {}
             if world is not None and self.reduce_seconds:  # its masks were shared out over the processes
                 how = {"processes": world.size, "reduce_seconds": self.reduce_seconds}
             if self.variant:
                 how = {**how, "scan": self.name, "variant": list(self.variant)}
+            if settings:
+                how = {**how, "settings": settings}
             self.session.files.record(
                 self.entry, self.kind, key, files, seconds, len(table), self.mode_independent, **how
             )
+        table = self.typed_table(table)
         self.use(table)
-        return table
+        return self.handed_back(table)
 
     def refuse_non_finite(self, table: pd.DataFrame) -> None:
         """ConfigError naming the metric and the first row where a metric column is NaN or infinite: such a table
@@ -177,7 +232,54 @@ def configured_variant(config: DictConfig, name: str) -> tuple[str, ...]:
     """The variant of scan `name` as a run's config (its `ablation.scans.<name>`) sets it; () for a scan it does not
     list: where every reader of a run (findings, reports, the API) finds that scan's files."""
     section = OmegaConf.select(config, f"ablation.scans.{name}", default=None)
-    if section is None:
+    if section is None or section.get("kind") is None:
         return ()
-    cfg = typed(section, ScanConfig)
-    return KINDS.get(cfg.kind, f"ablation.scans.{name}.kind").variant_of(cfg)
+    cfg = typed_scan(name, section)
+    return KINDS[cfg.kind].variant_of(cfg)
+
+
+def takes(kind: str) -> str:
+    """What a kind's settings are, in words: `steps, verify_top_k, ...` or `none but its kind`."""
+    names = [f.name for f in fields(KINDS[kind].Settings) if f.name != "kind"]
+    return ", ".join(names) if names else "none but its kind"
+
+
+def not_taken(name: str, kind: str, key: str, value: Any) -> ConfigError:
+    """The one line for a setting scan `name`'s kind does not take: the kind, and what it takes."""
+    names = [f.name for f in fields(KINDS[kind].Settings) if f.name != "kind"]
+    allowed = f"not a setting of scan kind {kind}, which takes {takes(kind)}"
+    if (match := closest(key, names)) is not None:
+        allowed += f"; did you mean ablation.scans.{name}.{match}?"
+    return ConfigError(f"ablation.scans.{name}.{key}", value, allowed)
+
+
+def typed_scan(name: str, section: Any) -> ScanSettings:
+    """Scan `name`'s settings (a config node, a mapping, or settings already typed) as its kind's `Settings`: the one
+    place a scan's keys are checked against its kind, so that a key the kind does not take is refused in one line
+    naming the kind and what it takes (from an experiment file, the command line or `Run.scan`) rather than ignored."""
+    if isinstance(section, ScanSettings):  # typed when composed; `+key=...` on the command line adds attributes
+        kind = KINDS.get(section.kind, f"ablation.scans.{name}.kind")
+        if isinstance(section, kind.Settings) and set(vars(section)) <= {f.name for f in fields(kind.Settings)}:
+            return section
+        section = dict(vars(section))
+    data = OmegaConf.to_container(section) if isinstance(section, DictConfig) else dict(section)
+    kind = KINDS.get(data.get("kind"), f"ablation.scans.{name}.kind")
+    names = {f.name for f in fields(kind.Settings)}
+    for key, value in data.items():
+        if key not in names:
+            raise not_taken(name, kind.kind, str(key), value)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind.Settings), data))
+    except ConfigKeyError as e:  # a nested section's key (l0_gates' l0.stepz)
+        keys = list(e.parent_node.keys()) if e.parent_node is not None else []
+        raise unknown_key(
+            f"ablation.scans.{name}.{e.full_key}", OmegaConf.select(OmegaConf.create(data), e.full_key), keys
+        ) from None
+    except ValidationError as e:
+        reason = e.msg.splitlines()[0]
+        raise ConfigError(f"ablation.scans.{name}.{e.full_key}", e.value, reason) from None
+
+
+def typed_scans(scans: dict[str, Any]) -> dict[str, ScanSettings]:
+    """Every scan's settings typed by its kind (typed_scan)."""
+    return {str(name): typed_scan(str(name), section) for name, section in scans.items()}

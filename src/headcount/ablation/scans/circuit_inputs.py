@@ -29,11 +29,12 @@ from torch import Tensor
 from headcount.ablation.engine.heads import top_heads
 from headcount.ablation.engine.metrics import Readout, Targets
 from headcount.ablation.engine.modes import MODES, AblationMode, Zero
-from headcount.ablation.scans.base import KINDS
+from headcount.ablation.scans.base import KINDS, ScanSettings
 from headcount.circuits import Graph, NodeOutputs, PointMetric
 from headcount.circuits.graph import QKV
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
+from headcount.labels import input_label, parse_head
 
 LAYER = re.compile(r"^L(\d+)(?:\.([qkv]))?$")
 EVERY_HEAD = re.compile(r"^heads(?:\.([qkv]))?$")
@@ -60,11 +61,12 @@ def check_edge_mode(mode: str, key: str, what: str) -> None:
         )
 
 
-def check_circuit_scan(name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+def check_circuit_scan(name: str, cfg: ScanSettings, settings: AblationConfig) -> None:
     """The checks that need no model: a mode with a corrupted run, and the top-k names' kinds."""
     check_edge_mode(settings.mode, "ablation.mode", f"the {name} scan")
     for key in ("senders", "receivers"):
-        check_top_names(name, getattr(cfg, key), settings, f"ablation.scans.{name}.{key}")
+        if hasattr(cfg, key):  # edge_attribution takes receivers alone
+            check_top_names(name, getattr(cfg, key), settings, f"ablation.scans.{name}.{key}")
 
 
 def check_top_names(name: str, entries: list[str], settings: AblationConfig, key: str) -> None:
@@ -74,6 +76,8 @@ def check_top_names(name: str, entries: list[str], settings: AblationConfig, key
         top = TOP.match(str(entry).strip())
         if not top:
             continue
+        if int(top[1]) < 1:
+            raise ConfigError(key, entry, f"k must be at least 1: top<k>:{top[2]} names its k highest-ranked heads")
         if top[2] == name:
             raise ConfigError(key, entry, "names this scan itself: a scan cannot rank its own inputs")
         senders_ranked = [
@@ -166,28 +170,62 @@ def named_heads(entry: str, session, key: str) -> list[str] | None:
     """An entry naming heads by layer or by another scan's top k, as head names (with its input suffix); None for a
     plain node or receiver name."""
     graph, text = Graph.of(session.model), entry.strip()
-    suffix = lambda m: f".{m}" if m else ""  # noqa: E731
     if every := EVERY_HEAD.match(text):
-        return [f"L{n}H{h}{suffix(every[1])}" for n in range(graph.n_layers) for h in range(graph.heads_per_layer[n])]
+        every_head = [(n, h) for n in range(graph.n_layers) for h in range(graph.heads_per_layer[n])]
+        return [input_label(n, h, every[1]) for n, h in every_head]
     if layer := LAYER.match(text):
         n = int(layer[1])
         if n >= graph.n_layers:
             raise ConfigError(key, entry, f"no layer {n}: the model has layers 0..{graph.n_layers - 1}")
-        return [f"L{n}H{h}{suffix(layer[2])}" for h in range(graph.heads_per_layer[n])]
+        return [input_label(n, h, layer[2]) for h in range(graph.heads_per_layer[n])]
     if top := TOP.match(text):
+        check_top_count(entry, graph, key)
         ranking = session.scans.get(top[2])
         if ranking is not None and getattr(ranking, "ranks_senders", False):  # a path_patching scan, by its name
             heads = ranking.top_sender_heads(int(top[1]))
             if not heads:
                 raise ConfigError(key, entry, f"{top[2]}'s table has no head among its senders to rank")
-            return [f"{h}{suffix(top[3])}" for h in heads]
+            return [input_label(*parse_head(h), top[3]) for h in heads]
         score_LH = session.provided(top[2])
-        return [f"L{lh[0]}H{lh[1]}{suffix(top[3])}" for lh in top_heads(score_LH, graph.heads_per_layer, int(top[1]))]
+        return [input_label(n, h, top[3]) for n, h in top_heads(score_LH, graph.heads_per_layer, int(top[1]))]
     return None
+
+
+def check_top_count(entry: str, graph: Graph, key: str) -> None:
+    """A one-line ConfigError for top<k>:... with k above the model's heads (it was cut to every head, silently)."""
+    top = TOP.match(str(entry).strip())
+    n_heads = sum(graph.heads_per_layer)
+    if top and int(top[1]) > n_heads:
+        raise ConfigError(key, entry, f"k must be at most the model's {n_heads} heads")
+
+
+def check_sender_entries(entries: list[str], graph: Graph, key: str) -> None:
+    """The checks on sender names that need the model's shape but no scan: an input suffix (heads.v, L2.q, top3:x.q)
+    names receiver inputs, not senders; a top-k asks for no more heads than the model has."""
+    for entry in entries:
+        text = str(entry).strip()
+        for pattern in (EVERY_HEAD, LAYER, TOP):
+            if (match := pattern.match(text)) and match.groups()[-1]:
+                raise ConfigError(
+                    key,
+                    entry,
+                    f"names heads' .{match.groups()[-1]} inputs, which receive: a sender is an output (emb, L0H1, "
+                    "L0.mlp, a layer L0, heads, top3:direct_effect); drop the suffix",
+                )
+        check_top_count(text, graph, key)
+
+
+def check_receivers_read_heads(graph: Graph, receivers: list[str], key: str, senders: str) -> None:
+    """A one-line ConfigError for a receiver that reads no head (a layer-0 head's input) when the senders are heads
+    named by a ranking: refused before the ranking's scan runs, which no head it can name would reach."""
+    for r in receivers:
+        if not any(s.kind == "head" for s in graph.senders[: graph.n_senders(graph.receiver(r))]):
+            raise ConfigError(key, r, f"reads no head, so none of the heads {senders} names can send to it")
 
 
 def resolve_senders(entries: list[str], session, key: str) -> list[str]:
     graph, names = Graph.of(session.model), []
+    check_sender_entries(entries, graph, key)
     for entry in entries:
         for name in named_heads(str(entry), session, key) or [str(entry).strip()]:
             node = graph.node(name, key)

@@ -13,6 +13,7 @@ session's mode; the self-repair record says "mean") and its `metric` the logit i
 "answer_logit" (the correct answer's direct logit, for a metric that reads no wrong answer: top1, answer_logprob...).
 A model whose direct effects would not be exact (post-attention norms, a final soft-cap) is refused by name."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -23,10 +24,15 @@ from headcount.ablation.engine.heads import all_heads, head_name, top_heads
 from headcount.ablation.engine.masks import HeadMask, masks_to_gates
 from headcount.ablation.engine.modes import Mean, Replacements, mean_z
 from headcount.ablation.methods.direct_effect import direct_effects, refusal
-from headcount.ablation.scans.base import KINDS, Scan
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult, ScanSettings
+from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 from headcount.plotting import head_heatmap
+
+
+@dataclass
+class DirectEffectSettings(ScanSettings):
+    backup_top_k: int = 0  # mean-ablate the k heads of largest direct effect, then measure again
 
 
 @KINDS.register
@@ -34,9 +40,10 @@ class DirectEffectScan(Scan):
     kind = "direct_effect"
     ranks_heads = True
     doc = "each head's direct effect on the metric through the residual stream; with backup_top_k, self-repair"
+    Settings = DirectEffectSettings
 
     @classmethod
-    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    def check(cls, name: str, cfg: DirectEffectSettings, settings: AblationConfig) -> None:
         if cfg.backup_top_k < 0:
             raise ConfigError(f"ablation.scans.{name}.backup_top_k", cfg.backup_top_k, "must be 0 or more")
 
@@ -63,18 +70,21 @@ class DirectEffectScan(Scan):
         """Read on the clean run, not under the session's mode (the self-repair panel says its mean ablation)."""
         return f"{self.name}: {what}, clean run\n{self.session.subject}"
 
-    def compute(self, key: str) -> pd.DataFrame:
+    def compute(self, key: str) -> pd.DataFrame | ScanResult:
         session, hpl = self.session, self.session.heads_per_layer
         effect_LH = direct_effects(session.model, session.batches, session.metric)
         layers, heads = (list(x) for x in zip(*all_heads(hpl)))
         table = pd.DataFrame({"layer": layers, "head": heads, "direct_effect": effect_LH[layers, heads].numpy()})
         k = self.cfg.backup_top_k
-        if k:
-            table["direct_effect_after"] = self.backup(effect_LH, k)[layers, heads].numpy()
-        return table
+        if not k:
+            return table
+        after_LH, record = self.backup(effect_LH, k)
+        table["direct_effect_after"] = after_LH[layers, heads].numpy()
+        return ScanResult(table, summary={"backup": {self.name: record}})
 
-    def backup(self, effect_LH: torch.Tensor, k: int) -> torch.Tensor:
-        """Mean-ablate the top k heads together; record the joint and single changes; direct effects after."""
+    def backup(self, effect_LH: torch.Tensor, k: int) -> tuple[torch.Tensor, dict]:
+        """Mean-ablate the top k heads together: the direct effects after, and the record of the joint and single
+        changes (the result's summary.json entry)."""
         session, hpl = self.session, self.session.heads_per_layer
         model, metric = session.model, session.metric
         top = top_heads(effect_LH, hpl, k)
@@ -96,8 +106,7 @@ class DirectEffectScan(Scan):
             "sum_of_single": sum(changes[1:]),
             "grew": dict(grew[:10]),
         }
-        session.files.update_summary({"backup": {self.name: record}})
-        return after_LH
+        return after_LH, record
 
     def use(self, table: pd.DataFrame) -> None:
         self.session.shared[self.kind] = self.session.layer_head_tensor(table, "direct_effect")

@@ -18,14 +18,14 @@ so that a pass fits, the sums exact whatever the split. No partial file: a kille
 backward for EAP and for EAP-IG, one edge-patched forward row per exact edge).
 """
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from headcount.ablation.engine.metrics import require_differentiable
-from headcount.ablation.records.results import write_csv
-from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult, ScanSettings
 from headcount.ablation.scans.circuit_inputs import check_circuit_scan, circuit_inputs, resolve_receivers
 from headcount.circuits import (
     Graph,
@@ -38,22 +38,35 @@ from headcount.circuits import (
     ranking_agreement,
     top_edges,
 )
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
 
+FAITHFULNESS = "_faithfulness"  # the detail in the name of the result's second table, <name>_faithfulness.csv
 CIRCUIT_RULE = "circuit_by: exact where every edge has an exact score, else eap_ig"
 METHOD_COLOURS = {"eap": "tab:blue", "eap_ig": "tab:orange", "exact": "black", "random": "tab:gray"}
+
+
+@dataclass
+class EdgeAttributionSettings(ScanSettings):
+    steps: int = 5  # EAP-IG's interpolation steps
+    verify_top_k: int = 10  # the k largest EAP estimates scored exactly
+    exact_all: bool = False  # every edge's exact score, not only the verify_top_k largest EAP's
+    circuit_size: int = 20  # the edges of the circuit drawn and scored
+    circuit_sizes: list[int] | None = None  # the faithfulness curve's sizes (None: 1, 2, 4, ...)
+    random_sets: int = 5  # random edge sets of each size beside the curve
+    receivers: list[str] = field(default_factory=list)  # only the edges into these receiver inputs (none: all)
 
 
 @KINDS.register
 class EdgeAttributionScan(Scan):
     kind = "edge_attribution"
     doc = "every edge's effect estimated at once (EAP, EAP-IG), the top k checked exactly; faithfulness curves"
+    Settings = EdgeAttributionSettings
 
     @classmethod
-    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    def check(cls, name: str, cfg: EdgeAttributionSettings, settings: AblationConfig) -> None:
         check_circuit_scan(name, cfg, settings)
         require_differentiable(settings.metric, f"the {name} scan (edge attribution)")
         key = f"ablation.scans.{name}"
@@ -92,7 +105,7 @@ class EdgeAttributionScan(Scan):
             return sorted(set(self.cfg.circuit_sizes))
         return sorted({min(2**i, n_edges) for i in range(n_edges.bit_length() + 1)})
 
-    def compute(self, key: str) -> pd.DataFrame:
+    def compute(self, key: str) -> ScanResult:
         session, cfg = self.session, self.cfg
         model, graph = session.model, Graph.of(session.model)
         inputs, metric = circuit_inputs(session, self.name)
@@ -109,7 +122,7 @@ class EdgeAttributionScan(Scan):
         scores = {"eap": eap, "eap_ig": eap_ig, **({"exact": exact} if not exact.isnan().any() else {})}
         circuit_by = circuit_score(scores)
         circuit = top_edges(graph, scores[circuit_by], min(cfg.circuit_size, len(graph.edges)))
-        self.record_circuit(graph, circuit, circuit_by, scores, inputs, metric, key)
+        curve, entry = self.circuit_record(graph, circuit, circuit_by, scores, inputs, metric)
         n = inputs.n_points
         table = pd.DataFrame(
             {
@@ -125,20 +138,20 @@ class EdgeAttributionScan(Scan):
         table["verified"] = table["exact"].notna()
         table["in_circuit"] = [i in circuit for i in chosen]
         table["circuit_by"] = circuit_by
-        return table
+        # The curve and the circuit's entry go through Scan.run with the table: written, hashed, read back as one.
+        return ScanResult(table, {FAITHFULNESS: curve}, {"edge_circuits": {self.name: entry}})
 
-    def record_circuit(
-        self, graph: Graph, circuit: set[int], circuit_by: str, scores: dict, inputs, metric, key: str
-    ) -> None:
-        """The faithfulness curve (its table) and the chosen circuit's faithfulness (summary.json)."""
+    def circuit_record(
+        self, graph: Graph, circuit: set[int], circuit_by: str, scores: dict, inputs, metric
+    ) -> tuple[pd.DataFrame, dict]:
+        """The faithfulness curve (the result's second table) and the chosen circuit's faithfulness (its summary.json
+        entry)."""
         session, cfg = self.session, self.cfg
         sizes = self.sizes(len(graph.edges))
         args = (session.model, inputs.clean_ids_BT, inputs.corrupted)
         seed = session.settings.seed
         budget = inputs.memory_budget
         curve = faithfulness_curve(*args, scores, sizes, metric, inputs.points_BT, cfg.random_sets, seed, budget)
-        self.curve_csv.parent.mkdir(parents=True, exist_ok=True)
-        write_csv(self.curve_csv, curve)  # atomically, as every result file
         value = float(faithfulness(*args, [circuit], metric, inputs.points_BT, budget)[0])
         entry = {
             "circuit_size": cfg.circuit_size,
@@ -146,24 +159,22 @@ class EdgeAttributionScan(Scan):
             "circuit_edges": len(circuit),
             "circuit_faithfulness": value,
         }
-        session.files.update_summary({"edge_circuits": {self.name: entry}})
-        self.circuit_entry = entry  # the circuit figure's title (figures() follows compute())
+        return curve, entry
 
     @property
     def curve_csv(self) -> Path:
-        return self.path(".csv", "_faithfulness")
+        return self.path(".csv", FAITHFULNESS)
+
+    def typed_table(self, table: pd.DataFrame) -> pd.DataFrame:
+        return table.assign(
+            exact=pd.to_numeric(table["exact"], errors="coerce"),
+            verified=table["verified"].astype(str) == "True",
+            in_circuit=table["in_circuit"].astype(str) == "True",
+        )
 
     def use(self, table: pd.DataFrame) -> None:
-        table["exact"] = pd.to_numeric(table["exact"], errors="coerce")
-        table["verified"] = table["verified"].astype(str) == "True"
-        table["in_circuit"] = table["in_circuit"].astype(str) == "True"
         entry: dict = {"n_edges": len(table), "verified": int(table["verified"].sum())}
-        k = self.cfg.verify_top_k
-        if table["verified"].all() and 1 <= k < len(table):
-            exact = torch.tensor(table["exact"].to_numpy())
-            for method in ("eap", "eap_ig"):
-                agreement = ranking_agreement(torch.tensor(table[method].to_numpy()), exact, k)
-                entry[method] = {"spearman": agreement["spearman"], f"top_{k}_recall": agreement["top_k_recall"]}
+        entry.update(agreement_entry(table, self.cfg.verify_top_k))
         largest = table.loc[table["exact"].abs().idxmax()] if table["verified"].any() else None
         if largest is not None:
             entry["largest_exact"] = {"edge": largest["edge"], "exact": float(largest["exact"])}
@@ -171,8 +182,8 @@ class EdgeAttributionScan(Scan):
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         metric, graph = self.session.metric, Graph.of(self.session.model)
-        curve = pd.read_csv(self.curve_csv)
-        entry = self.circuit_entry
+        curve = pd.read_csv(self.curve_csv)  # as Scan.run wrote them, not state kept from compute()
+        entry = self.session.files.section_value("edge_circuits")[self.name]
         curve_png = faithfulness_figure(
             curve, self.path(".png", "_faithfulness"), self.title("faithfulness against n"), entry
         )
@@ -190,7 +201,36 @@ class EdgeAttributionScan(Scan):
         )
         circuit_png = self.path(".png", "_circuit")
         atomic_savefig(draw_circuit(graph, circuit, weights, title), circuit_png, dpi=120)
-        return [self.curve_csv, curve_png, circuit_png]
+        return [curve_png, circuit_png]
+
+
+def agreement_entry(table: pd.DataFrame, k: int) -> dict:
+    """How EAP's and EAP-IG's rankings agree with the exact scores (summary.json's `eap` and `eap_ig`): Spearman's
+    rank correlation when every edge of the table has an exact score, and the top-k recall where k is below the
+    number of edges; where a number is not reported, the entry says why in its place (a recall over every edge is
+    1.0 whatever the scores; with only some edges exact there is no ranking of all to compare)."""
+    n, recall = len(table), f"top_{k}_recall"
+    if not table["verified"].all():
+        why = (
+            f"not reported: {int(table['verified'].sum())} of the {n} edges have an exact score (exact_all scores all)"
+        )
+        return {method: why for method in ("eap", "eap_ig")}
+    if n < 2:
+        return {method: f"not reported: a ranking of {n} edge compares nothing" for method in ("eap", "eap_ig")}
+    exact = torch.tensor(table["exact"].to_numpy())
+    entry = {}
+    for method in ("eap", "eap_ig"):
+        agreement = ranking_agreement(torch.tensor(table[method].to_numpy()), exact, min(max(k, 1), n))
+        entry[method] = {"spearman": agreement["spearman"]}
+        if 1 <= k < n:
+            entry[method][recall] = agreement["top_k_recall"]
+        else:
+            entry[method][recall] = (
+                f"not reported: verify_top_k={k} is not below the {n} edges, so the recall is 1.0 whatever the scores"
+                if k >= 1
+                else "not reported: verify_top_k=0 names no top k"
+            )
+    return entry
 
 
 def circuit_score(scores: dict[str, torch.Tensor]) -> str:

@@ -13,9 +13,9 @@ from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.methods.attribution import attribute
 from headcount.ablation.methods.importance import normalize_per_layer
-from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
 from headcount.ablation.scans.single_head import single_head_delta
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig
 from headcount.plotting import head_heatmap
 
 
@@ -26,7 +26,7 @@ class ImportanceScan(Scan):
     doc = "gradient importance E|dL/dg| (Michel et al.), per batch and per example"
 
     @classmethod
-    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    def check(cls, name: str, cfg: ScanSettings, settings: AblationConfig) -> None:
         require_differentiable(settings.metric, f"the {name} scan (gradient importance)")
 
     def fingerprint_parts(self) -> tuple:

@@ -2,7 +2,7 @@
 their binary masks evaluated exactly on the eval split like every other mask. Its figure: the share of runs that keep
 each head. The structural export with order=l0_gates removes the heads a run's mask closes."""
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -11,19 +11,25 @@ from torch import Tensor
 from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.engine.modes import resample_sources
 from headcount.ablation.methods.l0_gates import l0_gates_table, train_l0_gates
-from headcount.ablation.scans.base import KINDS, Scan
-from headcount.config.ablation import AblationConfig, ScanConfig, l0_targets, validate_l0_config
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult, ScanSettings
+from headcount.config.ablation import AblationConfig, L0GatesConfig, l0_targets, validate_l0_config
 from headcount.data.examples import to_batches
 from headcount.plotting import head_heatmap
+
+
+@dataclass
+class L0GatesSettings(ScanSettings):
+    l0: L0GatesConfig = field(default_factory=L0GatesConfig)  # the hard-concrete gate training
 
 
 @KINDS.register
 class L0GatesScan(Scan):
     kind = "l0_gates"
     doc = "Voita et al.'s learned hard-concrete gates, their masks evaluated exactly"
+    Settings = L0GatesSettings
 
     @classmethod
-    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    def check(cls, name: str, cfg: L0GatesSettings, settings: AblationConfig) -> None:
         validate_l0_config(cfg.l0, None, f"ablation.scans.{name}.l0")
         require_differentiable(settings.metric, f"the {name} scan (L0 gates trained on the metric)")
 
@@ -35,7 +41,7 @@ class L0GatesScan(Scan):
         resampled = ("resample paired within the reference split",) if self.session.mode.pairs_examples else ()
         return (self.kind, asdict(self.cfg.l0), self.reference_split(), s.n_reference, *resampled)
 
-    def compute(self, key: str) -> pd.DataFrame:
+    def compute(self, key: str) -> ScanResult:
         session, s, l0 = self.session, self.session.settings, self.cfg.l0
         batches = self.training_batches()
         train = lambda target: train_l0_gates(  # noqa: E731
@@ -45,15 +51,11 @@ class L0GatesScan(Scan):
         table = l0_gates_table(results, lambda gates_MLH: session.evaluator.evaluate(gates_MLH.to(session.device)))
         runs = table.drop_duplicates("target_heads" if l0.target_heads is not None else "n_kept")
         primary = session.metric.primary
-        session.files.update_summary(
-            {
-                "l0_gates": [
-                    {"target_heads": r["target_heads"], "n_kept": int(r["n_kept"]), primary: float(r[primary])}
-                    for _, r in runs.iterrows()
-                ]
-            }
-        )
-        return table
+        runs = [
+            {"target_heads": r["target_heads"], "n_kept": int(r["n_kept"]), primary: float(r[primary])}
+            for _, r in runs.iterrows()
+        ]
+        return ScanResult(table, summary={"l0_gates": runs})
 
     def training_batches(self) -> list[dict]:
         """What the gates train on: the reference split of the run's data (not the split they are evaluated on), or

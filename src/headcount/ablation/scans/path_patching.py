@@ -15,26 +15,44 @@ of them reads has no row: senders [heads] into receivers another scan finds, in 
 circuit scan ranks this one's sender heads by name (`top3:<this scan's name>`): by their rows' damage added up.
 """
 
-import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
 from headcount.ablation.scans.circuit_inputs import (
+    TOP,
     check_circuit_scan,
     check_order,
+    check_receivers_read_heads,
+    check_sender_entries,
+    check_top_count,
     circuit_inputs,
     resolve_receivers,
     resolve_senders,
 )
 from headcount.circuits import Graph, draw_circuit, path_patch
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
+from headcount.labels import join_names, parse_head, split_names
 from headcount.plotting import new_figure, set_title
+
+
+@dataclass
+class PathPatchingSettings(ScanSettings):
+    # the senders (node names: emb, L0H1, L0.mlp; L2 for every head of layer 2; top3:direct_effect for another scan
+    # kind's 3 highest-ranked heads) and the receiver inputs (L1H0.k, L1.mlp, logits; L1.q for the queries of every
+    # head of layer 1; top3:direct_effect.q)
+    senders: list[str] = field(default_factory=list)
+    receivers: list[str] = field(default_factory=list)
+    receivers_together: bool = True  # one path per sender into the whole receiver set, or each receiver alone
+    # leave out each sender's receivers that do not read it (its own layer or earlier) rather than refuse them, and
+    # a sender none of them reads (senders [heads] into heads found by another scan)
+    skip_unreached: bool = False
 
 
 @KINDS.register
@@ -42,17 +60,34 @@ class PathPatchingScan(Scan):
     kind = "path_patching"
     doc = "each sender's corrupted output sent along the direct path into the receivers only (Wang et al. 2022)"
     ranks_senders = True  # other circuit scans name its top sender heads (circuit_inputs.named_heads)
+    Settings = PathPatchingSettings
 
     @classmethod
-    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    def check(cls, name: str, cfg: PathPatchingSettings, settings: AblationConfig) -> None:
         check_circuit_scan(name, cfg, settings)
         for key in ("senders", "receivers"):
             if not getattr(cfg, key):
                 raise ConfigError(f"ablation.scans.{name}.{key}", [], "names none: list at least one")
 
     def prepare(self) -> None:
-        if not any(e.strip().startswith("top") for e in [*self.cfg.senders, *self.cfg.receivers]):
-            self.pairs()  # every name checked against the model before any work (top-k names need their scan)
+        """Every name checked against the model before any work; a top-k name needs its ranking's scan, so what can
+        be checked without it is: its k, a suffix on a sender, and receivers no head sends to (they would refuse
+        every head the ranking names, after the ranking ran)."""
+        key, graph = f"ablation.scans.{self.name}", Graph.of(self.session.model)
+        check_sender_entries(self.cfg.senders, graph, f"{key}.senders")
+        ranked = lambda entries: [e for e in entries if TOP.match(str(e).strip())]  # noqa: E731
+        for entry in ranked(self.cfg.receivers):
+            check_top_count(entry, graph, f"{key}.receivers")
+        if not ranked([*self.cfg.senders, *self.cfg.receivers]):
+            self.pairs()
+        elif not ranked(self.cfg.receivers) and not self.cfg.skip_unreached:
+            receivers = resolve_receivers(self.cfg.receivers, self.session, f"{key}.receivers")
+            check_receivers_read_heads(graph, receivers, f"{key}.receivers", ", ".join(ranked(self.cfg.senders)))
+
+    def recorded_settings(self) -> dict:
+        cfg = self.cfg
+        paths = {"senders": list(cfg.senders), "receivers": list(cfg.receivers)}
+        return {**paths, "receivers_together": cfg.receivers_together, "skip_unreached": cfg.skip_unreached}
 
     def fingerprint_parts(self) -> tuple:
         cfg = self.cfg
@@ -83,7 +118,7 @@ class PathPatchingScan(Scan):
         table = pd.DataFrame(
             {
                 "sender": [s[0] for s, _ in pairs],
-                "receivers": [", ".join(r) for _, r in pairs],
+                "receivers": [join_names(r) for _, r in pairs],
                 "effect": (effects / inputs.n_points).numpy(),
             }
         )
@@ -109,7 +144,7 @@ class PathPatchingScan(Scan):
         graph = Graph.of(self.session.model)
         weights = torch.zeros(len(graph.edges), dtype=torch.float64)
         for row in table.itertuples():
-            for receiver in row.receivers.split(", "):
+            for receiver in split_names(row.receivers):
                 weights[graph.edge_index[f"{row.sender} -> {receiver}"]] += abs(row.effect)
         edges = set(weights.nonzero()[:, 0].tolist())
         fig = draw_circuit(graph, edges, weights, self.title("paths patched, arrows as wide as |effect|"))
@@ -118,12 +153,9 @@ class PathPatchingScan(Scan):
         return [heatmap, circuit]
 
 
-HEAD = re.compile(r"^L\d+H\d+$")
-
-
 def top_sender_heads(table: pd.DataFrame, k: int) -> list[str]:
     """A path_patching table's k sender heads of largest damage, added up over their rows (largest first)."""
-    heads = table[table["sender"].map(lambda s: bool(HEAD.match(str(s))))]
+    heads = table[table["sender"].map(lambda s: parse_head(s) is not None)]
     damage = heads.groupby("sender", sort=False)["damage"].sum()
     return damage.sort_values(ascending=False, kind="stable").index[:k].tolist()
 

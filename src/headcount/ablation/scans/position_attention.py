@@ -7,6 +7,7 @@ With `from_position` (a named position, S2) the attention is read from that posi
 named position: induction heads attend from S2 to S1+1, duplicate-token heads to S1; a position after the query reads
 0 (causal attention)."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -14,9 +15,14 @@ import torch
 
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import Targets
-from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
 from headcount.errors import ConfigError
 from headcount.plotting import head_heatmap
+
+
+@dataclass
+class PositionAttentionSettings(ScanSettings):
+    from_position: str | None = None  # attend from this named position (S2), not the scored one
 
 
 @KINDS.register
@@ -24,6 +30,7 @@ class PositionAttentionScan(Scan):
     kind = "position_attention"
     doc = "attention from each scored position to each of a task's named positions, per head"
     mode_independent = True
+    Settings = PositionAttentionSettings
 
     def prepare(self) -> None:
         if self.session.task is None:

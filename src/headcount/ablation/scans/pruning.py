@@ -13,9 +13,9 @@ from torch import Tensor
 from headcount.ablation.engine.masks import gates_to_masks
 from headcount.ablation.engine.metrics import Loss, Metric, require_differentiable
 from headcount.ablation.methods.pruning import PRUNING_ORDERS, prunable_fractions, pruning_curves
-from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
 from headcount.ablation.scans.single_head import single_head_delta
-from headcount.config.ablation import AblationConfig, ScanConfig, validate_pruning_config
+from headcount.config.ablation import AblationConfig, validate_pruning_config
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
@@ -27,7 +27,7 @@ class PruningScan(Scan):
     doc = "heads removed step by step in gradient, single-head and random orders"
 
     @classmethod
-    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    def check(cls, name: str, cfg: ScanSettings, settings: AblationConfig) -> None:
         validate_pruning_config(settings.pruning)
         if any(PRUNING_ORDERS.get(str(order)).follows_gradient for order in settings.pruning.orders):
             require_differentiable(settings.metric, "the gradient pruning orders (ablation.pruning.orders)")

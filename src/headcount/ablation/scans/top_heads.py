@@ -4,6 +4,7 @@ importance) switched off together, beside `random_sets` sets of as many heads dr
 ablation.seed). One row per set, with the metric, its delta and, on a task with corrupted prompts, gap_fraction: in
 patch mode, the share of the clean-to-corrupted gap the set removes."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -11,20 +12,28 @@ import torch
 
 from headcount.ablation.engine.heads import all_heads, top_heads
 from headcount.ablation.engine.masks import HeadMask, joined_name
-from headcount.ablation.scans.base import KINDS
+from headcount.ablation.scans.base import KINDS, ScanSettings
 from headcount.ablation.scans.custom import CustomScan
 from headcount.ablation.scans.mask_scan import MaskScan
-from headcount.config.ablation import AblationConfig, ScanConfig
+from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
+
+
+@dataclass
+class TopHeadsSettings(ScanSettings):
+    top_fraction: float = 0.05  # this share of all heads, the highest ranked, off together...
+    rank_by: str = "single_head"  # ...ranked by this scan kind's per-head result (single_head, direct_effect, ...)
+    random_sets: int = 5  # ...beside this many random sets of as many heads
 
 
 @KINDS.register
 class TopHeadsScan(MaskScan):
     kind = "top_heads"
     doc = "the top fraction of heads by another scan, off together, beside random sets of as many"
+    Settings = TopHeadsSettings
 
     @classmethod
-    def check(cls, name: str, cfg: ScanConfig, settings: AblationConfig) -> None:
+    def check(cls, name: str, cfg: TopHeadsSettings, settings: AblationConfig) -> None:
         key = f"ablation.scans.{name}"
         if not KINDS.get(cfg.rank_by, f"{key}.rank_by").ranks_heads:
             rankers = ", ".join(kind for kind in KINDS if KINDS[kind].ranks_heads)
@@ -35,15 +44,15 @@ class TopHeadsScan(MaskScan):
             raise ConfigError(f"{key}.random_sets", cfg.random_sets, "must be 0 or more")
 
     @classmethod
-    def variant_of(cls, cfg: ScanConfig) -> tuple[str, ...]:
+    def variant_of(cls, cfg: TopHeadsSettings) -> tuple[str, ...]:
         """Another ranking picks other heads: a table apart (top_heads.zero.by_retrieval_scores.csv), the default's
         (single_head) keeping its plain name."""
-        return () if cfg.rank_by == ScanConfig().rank_by else (f"by_{cfg.rank_by}",)
+        return () if cfg.rank_by == TopHeadsSettings().rank_by else (f"by_{cfg.rank_by}",)
 
     def prepare(self) -> None:
         """The ranking scan's own checks, before any work: it runs only when top_heads asks for its ranking."""
         try:
-            KINDS[self.cfg.rank_by](self.cfg.rank_by, ScanConfig(kind=self.cfg.rank_by), self.session).prepare()
+            KINDS[self.cfg.rank_by](self.cfg.rank_by, None, self.session).prepare()
         except ConfigError as error:
             key = f"ablation.scans.{self.name}.rank_by"
             raise ConfigError(key, self.cfg.rank_by, f"cannot rank these heads: {error.allowed}") from None
