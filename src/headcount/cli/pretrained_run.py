@@ -20,7 +20,6 @@ from headcount.config.data import DataConfig
 from headcount.config.task import TaskConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text
-from headcount.pretrained.run_config import cached_pretrained, resolve_pretrained, text_tokenizer
 from headcount.processes import console, first_process
 from headcount.run_dir import RunPaths, read_pretrained, record_data_fingerprint, record_pretrained
 
@@ -63,6 +62,9 @@ def named_after_data(cfg: DictConfig) -> bool:
 def prepare_pretrained_run(cfg: DictConfig, run_dir: Path) -> None:
     """Take run_dir's lock, check the config, and write (or find, up to date) the run of model.pretrained on the data.
     ConfigError, before anything is written, for bad input or a folder that holds another run."""
+    # transformers and torch load here, not when the command starts: a config is checked before they do
+    from headcount.pretrained.run_config import cached_pretrained, resolve_pretrained, text_tokenizer
+
     if first_process():  # a distributed scan's other processes find the run their first one prepared, and its lock
         run_lock.acquire_if_writable(run_dir, "headcount-ablate", "run_dir")  # read-only storage: reading a run
     train_like = OmegaConf.merge(
