@@ -116,7 +116,7 @@ def main() -> None:
           f"{args.seconds:g} s)")  # fmt: skip
     for busy, policy in settings:
         values = measured[(busy, policy)]
-        where = f"beside {busy} busy processes" if busy else "idle (no added load)"
+        where = f"beside {busy} busy process{'es' if busy > 1 else ''}" if busy else "idle (no added load)"
         print(f"  {where:<30} OMP_WAIT_POLICY={policy or '(unset)':<9} {statistics.median(values):7.2f} steps/s  "
               f"(runs: {', '.join(f'{v:.2f}' for v in values)})")  # fmt: skip
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
