@@ -99,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{cpu_name()}, {os.cpu_count()} cores, torch {version('torch')}; busy processes: {args.busy}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    settings = [(busy, policy) for busy in (0, args.busy) for policy in (None, "PASSIVE")]
+    settings = list(dict.fromkeys((busy, policy) for busy in (0, args.busy) for policy in (None, "PASSIVE")))
     measured: dict[tuple, list[float]] = {s: [] for s in settings}
     threads = None
     for _ in range(args.rounds):
