@@ -248,3 +248,12 @@ def test_a_config_names_check_says_what_the_full_checks_say(compose_train, overr
     key = override.split()[-1].split("=")[0]
     assert f"{key}=" in str(early.value)
     assert str(early.value) == full_check_line(cfg, key)
+
+
+def test_a_config_names_check_passes_settings_for_a_scan_left_out(compose_train):
+    """An experiment's settings for a scan that `ablation=[...]` left out have no kind: not a name to check."""
+    from headcount.config.names import check_component_names
+
+    cfg = compose_train(["experiment=ioi_heads", "size=smoke", "ablation=[baseline]"])
+    assert any(scan.get("kind") is None for scan in cfg.ablation.scans.values())
+    check_component_names(cfg)

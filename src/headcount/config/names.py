@@ -30,7 +30,8 @@ def check_component_names(cfg: DictConfig, kinds: dict[str, IndexedKind] | None 
         if isinstance(metric := ablation.get("metric"), str):  # else a user's function (`_target_`) or the default
             kinds["metric"].check(metric)
         for name, scan in (ablation.get("scans") or {}).items():
-            kinds["scan kind"].check(str(scan.kind), f"ablation.scans.{name}.kind")
+            if scan.get("kind") is not None:  # none: settings for a scan the list left out (unselected_scans_dropped)
+                kinds["scan kind"].check(str(scan.kind), f"ablation.scans.{name}.kind")
     task = cfg.get("task")
     if task is not None and task.get("source") is not None:
         check_task_source(str(task.source), kinds["task source"].names())
