@@ -56,6 +56,7 @@ CASES = [
     ("train", ["model.attn.n_heads=five"], 2, "error: model.attn.n_heads='five'"),
     ("ablate", ["--list"], 0, "scan kind"),
     ("ablate", ["run_dir=RUN", "ablation.mode=zro"], 2, "error: ablation.mode='zro': allowed: "),
+    ("ablate", ["model=tiny_random_llama", "data=pystdlib", "ablation.mode=zro"], 2, "error: ablation.mode='zro'"),
     ("report", ["NOSUCH"], 2, "holds no headcount runs"),
 ]
 
@@ -71,8 +72,8 @@ def test_a_mistake_or_the_list_answers_before_torch_loads(tmp_path, command, arg
     said_where = stdout if exit_code == 0 else stderr
     assert said in said_where
     assert result["loaded"] == []
-    if command == "ablate":
-        assert sorted(p.name for p in run.iterdir()) == [".hydra", "checkpoints", "metrics.json"]  # nothing left
+    assert sorted(p.name for p in run.iterdir()) == [".hydra", "checkpoints", "metrics.json"]  # nothing left there
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nor a new (pretrained) run's folder
 
 
 def test_the_probe_sees_torch_when_it_loads(tmp_path):
