@@ -3,9 +3,16 @@
 import os
 
 import pytest
-import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+
+from headcount.threads import passive_threads_by_default
+
+# Before torch loads, which reads it once: each worker's OpenMP threads sleep while they wait, unless the user chose a
+# policy or a thread count (headcount/threads.py); the commands the tests start inherit it.
+passive_threads_by_default()
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.pop("WANDB_API_KEY", None)

@@ -181,3 +181,79 @@ def test_no_code_compares_a_modes_or_metrics_name():
                 if strings & names:
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} compares {sorted(strings & names)}")
     assert found == []
+
+
+def test_the_index_is_the_registries():
+    """registry.py's component_index.json, which the commands check names against and list before torch loads, is
+    what the filled registries make."""
+    from headcount.components import index_of_registries
+    from headcount.registry import INDEX_PATH
+
+    assert INDEX_PATH.read_text() == index_of_registries(), "stale: `python -m headcount.components` rewrites it"
+
+
+@pytest.mark.parametrize("registry", registries(), ids=lambda r: r.kind)
+def test_an_indexed_name_is_checked_with_the_registrys_line(registry):
+    from headcount.registry import indexed_kinds
+
+    kind = indexed_kinds()[registry.kind]
+    for name in registry.names():
+        kind.check(name)  # every registered name passes
+    for wrong in (registry.names()[0] + "x", "nosuch"):
+        with pytest.raises(ConfigError) as indexed:
+            kind.check(wrong)
+        with pytest.raises(ConfigError) as live:
+            registry.get(wrong)
+        assert str(indexed.value) == str(live.value)
+
+
+def full_check_line(cfg, key: str) -> str:
+    """The line the checks after torch loads give for cfg's name under `key`."""
+    from headcount.ablation.checks import validate_settings
+    from headcount.ablation.session import typed_ablation
+    from headcount.config import typed
+    from headcount.config.task import TaskConfig
+    from headcount.findings import validate_finding
+    from headcount.tasks import SOURCES, validate_task_config
+
+    with pytest.raises(ConfigError) as error:
+        if key == "finding":
+            validate_finding(cfg.finding)
+        elif key == "task.source":
+            validate_task_config(typed(cfg.task, TaskConfig), list(SOURCES))
+        else:
+            validate_settings(typed_ablation(cfg.ablation), None)
+    return str(error.value)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "ablation.mode=zro",
+        "ablation.metric=logit_dif",
+        "ablation.scans.single_head.kind=single_heads",
+        "task=ioi task.source=ioj",
+        "finding=induction_head",
+    ],
+)
+def test_a_config_names_check_says_what_the_full_checks_say(compose_train, override):
+    """config/names.py, run by the commands before torch loads, refuses each misspelt name with the same line as
+    the checks that follow it (and passes the config as composed without the mistake)."""
+    from headcount.config.names import check_component_names
+
+    check_component_names(compose_train(["task=ioi"] if "task" in override else []))
+    cfg = compose_train(override.split())
+    with pytest.raises(ConfigError) as early:
+        check_component_names(cfg)
+    key = override.split()[-1].split("=")[0]
+    assert f"{key}=" in str(early.value)
+    assert str(early.value) == full_check_line(cfg, key)
+
+
+def test_a_config_names_check_passes_settings_for_a_scan_left_out(compose_train):
+    """An experiment's settings for a scan that `ablation=[...]` left out have no kind: not a name to check."""
+    from headcount.config.names import check_component_names
+
+    cfg = compose_train(["experiment=ioi_heads", "size=smoke", "ablation=[baseline]"])
+    assert any(scan.get("kind") is None for scan in cfg.ablation.scans.values())
+    check_component_names(cfg)

@@ -16,6 +16,7 @@ from test_report import make_run
 
 import headcount
 from headcount import run_lock
+from headcount.ablation import session
 from headcount.cli import ablate as ablating
 from headcount.cli.report import main as report_main
 from headcount.run_dir import RunPaths
@@ -100,7 +101,7 @@ def test_a_disk_full_during_a_scan_is_one_line_and_the_rerun_resumes(small_disk,
     disk = small_disk(4_000_000)
     run_dir = Path(shutil.copytree(finished_run, disk.path / "run"))
     summary = (run_dir / "ablation" / "summary.json").read_bytes()
-    run_ablations = ablating.run_ablations
+    run_ablations = session.run_ablations  # headcount-ablate imports it from there when its work starts
 
     def disk_fills_as_the_scans_start(*args, **kwargs):
         disk.fill()
@@ -108,7 +109,7 @@ def test_a_disk_full_during_a_scan_is_one_line_and_the_rerun_resumes(small_disk,
 
     args = [f"run_dir={run_dir}", "ablation=single_head", "ablation.progress=false"]
     with monkeypatch.context() as patched:
-        patched.setattr(ablating, "run_ablations", disk_fills_as_the_scans_start)
+        patched.setattr(session, "run_ablations", disk_fills_as_the_scans_start)
         assert ablate(monkeypatch, disk.path, args) == 1
     line = last_line(capsys.readouterr().err)
     assert line.startswith(f"error: could not write {run_dir / 'ablation'}/") and "(No space left on device)" in line

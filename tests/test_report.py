@@ -133,7 +133,7 @@ def test_bad_wandb_project_for_the_report(sweep, capsys):
 
 
 def test_ablate_logs_inside_a_run_are_not_runs(tmp_path):
-    from headcount.report.sweep_report import find_runs
+    from headcount.report.runs import find_runs
 
     for run in ("a=1", "a=2"):
         (tmp_path / run / ".hydra").mkdir(parents=True)

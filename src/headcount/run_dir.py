@@ -17,18 +17,19 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import Tensor
 
 from headcount.config.data import DataConfig
 from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_json, atomic_write_text
-from headcount.model.transformer import Transformer
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch and the model load where a run's weights are read: the commands check paths before that
+    import torch
     from datasets import Dataset
+    from torch import Tensor
+
+    from headcount.model.transformer import Transformer
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def read_pretrained(run_dir: str | Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def pretrained_model(run_dir: str | Path, record: dict) -> Transformer:
+def pretrained_model(run_dir: str | Path, record: dict) -> "Transformer":
     """The model of a run that uses its pretrained checkpoint as it is, refused if the source's files changed."""
     from headcount.pretrained.run_config import cached_pretrained
 
@@ -123,9 +124,11 @@ def model_config_from_dict(model: dict | DictConfig) -> ModelConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), model))
 
 
-def read_checkpoint(path: str | Path, remedy: str, map_location: str | torch.device = "cpu") -> dict:
+def read_checkpoint(path: str | Path, remedy: str, map_location: "str | torch.device" = "cpu") -> dict:
     """A checkpoint's contents, its tensors memory-mapped rather than read; a file that cannot be read (truncated,
     damaged, not a checkpoint) is a ConfigError naming it and what to do."""
+    import torch
+
     try:
         return torch.load(path, map_location=map_location, weights_only=False, mmap=True)
     except Exception as error:  # a damaged file fails in the zip reader (OSError at some lengths) or the unpickler
@@ -136,9 +139,11 @@ def read_checkpoint(path: str | Path, remedy: str, map_location: str | torch.dev
 DAMAGED_MODEL = "it holds the run's weights: restore it from a copy, or train the run again"
 
 
-def load_model(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> Transformer:
+def load_model(ckpt_path: str | Path, map_location: "str | torch.device" = "cpu") -> "Transformer":
     """The Transformer stored in a headcount checkpoint (a Lightning one or a structurally pruned export), in eval
     mode (dropout off), as load_run gives it; ConfigError for a file that cannot be read."""
+    from headcount.model.transformer import Transformer
+
     ckpt = read_checkpoint(ckpt_path, DAMAGED_MODEL, map_location)
     model = Transformer(model_config_from_dict(ckpt["hyper_parameters"]["model"]))
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
@@ -170,7 +175,7 @@ class FinishedRun:
 
     config: DictConfig  # the run's config (train config: model, data, seed, ablation)
     checkpoint: Path | None  # None: the model is its pretrained checkpoint as it is (pretrained.json)
-    model: Transformer  # on the CPU, in eval mode, in the checkpoint's dtype
+    model: "Transformer"  # on the CPU, in eval mode, in the checkpoint's dtype
 
     @cached_property
     def splits(self) -> dict[str, "Dataset"]:
@@ -182,14 +187,16 @@ class FinishedRun:
         data.setup()
         return data.splits
 
-    def examples(self, split: str, n: int | None, key: str) -> dict[str, Tensor]:
+    def examples(self, split: str, n: int | None, key: str) -> dict[str, "Tensor"]:
         """The first n examples of a split (all when n is None); ConfigError names `key` for a split it lacks."""
         from headcount.data.examples import split_examples
 
         return split_examples(self.splits, split, n, key)
 
-    def eval_batches(self, device: str | torch.device = "cpu") -> list[dict[str, Tensor]]:
+    def eval_batches(self, device: "str | torch.device" = "cpu") -> list[dict[str, "Tensor"]]:
         """The ablation split's examples in the ablation batches, as the scans saw them."""
+        import torch
+
         from headcount.data.examples import to_batches
 
         a = self.config.ablation

@@ -18,3 +18,8 @@ if verbosity() == 0 and not FLAGS.keys() & set(sys.argv[1:]):  # quiet, before t
     # an exception the command reports. Its ERROR lines are those lines, so only FATAL ones stay. -v or the user's
     # own TORCH_CPP_LOG_LEVEL keep them; the job's other processes inherit the setting.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+
+
+from headcount.threads import passive_threads_by_default  # noqa: E402
+
+passive_threads_by_default()  # before torch loads, which reads it once: OpenMP's threads sleep while they wait

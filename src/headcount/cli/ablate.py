@@ -25,7 +25,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from headcount import processes, run_lock
-from headcount.ablation.session import run_ablations
 from headcount.cli.ablate_checks import ablated_config, check_ablate_job, task_selected, typed_ablation_keys
 from headcount.cli.errors import (
     BAD_INPUT,
@@ -49,14 +48,19 @@ from headcount.errors import ConfigError
 from headcount.io import writable
 from headcount.run_dir import RunPaths, finished_checkpoint, load_run_config, read_pretrained
 from headcount.train import peers
-from headcount.train.launch import ddp_confined_to_this_job
 from headcount.train.quiet import take_verbosity_flags
+
+# Torch, Lightning and the stages load inside the functions that start work, not here: composing, checking (the
+# config's component names against registry.py's index: cli/sweep.py's NamesFirst) and --list answer at once
+# (docs/BENCHMARKS.md, tests/test_cli_imports.py).
 
 
 def ablate(cfg: DictConfig, typed_keys: Sequence[str] = (), task_given: bool = False) -> list[Path]:
     """Run the scans of a composed ablate config (run_dir, ablation, task) on its run; typed_keys are the dotted
     `ablation.*` keys to take from cfg over the run's own settings; task_given: the command line selected a task
     (else the run's own task section, if it has one, applies). Returns the files written."""
+    from headcount.ablation.session import run_ablations
+
     run_cfg = ablated_config(cfg, load_run_config(cfg.run_dir), typed_keys, task_given)
     return run_ablations(run_cfg, Path(cfg.run_dir))
 
@@ -133,10 +137,13 @@ def finished_run(run_dir: Path) -> Path:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="ablate")
 @exit_on_config_error
 def ablate_job(cfg: DictConfig) -> None:
+    from headcount.train.launch import ddp_confined_to_this_job  # torch: once the names are checked (NamesFirst)
+
     if processes.launched_as_secondary():  # one of a distributed scan's processes, but the first (main, SLURM's tasks)
         processes.set_first_process(False)
     run_dir = Path(cfg.run_dir)
     new_pretrained_run = cfg.model.pretrained is not None and not RunPaths(run_dir).config.exists()
+    peers.observe_children()
     try:
         with discarded_if_rejected(Path(HydraConfig.get().runtime.output_dir), run_dir), ddp_confined_to_this_job():
             check_bool_overrides(cfg, HydraConfig.get().overrides.task)

@@ -12,7 +12,6 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
 from headcount import run_lock
@@ -31,16 +30,24 @@ def acquire_or_exit(run_dir: Path, key: str) -> None:
         raise SystemExit(2) from error
 
 
+def rank() -> int:
+    """Lightning's rank of this process. Imported when asked: the callbacks before this one (ValidateJobsFirst) check
+    the config before Lightning loads."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    return rank_zero_only.rank
+
+
 class OneWriterPerRun(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if rank_zero_only.rank == 0:
+        if rank() == 0:
             acquire_or_exit(Path(config.hydra.run.dir), "hydra.run.dir")
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         run_lock.release(Path(config.hydra.run.dir))
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.hydra.mode == RunMode.MULTIRUN and rank_zero_only.rank == 0:
+        if config.hydra.mode == RunMode.MULTIRUN and rank() == 0:
             acquire_or_exit(Path(config.hydra.runtime.output_dir), "hydra.sweep.dir")
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:

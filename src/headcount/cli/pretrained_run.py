@@ -21,7 +21,6 @@ from headcount.config.data import DataConfig
 from headcount.config.task import TaskConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text
-from headcount.pretrained.run_config import cached_pretrained, resolve_pretrained, text_tokenizer
 from headcount.processes import console, first_process
 from headcount.run_dir import RunPaths, read_pretrained, record_data_fingerprint, record_pretrained
 
@@ -65,6 +64,9 @@ def prepare_pretrained_run(cfg: DictConfig, run_dir: Path, check: Callable[[], N
     """Take run_dir's lock, check the config (and call `check`: the scans' checks), and write (or find, up to date)
     the run of model.pretrained on the data. ConfigError, before anything is written or converted, for bad input or a
     folder that holds another run."""
+    # transformers and torch load here, not when the command starts: a config is checked before they do
+    from headcount.pretrained.run_config import cached_pretrained, text_tokenizer
+
     if first_process():  # a distributed scan's other processes find the run their first one prepared, and its lock
         run_lock.acquire_if_writable(run_dir, "headcount-ablate", "run_dir")  # read-only storage: reading a run
     check()
@@ -95,6 +97,8 @@ def prepare_pretrained_run(cfg: DictConfig, run_dir: Path, check: Callable[[], N
 def resolved_pretrained_run(cfg: DictConfig) -> DictConfig:
     """A train config of cfg's model (the one model.pretrained implies: its config is read, not its weights), data and
     seed, checked; ConfigError for bad input."""
+    from headcount.pretrained.run_config import resolve_pretrained  # transformers loads here, after the name checks
+
     train_like = OmegaConf.merge(
         OmegaConf.structured(TrainConfig), {"model": cfg.model, "data": cfg.data, "seed": cfg.seed}
     )

@@ -8,7 +8,7 @@ from headcount.cli.errors import fault_line, print_error
 from headcount.config.logger import validate_wandb_project
 from headcount.errors import ConfigError
 from headcount.io import write_fault
-from headcount.report.sweep_report import print_summary, push_to_wandb, wandb_project_of, write_report
+from headcount.report.runs import sweep_runs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
+        sweep_runs(args.sweep_dir)  # a folder without runs answers before pandas, torch and the readers load
+        from headcount.report.sweep_report import print_summary, push_to_wandb, wandb_project_of, write_report
+
         out, runs, figures = write_report(args.sweep_dir, args.out)
         print_summary(out, runs)
         if args.wandb:

@@ -11,6 +11,8 @@ at job 17, run folders named by the swept keys, and the resolvers behind conf/tr
   every job shares join Hydra's `override_dirname.exclude_keys`, so each job's folder (and its W&B run name) shows
   only what sets it apart, and refuses a folder that already holds a run made with other settings, or that another
   process is using.
+- `NamesFirst` (headcount-ablate's callback, conf/ablate.yaml): the component names a run's config uses, checked
+  against registry.py's index before Hydra writes a folder and before torch loads.
 - `ReportAndCheckFinding`: the sweep's last word: the report and the finding of an experiment, and the
   `headcount-report` command.
 - `sweep_folder_name`, `job_folder`: behind `hydra.sweep.dir` and `hydra.sweep.subdir`, so the same command finds
@@ -38,11 +40,10 @@ from headcount.cli.errors import BAD_INPUT, describe, print_error
 from headcount.cli.reruns import check_rerun
 from headcount.config import CONF_DIR
 from headcount.config.ablation import unselected_scans_dropped
+from headcount.config.names import check_component_names
 from headcount.config.schema import check_bool_overrides
 from headcount.errors import ConfigError
-from headcount.findings import check_finding, missing_scans, reads_sweep
 from headcount.report.names import folder_name, override_values
-from headcount.report.sweep_report import print_summary, write_report
 
 # Launcher plugin configs (as Hydra registers them, by name prefix) -> (module, pip package).
 LAUNCHER_PLUGINS = {
@@ -197,6 +198,7 @@ class ValidateJobsFirst(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
+            check_component_names(config)  # before torch loads: a misspelt name answers at once
             check_bool_overrides(without_hydra(config), config.hydra.overrides.task)
             get_method(self.validate)(without_hydra(config))
             check_rerun(config)
@@ -207,6 +209,7 @@ class ValidateJobsFirst(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not config.hydra.sweeper._target_.endswith(".BasicSweeper"):
             return  # other sweepers choose their jobs as they go
+        check_every_job(config, lambda job, overrides: check_component_names(job))  # every job's names, before torch
         validate = get_method(self.validate)
         jobs = check_every_job(config, lambda job, overrides: validate(job))
         exclude = swept_exclude_keys(jobs, list(config.hydra.job.config.override_dirname.exclude_keys))
@@ -218,8 +221,22 @@ class ValidateJobsFirst(Callback):
         name_folders_by(config, exclude)
 
 
+class NamesFirst(Callback):
+    """headcount-ablate's: the component names a run's config uses (config/names.py), checked before Hydra writes a
+    folder and before torch loads; the full checks follow in the job (headcount-train's ValidateJobsFirst does both)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_component_names(config)
+        except BAD_INPUT as e:
+            print_error(describe(e))
+            sys.exit(2)
+
+
 def skipped_finding(finding: str, scans: list[str]) -> bool:
     """Says so in one line when the finding cannot be checked because the scans it reads were not run."""
+    from headcount.findings import missing_scans  # the findings' modules import torch: only once a job has run
+
     missing = missing_scans(finding, scans)
     if missing:
         Console(stderr=True).print(
@@ -236,6 +253,9 @@ class ReportAndCheckFinding(Callback):
     single runs is checked inside each job instead); for every sweep, the command that compares its runs."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from headcount.findings import check_finding, reads_sweep  # torch and pandas: once the jobs have run
+        from headcount.report.sweep_report import print_summary, write_report
+
         sweep_dir = Path(config.hydra.sweep.dir)
         finding = config.get("finding")
         console = Console(stderr=True)

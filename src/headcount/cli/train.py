@@ -2,44 +2,51 @@
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
 from headcount import run_lock
-from headcount.ablation import run_ablations
-from headcount.ablation.engine.metrics import metric_named
-from headcount.ablation.records.address import ResultAddress, run_address
-from headcount.ablation.records.summary import SHARED, mode_summary, read_summary
 from headcount.cli.errors import discarded_if_rejected, exit_on_config_error, print_error, run_hydra_command
-from headcount.cli.preflight import validate_job
 from headcount.cli.sweep import check_launcher_installed, register_resolvers, skipped_finding
 from headcount.components import take_list_flag
 from headcount.config import CONF_DIR, register_configs, typed
 from headcount.config.ablation import unselected_scans_dropped
 from headcount.config.train import TrainerConfig, check_devices_here
-from headcount.findings import check_finding, reads_sweep
-from headcount.pretrained.run_config import resolve_pretrained
-from headcount.report.tracking import log_run_results
 from headcount.run_dir import is_done, mark_done
 from headcount.train import peers
-from headcount.train.job import train
-from headcount.train.launch import ddp_confined_to_this_job, own_gpu_in_a_sweep
-from headcount.train.loggers import closing_wandb_run
 from headcount.train.quiet import take_verbosity_flags
+
+if TYPE_CHECKING:
+    from headcount.ablation.records.address import ResultAddress
+
+# Torch, Lightning and the stages load inside the functions that start work, not here: composing, checking (the
+# config's component names against registry.py's index: cli/sweep.py) and --list answer at once (docs/BENCHMARKS.md,
+# tests/test_cli_imports.py).
 
 
 def run(cfg: DictConfig, run_dir: Path) -> None:
     """The whole job for one run directory: validate, train, ablate, mark DONE. Skips a run that is already DONE."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from headcount.ablation import run_ablations
+    from headcount.cli.preflight import validate_job
+    from headcount.pretrained.run_config import resolve_pretrained
+    from headcount.report.tracking import log_run_results
+    from headcount.train.job import train
+    from headcount.train.launch import ddp_confined_to_this_job, own_gpu_in_a_sweep
+    from headcount.train.loggers import closing_wandb_run
+
     console = Console(stderr=True)
     if is_done(run_dir):
         console.print(f"[green]already finished:[/green] {escape(str(run_dir))} (delete DONE to rerun)", soft_wrap=True)
         return
     check_devices_here(typed(cfg.trainer, TrainerConfig))  # what this machine has: not a check of the config alone
+    peers.observe_children()
     validate_job(cfg)
     cfg = resolve_pretrained(cfg)  # the model the checkpoint implies (read once per process)
     with closing_wandb_run(), own_gpu_in_a_sweep(cfg), ddp_confined_to_this_job():
@@ -57,6 +64,9 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
 def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
     """The end of a run: what was trained and measured, the headline numbers of the run's ablation mode and metric
     (on its task, if it names one), and the files written."""
+    from headcount.ablation.records.address import run_address
+    from headcount.ablation.records.summary import read_summary
+
     resumed = " (resumed)" if metrics.get("resumed_from_step") is not None else ""
     # trainer.max_steps=0 (a pretrained model evaluated as it is) trains nothing
     trained = f"trained {metrics['steps']:,} steps in {metrics['train_seconds']:.0f} s{resumed}"
@@ -79,9 +89,12 @@ def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
             console.print(f"  {path}")
 
 
-def ablation_headline(summary: dict, address: ResultAddress) -> str | None:
+def ablation_headline(summary: dict, address: "ResultAddress") -> str | None:
     """The scans of the run's section (at the address its config asks for) and their headline numbers, in one line;
     None when no scan ran."""
+    from headcount.ablation.engine.metrics import metric_named
+    from headcount.ablation.records.summary import SHARED, mode_summary
+
     section = mode_summary(summary, address.section)
     scans = [*section.get("scans", {}), *summary.get(SHARED, {}).get("scans", {})]
     if not scans:
@@ -117,6 +130,10 @@ register_resolvers()
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 @exit_on_config_error
 def train_job(cfg: DictConfig) -> None:
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from headcount.findings import check_finding, reads_sweep
+
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     unselected_scans_dropped(cfg)
     try:

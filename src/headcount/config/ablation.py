@@ -3,13 +3,15 @@ input fails before any work starts."""
 
 import re
 from dataclasses import dataclass, field, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from omegaconf import DictConfig, open_dict
 
 from headcount.config.choice import Choice, check_bools, check_choice
 from headcount.errors import ConfigError, check_positive, check_seed, finite
+
+if TYPE_CHECKING:
+    import torch
 
 # Where an l0_gates scan nests L0GatesConfig (ablation/scans/l0_gates.py), for error messages.
 KEY = "ablation.scans.l0_gates.l0"
@@ -41,7 +43,9 @@ class ScanDtype(Choice):
     float16 = "float16"
 
     @property
-    def torch(self) -> torch.dtype:
+    def torch(self) -> "torch.dtype":
+        import torch  # the commands check a config before torch loads (cli/): only a scan asks for the dtype
+
         return getattr(torch, self.value)
 
 
@@ -217,8 +221,14 @@ def validate_ablation_config(cfg: AblationConfig) -> None:
 def validate_device(device: str) -> None:
     if not DEVICE.match(device):
         raise ConfigError("ablation.device", device, "allowed: auto, cpu, cuda, cuda:<index>")
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if device.startswith("cuda") and not cuda_available():
         raise ConfigError("ablation.device", device, "CUDA is not available on this machine; use auto or cpu")
+
+
+def cuda_available() -> bool:
+    import torch  # only for a config that asks for CUDA: the others are checked before torch loads (cli/)
+
+    return torch.cuda.is_available()
 
 
 def validate_prune_export(cfg: AblationConfig) -> None:

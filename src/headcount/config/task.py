@@ -10,8 +10,8 @@ a JSONL, JSON, CSV or Parquet file, or a Hugging Face dataset (`hub_name`), read
 from dataclasses import dataclass
 
 from headcount.config.choice import Choice, check_choice
+from headcount.config.names import check_task_source
 from headcount.errors import ConfigError
-from headcount.registry import allowed
 
 
 class AnswerTokens(Choice):
@@ -61,8 +61,7 @@ def validate_task_config(cfg: TaskConfig, sources: list[str]) -> None:
     """What a task section can get wrong without reading data; `sources`: the registered task sources."""
     if cfg.source is None:
         return
-    if cfg.source not in sources:
-        raise ConfigError("task.source", cfg.source, f"{allowed(sorted(sources), cfg.source)} (or ~task: none)")
+    check_task_source(cfg.source, sources)
     check_choice("task.answer_tokens", cfg.answer_tokens, AnswerTokens)
     check_choice("task.align", cfg.align, Align)
     if cfg.n_prompts is not None and cfg.n_prompts < 1:

@@ -11,7 +11,7 @@ import pkgutil
 from importlib import import_module
 from pathlib import Path
 
-from headcount.errors import ConfigError
+from headcount.config.names import check_finding_name
 from headcount.findings.claims import FINDINGS, write_finding
 
 for _module in pkgutil.iter_modules(__path__):  # each checker module registers its finding
@@ -19,8 +19,7 @@ for _module in pkgutil.iter_modules(__path__):  # each checker module registers 
 
 
 def validate_finding(name: str | None) -> None:
-    if name is not None and name not in FINDINGS:
-        raise ConfigError("finding", name, f"{FINDINGS.allowed(name)} (or null)")
+    check_finding_name(name, FINDINGS.names())
 
 
 def missing_scans(name: str, scans: list[str]) -> list[str]:

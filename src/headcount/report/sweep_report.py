@@ -20,6 +20,7 @@ from headcount.errors import ConfigError
 from headcount.io import atomic_write_text, writable
 from headcount.report import figures as report_figures
 from headcount.report.names import short_labels
+from headcount.report.runs import sweep_runs
 from headcount.report.tracking import run_headline
 from headcount.run_dir import RunPaths, is_done
 from headcount.train.loggers import closing_wandb_run, wandb_mode
@@ -30,13 +31,6 @@ ARBITRARY_NOTE = (
     "prunable_fraction_arbitrary/<order>: in these runs every head scored the same in that order, so it removed heads "
     "in index order; its prunable fraction is not a finding and is left out of the means and figures."
 )
-
-
-def find_runs(sweep_dir: Path) -> list[Path]:
-    """Every run directory below sweep_dir: the folders Hydra saved a job's overrides in, less those inside another
-    run (the logs of `headcount-ablate` on that run, under its ablation/ folder)."""
-    found = sorted(p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml"))
-    return [run for run in found if not any(other in run.parents for other in found)]
 
 
 def read_json(path: Path) -> dict:
@@ -66,9 +60,7 @@ def run_row(run_dir: Path, sweep_dir: Path, overrides: dict) -> dict:
 
 def collect_runs(sweep_dir: Path) -> tuple[pd.DataFrame, list[str]]:
     """The runs table and the keys swept in it (override keys whose value differs between runs)."""
-    run_dirs = find_runs(sweep_dir)
-    if not run_dirs:
-        raise ConfigError("sweep_dir", str(sweep_dir), "holds no headcount runs (no */.hydra/overrides.yaml below it)")
+    run_dirs = sweep_runs(sweep_dir)
     overrides = [run_overrides(run_dir) for run_dir in run_dirs]
     runs = pd.DataFrame([run_row(run_dir, sweep_dir, o) for run_dir, o in zip(run_dirs, overrides)])
     override_keys = {key for o in overrides for key in o}

@@ -3,7 +3,8 @@
 With trainer.devices=N on one machine, Lightning's DDP launcher starts the job's extra processes as children of the
 first. Left to Lightning, a child that dies makes its observer kill every process, its own too, with SIGKILL: exit code
 137, nothing said, the run's lock file left behind; and when the first process dies, the others go on, orphaned, until
-a collective fails (a traceback) or, outside one, for as long as they work. Here (`watch`, called by the commands):
+a collective fails (a traceback) or, outside one, for as long as they work. Here (`watch`, called by the commands,
+and `observe_children`, called where their work starts):
 
 - the first process watches its children in place of Lightning's observer. A child killed by a signal is said in one
   line, the others are killed, the run's lock released, and the command exits 1. A child that exited with an error has
@@ -56,10 +57,6 @@ def launcher_child() -> bool:
 def watch(say: Callable[[str], None], before_exit: Callable[[], None]) -> None:
     """Before any work: `say` prints a line of why the job ended, `before_exit` releases what must not outlive it."""
     _peers.say, _peers.before_exit = say, before_exit
-    from lightning.pytorch.strategies.launchers import subprocess_script
-
-    # Lightning's launcher starts its observer through this module-level name: ours takes its place
-    subprocess_script._launch_process_observer = watch_children
     if launcher_child():
         # as the launcher set them: Lightning removes WORLD_SIZE when a process tears down
         _peers.rank, _peers.size = os.environ["LOCAL_RANK"], os.environ.get("WORLD_SIZE", "?")
@@ -67,6 +64,15 @@ def watch(say: Callable[[str], None], before_exit: Callable[[], None]) -> None:
         threading.Thread(target=watch_parent, args=(_peers.parent,), daemon=True, name="headcount-parent").start()
     else:
         os.environ[FIRST_PID] = str(os.getpid())
+
+
+def observe_children() -> None:
+    """Where work starts, before Lightning's launcher can start a child (the commands call it then, not in `watch`:
+    Lightning takes seconds to import, and a config is checked before it loads)."""
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    # Lightning's launcher starts its observer through this module-level name: ours takes its place
+    subprocess_script._launch_process_observer = watch_children
 
 
 def watch_children(children: list[subprocess.Popen]) -> None:
