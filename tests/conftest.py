@@ -23,7 +23,6 @@ os.environ.setdefault("WANDB_SILENT", "true")
 from headcount.config import CONF_DIR, register_configs  # noqa: E402
 
 register_configs()
-import headcount.ablation.scans  # noqa: E402,F401  (registers each scan kind's settings schema for conf/ablation/)
 
 
 @pytest.fixture(autouse=True, scope="session")

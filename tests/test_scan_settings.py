@@ -1,7 +1,7 @@
-"""Scan kinds own their settings (issue 33 item 4): each kind's keys are a typed class beside it
-(ablation/scans/<kind>.py), a key the kind does not take is refused in one line naming the kind and what it takes (on
-the command line, in an experiment file or a run's config, and in the Python API), and a session checks its settings
-once."""
+"""Scan kinds own their settings (issue 33 item 4): each kind's keys are a typed class of its own (config/scans.py,
+composed before torch loads; the kind names it as its `Settings`), a key the kind does not take is refused in one line
+naming the kind and what it takes (on the command line, in an experiment file or a run's config, and in the Python
+API), and a session checks its settings once."""
 
 import glob
 import shutil
@@ -40,12 +40,17 @@ def files_of(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_every_kind_has_its_settings_class_beside_it():
-    """The shared bag is gone: each kind's Settings is a ScanSettings defined in the kind's own module."""
+def test_every_kind_has_its_settings_class():
+    """The shared bag is gone: each kind's Settings is its own ScanSettings class, the one Hydra composes the kind's
+    entries by (config/scans.py), and no two kinds share one."""
+    from headcount.config.scans import SETTINGS
+
     for kind in KINDS:
         scan = KINDS[kind]
         assert issubclass(scan.Settings, ScanSettings)
-        assert scan.Settings is ScanSettings or scan.Settings.__module__ == scan.__module__, kind
+        assert scan.Settings is SETTINGS.get(kind, ScanSettings), kind
+    assert set(SETTINGS) <= set(KINDS)
+    assert len(set(SETTINGS.values())) == len(SETTINGS)
     import headcount.config.ablation as config
 
     assert not hasattr(config, "ScanConfig")

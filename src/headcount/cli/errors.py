@@ -28,12 +28,12 @@ from rich.console import Console
 from rich.text import Text
 
 from headcount import processes, run_lock
-from headcount.ablation.scans import KINDS
-from headcount.ablation.scans.base import not_taken
 from headcount.config import CONF_DIR
+from headcount.config.scans import not_taken
 from headcount.config.schema import closest, unknown_key
 from headcount.errors import ConfigError
 from headcount.io import READ_ONLY_ERRNOS, write_fault
+from headcount.registry import indexed_kinds
 from headcount.train import peers
 
 BAD_INPUT = (ConfigError, HydraException, OmegaConfBaseException)
@@ -82,7 +82,11 @@ def unknown_override(error: HydraException, cause: ConfigKeyError | ConfigAttrib
         )
     parts = cause.full_key.split(".")
     kind = cause.parent_node.get("kind") if isinstance(cause.parent_node, DictConfig) else None
-    if cause.full_key.startswith("ablation.scans.") and len(parts) == 4 and kind in KINDS:
+    if (
+        cause.full_key.startswith("ablation.scans.")
+        and len(parts) == 4
+        and kind in indexed_kinds()["scan kind"].names()
+    ):
         return not_taken(parts[2], kind, parts[3], value)  # a setting the scan's kind does not take
     keys = list(cause.parent_node.keys()) if cause.parent_node is not None else []
     return unknown_key(cause.full_key, value, [key for key in keys if key != "hydra"])  # Hydra's node: not ours

@@ -19,6 +19,7 @@ from headcount.config.ablation import AblationConfig
 from headcount.config.data import DataConfig, data_vocab_size
 from headcount.config.logger import LoggerConfig, validate_logger_config
 from headcount.config.model import ModelConfig, validate_model_config
+from headcount.config.scans import register_scan_settings
 from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig, validate_trainer_config
 from headcount.errors import ConfigError, check_seed
@@ -71,6 +72,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="ablate_schema", node=AblateConfig)
+    register_scan_settings(cs)
     # (No schema in the ablation group: every option there is offered as a scan, and ablation.scans is typed by
     # AblationConfig already.)
 

@@ -11,7 +11,6 @@ the estimates with the exact changes and the recall of the exact top-k (by |chan
 top-2k.
 """
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,16 +19,12 @@ import pandas as pd
 from headcount.ablation.engine.masks import single_head_masks
 from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.methods.attribution import attribute
-from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.config.ablation import AblationConfig
+from headcount.config.scans import AttributionSettings
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
-
-
-@dataclass
-class AttributionSettings(ScanSettings):
-    verify_top_k: int = 10  # evaluate exactly the k heads (or head-positions) with the largest estimate
 
 
 @KINDS.register

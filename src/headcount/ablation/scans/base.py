@@ -29,7 +29,8 @@ from headcount.ablation.records.results import fingerprint, with_record, write_c
 from headcount.ablation.records.resumable import discard_partials
 from headcount.ablation.scans.context import ScanContext
 from headcount.config.ablation import AblationConfig
-from headcount.config.schema import closest, unknown_key
+from headcount.config.scans import ScanSettings, not_taken
+from headcount.config.schema import unknown_key
 from headcount.errors import ConfigError
 from headcount.processes import first_process
 from headcount.registry import Registry
@@ -37,15 +38,6 @@ from headcount.registry import Registry
 KINDS: Registry[type[Scan]] = Registry(
     "scan kind", "ablation.scans.<name>.kind", "what a scan switches off or reads", named_by="kind"
 )
-
-
-@dataclass
-class ScanSettings:
-    """A scan's settings: its kind (set by the option of the ablation list that selects it, conf/ablation/<kind>.yaml).
-    A kind that takes settings of its own subclasses this beside its Scan and names it as the Scan's `Settings`; a key
-    its class lacks is refused (typed_scan, below)."""
-
-    kind: str | None = None
 
 
 @dataclass
@@ -236,21 +228,6 @@ def configured_variant(config: DictConfig, name: str) -> tuple[str, ...]:
         return ()
     cfg = typed_scan(name, section)
     return KINDS[cfg.kind].variant_of(cfg)
-
-
-def takes(kind: str) -> str:
-    """What a kind's settings are, in words: `steps, verify_top_k, ...` or `none but its kind`."""
-    names = [f.name for f in fields(KINDS[kind].Settings) if f.name != "kind"]
-    return ", ".join(names) if names else "none but its kind"
-
-
-def not_taken(name: str, kind: str, key: str, value: Any) -> ConfigError:
-    """The one line for a setting scan `name`'s kind does not take: the kind, and what it takes."""
-    names = [f.name for f in fields(KINDS[kind].Settings) if f.name != "kind"]
-    allowed = f"not a setting of scan kind {kind}, which takes {takes(kind)}"
-    if (match := closest(key, names)) is not None:
-        allowed += f"; did you mean ablation.scans.{name}.{match}?"
-    return ConfigError(f"ablation.scans.{name}.{key}", value, allowed)
 
 
 def typed_scan(name: str, section: Any) -> ScanSettings:

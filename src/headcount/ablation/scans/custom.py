@@ -1,24 +1,19 @@
 """`custom`: masks from a YAML/JSON file (masks.py), read and checked against the model before any work; its figure
 is one bar per mask."""
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from headcount.ablation.engine.masks import HeadMask, load_custom_masks
-from headcount.ablation.scans.base import KINDS, ScanSettings
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.config.ablation import AblationConfig
+from headcount.config.scans import CustomSettings
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
-
-
-@dataclass
-class CustomSettings(ScanSettings):
-    masks_file: str | None = None  # a YAML/JSON list of masks
 
 
 @KINDS.register

@@ -13,7 +13,6 @@ session's mode; the self-repair record says "mean") and its `metric` the logit i
 "answer_logit" (the correct answer's direct logit, for a metric that reads no wrong answer: top1, answer_logprob...).
 A model whose direct effects would not be exact (post-attention norms, a final soft-cap) is refused by name."""
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -24,15 +23,11 @@ from headcount.ablation.engine.heads import all_heads, head_name, top_heads
 from headcount.ablation.engine.masks import HeadMask, masks_to_gates
 from headcount.ablation.engine.modes import Mean, Replacements, mean_z
 from headcount.ablation.methods.direct_effect import direct_effects, refusal
-from headcount.ablation.scans.base import KINDS, Scan, ScanResult, ScanSettings
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult
 from headcount.config.ablation import AblationConfig
+from headcount.config.scans import DirectEffectSettings
 from headcount.errors import ConfigError
 from headcount.plotting import head_heatmap
-
-
-@dataclass
-class DirectEffectSettings(ScanSettings):
-    backup_top_k: int = 0  # mean-ablate the k heads of largest direct effect, then measure again
 
 
 @KINDS.register

@@ -18,14 +18,13 @@ so that a pass fits, the sums exact whatever the split. No partial file: a kille
 backward for EAP and for EAP-IG, one edge-patched forward row per exact edge).
 """
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from headcount.ablation.engine.metrics import require_differentiable
-from headcount.ablation.scans.base import KINDS, Scan, ScanResult, ScanSettings
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult
 from headcount.ablation.scans.circuit_inputs import check_circuit_scan, circuit_inputs, resolve_receivers
 from headcount.circuits import (
     Graph,
@@ -39,6 +38,7 @@ from headcount.circuits import (
     top_edges,
 )
 from headcount.config.ablation import AblationConfig
+from headcount.config.scans import EdgeAttributionSettings
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
@@ -46,17 +46,6 @@ from headcount.plotting import new_figure, set_title
 FAITHFULNESS = "_faithfulness"  # the detail in the name of the result's second table, <name>_faithfulness.csv
 CIRCUIT_RULE = "circuit_by: exact where every edge has an exact score, else eap_ig"
 METHOD_COLOURS = {"eap": "tab:blue", "eap_ig": "tab:orange", "exact": "black", "random": "tab:gray"}
-
-
-@dataclass
-class EdgeAttributionSettings(ScanSettings):
-    steps: int = 5  # EAP-IG's interpolation steps
-    verify_top_k: int = 10  # the k largest EAP estimates scored exactly
-    exact_all: bool = False  # every edge's exact score, not only the verify_top_k largest EAP's
-    circuit_size: int = 20  # the edges of the circuit drawn and scored
-    circuit_sizes: list[int] | None = None  # the faithfulness curve's sizes (None: 1, 2, 4, ...)
-    random_sets: int = 5  # random edge sets of each size beside the curve
-    receivers: list[str] = field(default_factory=list)  # only the edges into these receiver inputs (none: all)
 
 
 @KINDS.register

@@ -12,7 +12,6 @@ plus `faithfulness` and `kept` (the heads kept); summary.json's `head_circuit` e
 beside the random circuits'.
 """
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -20,21 +19,16 @@ import torch
 
 from headcount.ablation.engine.heads import all_heads, head_name
 from headcount.ablation.engine.masks import HeadMask, joined_name
-from headcount.ablation.scans.base import KINDS, ScanSettings
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.circuit_inputs import check_top_names, named_heads
 from headcount.ablation.scans.custom import CustomScan
 from headcount.ablation.scans.mask_scan import MaskScan
 from headcount.circuits import Graph
 from headcount.config.ablation import AblationConfig
+from headcount.config.scans import HeadCircuitSettings
 from headcount.errors import ConfigError
 
 CIRCUIT, NONE_KEPT = "circuit", "no head kept"
-
-
-@dataclass
-class HeadCircuitSettings(ScanSettings):
-    heads: list[str] = field(default_factory=list)  # the circuit's heads (names, layers, top-k)
-    random_sets: int = 5  # random circuits of as many heads beside it
 
 
 @KINDS.register

@@ -2,7 +2,7 @@
 their binary masks evaluated exactly on the eval split like every other mask. Its figure: the share of runs that keep
 each head. The structural export with order=l0_gates removes the heads a run's mask closes."""
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -11,15 +11,11 @@ from torch import Tensor
 from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.engine.modes import resample_sources
 from headcount.ablation.methods.l0_gates import l0_gates_table, train_l0_gates
-from headcount.ablation.scans.base import KINDS, Scan, ScanResult, ScanSettings
-from headcount.config.ablation import AblationConfig, L0GatesConfig, l0_targets, validate_l0_config
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult
+from headcount.config.ablation import AblationConfig, l0_targets, validate_l0_config
+from headcount.config.scans import L0GatesSettings
 from headcount.data.examples import to_batches
 from headcount.plotting import head_heatmap
-
-
-@dataclass
-class L0GatesSettings(ScanSettings):
-    l0: L0GatesConfig = field(default_factory=L0GatesConfig)  # the hard-concrete gate training
 
 
 @KINDS.register

@@ -1,7 +1,6 @@
 """`pairs`: two heads off together: every pair, or with top_k=k the pairs among the k heads whose single-head
 ablation raised the loss most (the single_head scan runs first if it has not). Its figure is a heads x heads grid."""
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -9,18 +8,14 @@ import pandas as pd
 
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.masks import HeadMask, most_important_heads, pair_masks
-from headcount.ablation.scans.base import KINDS, ScanSettings
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig
+from headcount.config.scans import PairsSettings
 from headcount.errors import ConfigError
 from headcount.labels import head_label, heads_in
 from headcount.plotting import heatmap
-
-
-@dataclass
-class PairsSettings(ScanSettings):
-    top_k: int | None = None  # only pairs among the k most important heads (None: all pairs)
 
 
 @KINDS.register

@@ -15,14 +15,13 @@ of them reads has no row: senders [heads] into receivers another scan finds, in 
 circuit scan ranks this one's sender heads by name (`top3:<this scan's name>`): by their rows' damage added up.
 """
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
+from headcount.ablation.scans.base import KINDS, Scan
 from headcount.ablation.scans.circuit_inputs import (
     TOP,
     check_circuit_scan,
@@ -36,23 +35,11 @@ from headcount.ablation.scans.circuit_inputs import (
 )
 from headcount.circuits import Graph, draw_circuit, path_patch
 from headcount.config.ablation import AblationConfig
+from headcount.config.scans import PathPatchingSettings
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.labels import join_names, parse_head, split_names
 from headcount.plotting import new_figure, set_title
-
-
-@dataclass
-class PathPatchingSettings(ScanSettings):
-    # the senders (node names: emb, L0H1, L0.mlp; L2 for every head of layer 2; top3:direct_effect for another scan
-    # kind's 3 highest-ranked heads) and the receiver inputs (L1H0.k, L1.mlp, logits; L1.q for the queries of every
-    # head of layer 1; top3:direct_effect.q)
-    senders: list[str] = field(default_factory=list)
-    receivers: list[str] = field(default_factory=list)
-    receivers_together: bool = True  # one path per sender into the whole receiver set, or each receiver alone
-    # leave out each sender's receivers that do not read it (its own layer or earlier) rather than refuse them, and
-    # a sender none of them reads (senders [heads] into heads found by another scan)
-    skip_unreached: bool = False
 
 
 @KINDS.register

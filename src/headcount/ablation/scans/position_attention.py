@@ -7,7 +7,6 @@ With `from_position` (a named position, S2) the attention is read from that posi
 named position: induction heads attend from S2 to S1+1, duplicate-token heads to S1; a position after the query reads
 0 (causal attention)."""
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -15,14 +14,10 @@ import torch
 
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import Targets
-from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
+from headcount.ablation.scans.base import KINDS, Scan
+from headcount.config.scans import PositionAttentionSettings
 from headcount.errors import ConfigError
 from headcount.plotting import head_heatmap
-
-
-@dataclass
-class PositionAttentionSettings(ScanSettings):
-    from_position: str | None = None  # attend from this named position (S2), not the scored one
 
 
 @KINDS.register

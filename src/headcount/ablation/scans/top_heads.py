@@ -4,7 +4,6 @@ importance) switched off together, beside `random_sets` sets of as many heads dr
 ablation.seed). One row per set, with the metric, its delta and, on a task with corrupted prompts, gap_fraction: in
 patch mode, the share of the clean-to-corrupted gap the set removes."""
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -12,18 +11,12 @@ import torch
 
 from headcount.ablation.engine.heads import all_heads, top_heads
 from headcount.ablation.engine.masks import HeadMask, joined_name
-from headcount.ablation.scans.base import KINDS, ScanSettings
+from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.custom import CustomScan
 from headcount.ablation.scans.mask_scan import MaskScan
 from headcount.config.ablation import AblationConfig
+from headcount.config.scans import TopHeadsSettings
 from headcount.errors import ConfigError
-
-
-@dataclass
-class TopHeadsSettings(ScanSettings):
-    top_fraction: float = 0.05  # this share of all heads, the highest ranked, off together...
-    rank_by: str = "single_head"  # ...ranked by this scan kind's per-head result (single_head, direct_effect, ...)
-    random_sets: int = 5  # ...beside this many random sets of as many heads
 
 
 @KINDS.register
