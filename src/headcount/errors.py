@@ -1,6 +1,8 @@
 """One exception type for bad input, so entry points can print it as one line and exit non-zero."""
 
+import difflib
 import math
+from collections.abc import Iterable
 from enum import Enum
 from typing import Any
 
@@ -39,3 +41,9 @@ def check_non_negative(key: str, value: object, allowed: str = "must be a finite
     """ConfigError unless value is a finite number of 0 or more."""
     if not (finite(value) and value >= 0):
         raise ConfigError(key, value, allowed)
+
+
+def closest(word: str, options: Iterable[str]) -> str | None:
+    """The option most like word (a misspelling's intended value), if any is close."""
+    matches = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return matches[0] if matches else None

@@ -11,7 +11,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from headcount.config.ablation import L0GatesConfig
-from headcount.errors import ConfigError
+from headcount.errors import ConfigError, closest
 from headcount.registry import indexed_kinds
 
 SETTINGS_GROUP = "scan_settings"  # the ConfigStore group of the kinds' settings schemas
@@ -121,8 +121,6 @@ def takes(kind: str) -> str:
 
 def not_taken(name: str, kind: str, key: str, value: Any) -> ConfigError:
     """The one line for a setting scan `name`'s kind does not take: the kind, and what it takes."""
-    from headcount.config.schema import closest  # schema.py registers these settings: imported when it is whole
-
     names = [f.name for f in fields(SETTINGS.get(kind, ScanSettings)) if f.name != "kind"]
     allowed = f"not a setting of scan kind {kind}, which takes {takes(kind)}"
     if (match := closest(key, names)) is not None:

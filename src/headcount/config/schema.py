@@ -5,7 +5,6 @@ conf/train.yaml and conf/ablate.yaml name these schemas first in their defaults 
 onto a typed node. A section's defaults are the values a run uses when no preset says otherwise.
 """
 
-import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from headcount.config.model import ModelConfig, validate_model_config
 from headcount.config.scans import register_scan_settings
 from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig, validate_trainer_config
-from headcount.errors import ConfigError, check_seed
+from headcount.errors import ConfigError, check_seed, closest
 
 CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
 
@@ -87,12 +86,6 @@ def plain(section) -> dict:
     """A dataclass or config section as plain dicts, lists and strings (choices as their values): what checkpoints and
     loggers store."""
     return OmegaConf.to_container(OmegaConf.structured(section), resolve=True, enum_to_str=True)
-
-
-def closest(word: str, options: Iterable[str]) -> str | None:
-    """The option most like word (a misspelling's intended value), if any is close."""
-    matches = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return matches[0] if matches else None
 
 
 def unknown_key(full_key: str, value: Any, keys: Iterable[str]) -> ConfigError:
