@@ -103,8 +103,11 @@ def test_replace_and_add_change_what_follows_and_the_z_site_sees_gates():
         final = Intervention([("blocks.1.resid_post", replace(stream.cache["blocks.1.resid_post"]))])
         torch.testing.assert_close(model(ids(), intervention=final), model(ids()), rtol=0, atol=1e-12)
         v = torch.randn(32, dtype=torch.float64)
-        shifted = model(ids(), intervention=Intervention([("blocks.1.resid_post", add(v))]))
+        shifted_stream = Intervention([("blocks.1.resid_post", add(v))], cache=["blocks.1.resid_post"])
+        shifted = model(ids(), intervention=shifted_stream)
         torch.testing.assert_close(shifted, model.unembed(stream.cache["blocks.1.resid_post"] + v), rtol=0, atol=1e-12)
+        # a cached value is what flows on: after the site's hooks
+        assert torch.equal(shifted_stream.cache["blocks.1.resid_post"], stream.cache["blocks.1.resid_post"] + v)
 
 
 def test_gradients_flow_through_an_added_vector():
