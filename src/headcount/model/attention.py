@@ -119,14 +119,13 @@ class MultiHeadAttention(nn.Module):
         gate: Tensor | None = None,
         replacement: Tensor | None = None,
         cache: dict | None = None,
-        need_pattern: bool = False,
     ) -> Tensor:
         """The layer's output (B, T, C): heads, gated, combined. Arguments as in `heads` and `gate_z`."""
-        return self.combine_heads(self.gate_z(self.heads(x_BTC, cache, need_pattern), gate, replacement))
+        return self.combine_heads(self.gate_z(self.heads(x_BTC, cache), gate, replacement))
 
-    def heads(self, x_BTC: Tensor, cache: dict | None = None, need_pattern: bool = False) -> Tensor:
-        """z (B, T, H, D). cache: if given, receives "z" and, with need_pattern, "pattern" (B, H, T, T)."""
-        return self.attend(*self.project(x_BTC), cache, need_pattern)
+    def heads(self, x_BTC: Tensor, cache: dict | None = None) -> Tensor:
+        """z (B, T, H, D). cache: if given, receives "z"."""
+        return self.attend(*self.project(x_BTC), cache)
 
     def attend(
         self,
@@ -134,17 +133,14 @@ class MultiHeadAttention(nn.Module):
         k_BGTD: Tensor,
         v_BGTD: Tensor,
         cache: dict | None = None,
-        need_pattern: bool = False,
         pattern_hook: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
-        """z (B, T, H, D) from q (B, H, T, D) and k, v per key/value head (B, G, T, D), cache and need_pattern as in
-        `heads`; pattern_hook: applied to the attention pattern (B, H, T, T) before it weighs the values (the explicit
-        path)."""
+        """z (B, T, H, D) from q (B, H, T, D) and k, v per key/value head (B, G, T, D), cache as in `heads`;
+        pattern_hook: applied to the attention pattern (B, H, T, T) before it weighs the values (the explicit path;
+        an intervention's read or edit of the pattern, Transformer.forward's need_patterns included)."""
         k_BHTD, v_BHTD = self.per_query_head(k_BGTD), self.per_query_head(v_BGTD)
-        if need_pattern or pattern_hook is not None or (self.features.softcap is not None and self.n_heads > 0):
-            z_BHTD, pattern_BHTT = self.reference_attention(q_BHTD, k_BHTD, v_BHTD, pattern_hook)
-            if need_pattern:
-                cache["pattern"] = pattern_BHTT
+        if pattern_hook is not None or (self.features.softcap is not None and self.n_heads > 0):
+            z_BHTD, _ = self.reference_attention(q_BHTD, k_BHTD, v_BHTD, pattern_hook)
         elif self.n_heads == 0:  # pruned to no heads: z is empty, and SDPA's fused kernels refuse zero-size inputs
             z_BHTD = q_BHTD
         else:

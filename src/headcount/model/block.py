@@ -96,11 +96,10 @@ class Block(nn.Module):
         gate: Tensor | None = None,
         replacement: Tensor | None = None,
         cache: dict | None = None,
-        need_pattern: bool = False,
         gate_where: Tensor | None = None,
     ) -> Tensor:
-        """gate, replacement, cache, need_pattern and gate_where (gate_z's where) as in MultiHeadAttention."""
-        z_BTHD = self.attn.heads(self.ln_attn(x_BTC), cache, need_pattern)
+        """gate, replacement, cache and gate_where (gate_z's where) as in MultiHeadAttention."""
+        z_BTHD = self.attn.heads(self.ln_attn(x_BTC), cache)
         gated_BTHD = self.attn.gate_z(z_BTHD, gate, replacement, gate_where)
         if cache is not None and gate is not None:
             cache["z_gated"] = gated_BTHD  # what the heads pass on: gradients at the gates read it (attribution.py)
@@ -114,7 +113,6 @@ class Block(nn.Module):
         gate: Tensor | None = None,
         replacement: Tensor | None = None,
         cache: dict | None = None,
-        need_pattern: bool = False,
         gate_where: Tensor | None = None,
     ) -> Tensor:
         """`forward` with the intervention's hooks at this layer's named sites (model/sites.py); the same operations
@@ -123,7 +121,7 @@ class Block(nn.Module):
         x_BTC = at(s["resid_pre"], x_BTC)
         q_BHTD, k_BGTD, v_BGTD = self.intervened_qkv(x_BTC, intervention, s)
         pattern_hook = (lambda p: at(s["attn.pattern"], p)) if intervention.wants(s["attn.pattern"]) else None
-        z_BTHD = self.attn.attend(q_BHTD, k_BGTD, v_BGTD, cache, need_pattern, pattern_hook)
+        z_BTHD = self.attn.attend(q_BHTD, k_BGTD, v_BGTD, cache, pattern_hook)
         gated_BTHD = self.attn.gate_z(z_BTHD, gate, replacement, gate_where)
         if cache is not None and gate is not None:
             cache["z_gated"] = gated_BTHD

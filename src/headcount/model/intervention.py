@@ -37,6 +37,15 @@ class Intervention:
         self.sites = set(self.hooks) | self.cached_sites
         self.layers = {site.layer for site in self.sites}
 
+    def with_reads(self, sites: list[Site]) -> "Intervention":
+        """This intervention with these sites read too, into its own cache (the hooks and the cache dict shared)."""
+        both = Intervention()
+        both.hooks, both.cache = self.hooks, self.cache
+        both.cached_sites = self.cached_sites | set(sites)
+        both.sites = set(both.hooks) | both.cached_sites
+        both.layers = {site.layer for site in both.sites}
+        return both
+
     def __bool__(self) -> bool:
         return bool(self.sites)
 

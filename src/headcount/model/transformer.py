@@ -151,6 +151,10 @@ class Transformer(nn.Module):
         they index layers absolutely (gates[..., start, :] is layer start's)."""
         if need_patterns and cache is None:
             raise ValueError("need_patterns=True needs a cache dict to put the patterns in")
+        if need_patterns:  # a client of the interventions: reads at every layer's attn.pattern site
+            patterns = [Site("attn.pattern", layer) for layer in range(start, self.n_layers)]
+            asked = set() if intervention is None else intervention.cached_sites  # the caller's own reads stay
+            intervention = (intervention or Intervention()).with_reads(patterns)
         if gates is not None:
             self.check_gates(gates, resid_BTC.shape[0])
         for layer in range(start, self.n_layers):
@@ -161,12 +165,16 @@ class Transformer(nn.Module):
             replacement = None if replacements is None else replacements[layer]
             if intervention is not None and intervention.touches(layer):
                 resid_BTC = self.blocks[layer].forward_intervened(
-                    resid_BTC, intervention, layer, gate, replacement, block_cache, need_patterns, gate_where
+                    resid_BTC, intervention, layer, gate, replacement, block_cache, gate_where
                 )
             else:
-                resid_BTC = self.blocks[layer](resid_BTC, gate, replacement, block_cache, need_patterns, gate_where)
+                resid_BTC = self.blocks[layer](resid_BTC, gate, replacement, block_cache, gate_where)
             if cache is not None:
                 cache.update({(name, layer): value for name, value in block_cache.items()})
+                if need_patterns:
+                    site = patterns[layer - start]
+                    read = intervention.cache.get if site in asked else intervention.cache.pop
+                    cache["pattern", layer] = read(site.name)
         return resid_BTC
 
     def unembed(self, resid_BTC: Tensor) -> Tensor:
