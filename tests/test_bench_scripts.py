@@ -31,3 +31,11 @@ def test_bench_shared_times_both_policies_idle_and_beside_busy_processes():
     for setting in ("idle (no added load)", "beside 1 busy process"):
         for policy in ("OMP_WAIT_POLICY=(unset)", "OMP_WAIT_POLICY=PASSIVE"):
             assert any(setting in line and policy in line for line in proc.stdout.splitlines()), proc.stdout
+
+
+def test_bench_hooks_runs_every_variant():
+    command = [sys.executable, str(REPO / "scripts" / "bench_hooks.py"), "--repeats", "1", "--batch", "1"]
+    proc = subprocess.run([*command, "--seq-len", "8", "--device", "cpu"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for variant in ("plain", "empty intervention", "resid hook per layer", "z hook per layer", "q_input hook"):
+        assert variant in proc.stdout, proc.stdout

@@ -1,16 +1,19 @@
 """headcount: attention-head ablation studies on configurable transformers.
 
-The Python API (headcount/api.py): `headcount.load_run(run_dir)` opens a finished run as a `headcount.Run`.
+The Python API: `headcount.load_run(run_dir)` opens a finished run as a `headcount.Run` (headcount/api.py);
+`headcount.load_model(source)` opens a bare model with its tokenizer for interventions at named sites, a
+`headcount.HookedModel` (headcount/api_model.py).
 """
 
 __version__ = "0.1.0"
-__all__ = ["Run", "load_run"]
+__all__ = ["HookedModel", "Run", "load_model", "load_run"]
+_MODULES = {"Run": "api", "load_run": "api", "HookedModel": "api_model", "load_model": "api_model"}
 
 
 def __getattr__(name: str):
     # The API imports torch and every stage; importing it on first use keeps `import headcount.<module>` light.
-    if name in __all__:
-        from headcount import api
+    if name in _MODULES:
+        from importlib import import_module
 
-        return getattr(api, name)
+        return getattr(import_module(f"headcount.{_MODULES[name]}"), name)
     raise AttributeError(f"module 'headcount' has no attribute {name!r}")

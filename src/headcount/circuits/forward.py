@@ -18,9 +18,10 @@ whose attention output is normalised before it joins the stream (Gemma 2/3's san
 stream is not a sum of per-head terms, and this definition, mixing z before the norm per receiver, is the one that
 stays exact: with every a = 0 every input is the plain model's stream (the forward equals the model's), with every
 a = 1 every input reads only corrupted outputs (the forward equals the corrupted run). Nodes recompute from their
-inputs: a head h of layer l computes q from its .q input, k and v from its .k and .v inputs (each through the layer's
-input norm and its projection, q/k norms and rotary positions; under grouped-query attention head h's k and v are its
-key/value head's, computed from h's own inputs, so heads of one group may see different keys), then attends; an MLP
+inputs: a head h of layer l computes q from its .q input, k and v from its .k and .v inputs, by the model's own
+Block.heads_from_inputs (the layer's input norm, then MultiHeadAttention.project_inputs: under grouped-query attention
+head h's k and v are its key/value head's, computed from h's own inputs, so heads of one group may see different
+keys), then attends; an MLP
 applies its pre-norm, itself and its post-norm; the logits apply the final norm, the unembedding (tied or not) and
 the final soft-cap.
 
@@ -140,7 +141,7 @@ def edge_stream(
             z_BTHD = block.attn.heads(block.ln_attn(inputs(slice(first, first), 1, start)[:, 0]))
         elif n_heads:
             x_RXTC = inputs(slice(first, first + 3 * n_heads * start), 3 * n_heads, start)
-            z_BTHD = heads_from_inputs(block, x_RXTC.view(rows, n_heads, 3, *x_RXTC.shape[2:]))
+            z_BTHD = block.heads_from_inputs(x_RXTC.view(rows, n_heads, 3, *x_RXTC.shape[2:]))
         else:
             z_BTHD = emb_BTC.new_zeros(rows, emb_BTC.shape[1], 0, block.attn.head_dim)
         outs.z.append(z_BTHD)
@@ -242,48 +243,3 @@ def attention_contribution(block: Block, z_BTHD: Tensor, dz_BTHD: Tensor | None,
         out_NTC = block.ln_attn_out(out_NTC)
     out_NTC = block.drop(out_NTC)
     return out_NTC.view(B, X, *out_NTC.shape[1:])
-
-
-def heads_from_inputs(block: Block, x_BHWTC: Tensor, heads: Tensor | None = None) -> Tensor:
-    """z (B, T, H, D) of a layer whose head h reads q, k, v from its own inputs x[:, h, 0|1|2] (pre-norm stream):
-    each input goes through the layer's norm, then head h's own rows of the projection (its key/value head's for k and
-    v), q/k norms per head and rotary positions (shortformer positions join q's and k's inputs). A q/k norm over the
-    whole projection (OLMo 2) mixes every head's rows, so there each input runs through the whole projection and head
-    h keeps its own slice. heads: the layer's head indices x holds, in its order (None: all of them)."""
-    attn = block.attn
-    if heads is None:
-        heads = torch.arange(attn.n_heads, device=x_BHWTC.device)
-    if attn.features.qk_norm == "projection":
-        return _heads_through_whole_projection(block, x_BHWTC, heads)
-    normed_BHWTC = block.ln_attn(x_BHWTC)
-    kv_H = attn.kv_head_of[heads]
-
-    def project(w: int, W_HCD: Tensor, b_HD: Tensor | None) -> Tensor:
-        inputs_BHTC = normed_BHWTC[:, :, w]
-        if w < 2 and attn.pos_emb is not None:  # shortformer positions: in q's and k's inputs, not v's
-            inputs_BHTC = inputs_BHTC + attn.pos_emb.weight[: inputs_BHTC.shape[2]]
-        out_BHTD = torch.einsum("bhtc,hcd->bhtd", inputs_BHTC, W_HCD)
-        return out_BHTD if b_HD is None else out_BHTD + b_HD[:, None]
-
-    q_BHTD = project(0, attn.W_Q[heads], None if attn.b_Q is None else attn.b_Q[heads])
-    k_BHTD = project(1, attn.W_K[kv_H], None if attn.b_K is None else attn.b_K[kv_H])
-    v_BHTD = project(2, attn.W_V[kv_H], None if attn.b_V is None else attn.b_V[kv_H])
-    if attn.features.qk_norm == "head":
-        q_BHTD, k_BHTD = attn.q_norm(q_BHTD), attn.k_norm(k_BHTD)
-    if attn.rotary is not None:
-        q_BHTD, k_BHTD = attn.rotary(q_BHTD, k_BHTD)
-    z_BHTD, _ = attn.reference_attention(q_BHTD, k_BHTD, v_BHTD)
-    return z_BHTD.transpose(1, 2)
-
-
-def _heads_through_whole_projection(block: Block, x_BHWTC: Tensor, heads: Tensor) -> Tensor:
-    attn = block.attn
-    B, K, W, T, C = x_BHWTC.shape
-    q_NHTD, k_NGTD, v_NGTD = attn.project(block.ln_attn(x_BHWTC.reshape(B * K * W, T, C)))
-    D, H, G = attn.head_dim, attn.n_heads, attn.n_kv_heads
-    k = torch.arange(K, device=x_BHWTC.device)
-    q_BHTD = q_NHTD.view(B, K, W, H, T, D)[:, :, 0][:, k, heads]
-    k_BHTD = k_NGTD.view(B, K, W, G, T, D)[:, :, 1][:, k, attn.kv_head_of[heads]]
-    v_BHTD = v_NGTD.view(B, K, W, G, T, D)[:, :, 2][:, k, attn.kv_head_of[heads]]
-    z_BHTD, _ = attn.reference_attention(q_BHTD, k_BHTD, v_BHTD)
-    return z_BHTD.transpose(1, 2)

@@ -16,12 +16,11 @@ layer's combined output before the norm (`combined`), at which attribution.py ta
 """
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 from torch import Tensor, nn
 
-from headcount.circuits.forward import NodeOutputs, heads_from_inputs
+from headcount.circuits.forward import NodeOutputs
 from headcount.circuits.graph import Graph
 from headcount.circuits.metric import Metric, point_values
 from headcount.circuits.passes import outputs_floats, points_floats
@@ -77,8 +76,7 @@ def unit_bytes(model: Transformer, T: int, points: int, reference: bool = False)
     for layer, block in enumerate(model.blocks):
         attn, inputs = block.attn, 3 * graph.heads_per_layer[layer]
         per_position += inputs * C + 2 * inputs * attn.head_dim + block.activation_floats(T)
-        if attn.features.qk_norm == "projection":
-            per_position += inputs * (attn.n_heads + 2 * attn.n_kv_heads) * attn.head_dim
+        per_position += inputs * attn.input_projection_floats()
     widest = 3 * max(graph.heads_per_layer, default=0) * C
     per_position += (len(graph.receivers) + len(graph.senders)) * C + 4 * widest
     if reference:  # the steps' summed gradients, and their next sum beside them
@@ -126,8 +124,7 @@ def run_layers(
             normed_RTC = block.ln_attn(x_RTC)
             copy_HWRTC = normed_RTC.expand(n_heads, 3, *normed_RTC.shape).contiguous()
             copies.append(copy_HWRTC)
-            prenormed = SimpleNamespace(attn=block.attn, ln_attn=nn.Identity())
-            z_RTHD = heads_from_inputs(prenormed, copy_HWRTC.permute(2, 0, 1, 3, 4))
+            z_RTHD = block.attn.heads_from_inputs(copy_HWRTC.permute(2, 0, 1, 3, 4))
         elif n_heads:
             z_RTHD = block.attn.heads(block.ln_attn(x_RTC))
         else:

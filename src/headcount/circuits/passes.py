@@ -77,8 +77,7 @@ def layer_floats(model: Transformer, graph: Graph, layer: int, T: int, receivers
         per_position += receivers * (max(b.attn.z_floats() for b in model.blocks[:layer]) + 3 * C)
     if receivers:
         per_position += receivers * C + 2 * receivers * attn.z_floats()
-        if attn.features.qk_norm == "projection":
-            per_position += receivers * (attn.n_heads + 2 * attn.n_kv_heads) * attn.head_dim
+        per_position += receivers * attn.input_projection_floats()
     weights = receivers * graph.sender_start(layer) + graph.n_senders(graph.receivers[-1])
     return T * per_position + weights
 
@@ -121,9 +120,7 @@ def path_unit_bytes(model: Transformer, T: int, points: int, receivers: int) -> 
 def _projection_floats(attn) -> int:
     """A receiver head's q, k, v and their rotated or normed copies per position; where the q/k norm spans the whole
     projection (OLMo 2), each of its 3 inputs runs through all of it."""
-    if attn.features.qk_norm == "projection":
-        return 3 * 2 * (attn.n_heads + 2 * attn.n_kv_heads) * attn.head_dim
-    return 3 * 3 * attn.head_dim
+    return 3 * 2 * attn.input_projection_floats() or 3 * 3 * attn.head_dim
 
 
 def path_example_bytes(model: Transformer, T: int) -> int:

@@ -29,7 +29,6 @@ from headcount.circuits.attribution import example_chunks, logits_at, outputs_at
 from headcount.circuits.forward import (
     NodeOutputs,
     attention_contribution,
-    heads_from_inputs,
     node_outputs,
     plain_streams,
 )
@@ -172,7 +171,7 @@ def run_with_inputs(
             for (p, r), x in head_inputs.items():
                 x_RKWTC[p * B : (p + 1) * B, heads.index(r.node.head), "qkv".index(r.input)] = x
             index_K = torch.tensor(heads, device=stream.device)
-            z_RTHD = z_RTHD.index_copy(2, index_K, heads_from_inputs(block, x_RKWTC, index_K))
+            z_RTHD = z_RTHD.index_copy(2, index_K, block.heads_from_inputs(x_RKWTC, index_K))
         attn = attention_contribution(block, z_RTHD, None, None)[:, 0]
         if block.mlp is None:
             stream = stream + attn

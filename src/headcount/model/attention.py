@@ -8,6 +8,9 @@ calls these rather than re-deriving the weight layout:
   the attention pattern is wanted or the scores are soft-capped (SDPA cannot cap), by the explicit reference path
   (`reference_attention`). The scale is 1 / sqrt(head_dim) or Gemma's query_pre_attn_scalar^(-1/2); the mask is
   causal, and on a sliding-window layer also hides positions `window` or more steps back (`AttentionFeatures`).
+- `project_inputs` / `heads_from_inputs`: the same per-head projection, q/k norms, rotary positions and attention
+  for heads that each read q, k and v from inputs of their own (path patching, the edge-patched forward, EAP's
+  gradient taps, an intervention at a head's q/k/v input): the one place outside `project` that knows the layout.
 - `gate_z`: a gate g and a replacement r act on z before heads combine, z_h <- g z_h + (1 - g) r_h.
 - `combine_heads`: concatenation (one W_o slice per head) or summation (one W_o shared by all heads, as in the first
   Transformer), then the output projection.
@@ -31,6 +34,7 @@ heads, D head width.
 """
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -115,19 +119,28 @@ class MultiHeadAttention(nn.Module):
         gate: Tensor | None = None,
         replacement: Tensor | None = None,
         cache: dict | None = None,
-        need_pattern: bool = False,
     ) -> Tensor:
         """The layer's output (B, T, C): heads, gated, combined. Arguments as in `heads` and `gate_z`."""
-        return self.combine_heads(self.gate_z(self.heads(x_BTC, cache, need_pattern), gate, replacement))
+        return self.combine_heads(self.gate_z(self.heads(x_BTC, cache), gate, replacement))
 
-    def heads(self, x_BTC: Tensor, cache: dict | None = None, need_pattern: bool = False) -> Tensor:
-        """z (B, T, H, D). cache: if given, receives "z" and, with need_pattern, "pattern" (B, H, T, T)."""
-        q_BHTD, k_BGTD, v_BGTD = self.project(x_BTC)
+    def heads(self, x_BTC: Tensor, cache: dict | None = None) -> Tensor:
+        """z (B, T, H, D). cache: if given, receives "z"."""
+        return self.attend(*self.project(x_BTC), cache)
+
+    def attend(
+        self,
+        q_BHTD: Tensor,
+        k_BGTD: Tensor,
+        v_BGTD: Tensor,
+        cache: dict | None = None,
+        pattern_hook: Callable[[Tensor], Tensor] | None = None,
+    ) -> Tensor:
+        """z (B, T, H, D) from q (B, H, T, D) and k, v per key/value head (B, G, T, D), cache as in `heads`;
+        pattern_hook: applied to the attention pattern (B, H, T, T) before it weighs the values (the explicit path;
+        an intervention's read or edit of the pattern, Transformer.forward's need_patterns included)."""
         k_BHTD, v_BHTD = self.per_query_head(k_BGTD), self.per_query_head(v_BGTD)
-        if need_pattern or (self.features.softcap is not None and self.n_heads > 0):
-            z_BHTD, pattern_BHTT = self.reference_attention(q_BHTD, k_BHTD, v_BHTD)
-            if need_pattern:
-                cache["pattern"] = pattern_BHTT
+        if pattern_hook is not None or (self.features.softcap is not None and self.n_heads > 0):
+            z_BHTD, _ = self.reference_attention(q_BHTD, k_BHTD, v_BHTD, pattern_hook)
         elif self.n_heads == 0:  # pruned to no heads: z is empty, and SDPA's fused kernels refuse zero-size inputs
             z_BHTD = q_BHTD
         else:
@@ -168,18 +181,79 @@ class MultiHeadAttention(nn.Module):
             q_BHTD, k_BGTD = self.rotary(q_BHTD, k_BGTD)
         return q_BHTD, k_BGTD, v_BGTD
 
+    def project_inputs(self, x_BKWTC: Tensor, heads_K: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k and v (B, K, T, D) of K query heads (`heads_K`, the layer's head indices in x's order; None: all of
+        them) each from its own normed inputs x[:, k, 0|1|2] (B, K, 3, T, C): head h's rows of the projection (its
+        key/value head's for k and v), q/k norms per head and rotary positions (shortformer positions join q's and k's
+        inputs). A q/k norm over the whole projection (OLMo 2) mixes every head's rows, so there each input runs through
+        the whole projection and head h keeps its own slice. With every input the layer's normed stream this is
+        `project`'s q and its k, v shared out per query head (tests/test_interventions.py)."""
+        if heads_K is None:
+            heads_K = torch.arange(self.n_heads, device=x_BKWTC.device)
+        kv_K = self.kv_head_of[heads_K]
+        if self.features.qk_norm == "projection":
+            B, K, W, T, C = x_BKWTC.shape
+            q_NHTD, k_NGTD, v_NGTD = self.project(x_BKWTC.reshape(B * K * W, T, C))
+            D, H, G = self.head_dim, self.n_heads, self.n_kv_heads
+            k = torch.arange(K, device=x_BKWTC.device)
+            q_BKTD = q_NHTD.view(B, K, W, H, T, D)[:, :, 0][:, k, heads_K]
+            k_BKTD = k_NGTD.view(B, K, W, G, T, D)[:, :, 1][:, k, kv_K]
+            v_BKTD = v_NGTD.view(B, K, W, G, T, D)[:, :, 2][:, k, kv_K]
+            return q_BKTD, k_BKTD, v_BKTD
+
+        def one(w: int, W_KCD: Tensor, b_KD: Tensor | None) -> Tensor:
+            inputs_BKTC = x_BKWTC[:, :, w]
+            if w < 2 and self.pos_emb is not None:  # shortformer positions: in q's and k's inputs, not v's
+                inputs_BKTC = inputs_BKTC + self.pos_emb.weight[: inputs_BKTC.shape[2]]
+            out_BKTD = torch.einsum("bhtc,hcd->bhtd", inputs_BKTC, W_KCD)
+            return out_BKTD if b_KD is None else out_BKTD + b_KD[:, None]
+
+        q_BKTD = one(0, self.W_Q[heads_K], None if self.b_Q is None else self.b_Q[heads_K])
+        k_BKTD = one(1, self.W_K[kv_K], None if self.b_K is None else self.b_K[kv_K])
+        v_BKTD = one(2, self.W_V[kv_K], None if self.b_V is None else self.b_V[kv_K])
+        if self.features.qk_norm == "head":
+            q_BKTD, k_BKTD = self.q_norm(q_BKTD), self.k_norm(k_BKTD)
+        if self.rotary is not None:
+            q_BKTD, k_BKTD = self.rotary(q_BKTD, k_BKTD)
+        return q_BKTD, k_BKTD, v_BKTD
+
+    def heads_from_inputs(self, x_BKWTC: Tensor, heads_K: Tensor | None = None) -> Tensor:
+        """z (B, T, K, D) of the K heads `project_inputs` projects from their own normed inputs (explicit softmax)."""
+        z_BKTD, _ = self.reference_attention(*self.project_inputs(x_BKWTC, heads_K))
+        return z_BKTD.transpose(1, 2)
+
+    def input_projection_floats(self) -> int:
+        """Floats per position and per input that `project_inputs` holds beyond a head's own q, k, v: the whole
+        projection of each input where a q/k norm spans it (OLMo 2), none otherwise (memory budgets read this)."""
+        if self.features.qk_norm == "projection":
+            return (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+        return 0
+
+    @property
+    def first_query_heads(self) -> Tensor:
+        """(G,): each key/value head's first query head (a query head's k and v are its key/value head's)."""
+        starts = [0]
+        for size in self.kv_groups[:-1]:
+            starts.append(starts[-1] + size)
+        return torch.tensor(starts, dtype=torch.long, device=self.kv_head_of.device)
+
     def per_query_head(self, x_BGTD: Tensor) -> Tensor:
         """k or v repeated for the query heads sharing it (B, H, T, D); as it is without grouping."""
         return x_BGTD.index_select(1, self.kv_head_of) if self.grouped else x_BGTD
 
-    def reference_attention(self, q_BHTD: Tensor, k_BHTD: Tensor, v_BHTD: Tensor) -> tuple[Tensor, Tensor]:
-        """The explicit softmax path: slower than SDPA, but it returns the attention pattern for analysis."""
+    def reference_attention(
+        self, q_BHTD: Tensor, k_BHTD: Tensor, v_BHTD: Tensor, pattern_hook: Callable[[Tensor], Tensor] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The explicit softmax path: slower than SDPA, but it returns the attention pattern for analysis (after
+        pattern_hook, when given: an intervention's edit of the pattern)."""
         T, cap = q_BHTD.shape[2], self.features.softcap
         scores_BHTT = (q_BHTD @ k_BHTD.transpose(-2, -1)) * self.score_scale
         if cap is not None:
             scores_BHTT = torch.tanh(scores_BHTT / cap) * cap
         allowed_TT = allowed_keys(T, self.features.window, q_BHTD.device)
         pattern_BHTT = scores_BHTT.masked_fill(~allowed_TT, float("-inf")).softmax(dim=-1)
+        if pattern_hook is not None:
+            pattern_BHTT = pattern_hook(pattern_BHTT)
         dropped_BHTT = F.dropout(pattern_BHTT, self.dropout, self.training)
         return dropped_BHTT @ v_BHTD, pattern_BHTT
 

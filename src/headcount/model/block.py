@@ -12,6 +12,9 @@ A layer's type (model.layer_types: full or sliding) sets its attention window an
 rotary base (Gemma 3's local layers use their own base, unscaled, its global layers the scaled one).
 """
 
+from functools import lru_cache
+
+import torch
 from torch import Tensor, nn
 
 from headcount.config.model import (
@@ -24,9 +27,11 @@ from headcount.config.model import (
     rotary_dims,
 )
 from headcount.model.attention import AttentionFeatures, MultiHeadAttention
+from headcount.model.intervention import Intervention
 from headcount.model.mlp import MLP
 from headcount.model.norm import make_norm
 from headcount.model.rotary import Rotary
+from headcount.model.sites import BLOCK_SITES, HEAD_INPUTS, Site
 
 
 def layer_rotary(cfg: ModelConfig, layer_type: str) -> Rotary | None:
@@ -49,6 +54,12 @@ def layer_features(cfg: ModelConfig, layer_type: str) -> AttentionFeatures:
         qk_norm_plus_one=cfg.norm == Norm.rmsnorm_plus_one,
         norm_eps=cfg.norm_eps,
     )
+
+
+@lru_cache(maxsize=512)
+def layer_sites(layer: int) -> dict[str, Site]:
+    """This layer's sites by kind, built once."""
+    return {kind: Site(kind, layer) for kind in BLOCK_SITES}
 
 
 class Block(nn.Module):
@@ -85,15 +96,79 @@ class Block(nn.Module):
         gate: Tensor | None = None,
         replacement: Tensor | None = None,
         cache: dict | None = None,
-        need_pattern: bool = False,
         gate_where: Tensor | None = None,
     ) -> Tensor:
-        """gate, replacement, cache, need_pattern and gate_where (gate_z's where) as in MultiHeadAttention."""
-        z_BTHD = self.attn.heads(self.ln_attn(x_BTC), cache, need_pattern)
+        """gate, replacement, cache and gate_where (gate_z's where) as in MultiHeadAttention."""
+        z_BTHD = self.attn.heads(self.ln_attn(x_BTC), cache)
         gated_BTHD = self.attn.gate_z(z_BTHD, gate, replacement, gate_where)
         if cache is not None and gate is not None:
             cache["z_gated"] = gated_BTHD  # what the heads pass on: gradients at the gates read it (attribution.py)
         return self.finish(x_BTC, gated_BTHD)
+
+    def forward_intervened(
+        self,
+        x_BTC: Tensor,
+        intervention: Intervention,
+        layer: int,
+        gate: Tensor | None = None,
+        replacement: Tensor | None = None,
+        cache: dict | None = None,
+        gate_where: Tensor | None = None,
+    ) -> Tensor:
+        """`forward` with the intervention's hooks at this layer's named sites (model/sites.py); the same operations
+        in the same order as forward, so with hooks that change nothing it gives the same bits."""
+        at, s = intervention.at, layer_sites(layer)
+        x_BTC = at(s["resid_pre"], x_BTC)
+        q_BHTD, k_BGTD, v_BGTD = self.intervened_qkv(x_BTC, intervention, s)
+        pattern_hook = (lambda p: at(s["attn.pattern"], p)) if intervention.wants(s["attn.pattern"]) else None
+        z_BTHD = self.attn.attend(q_BHTD, k_BGTD, v_BGTD, cache, pattern_hook)
+        gated_BTHD = self.attn.gate_z(z_BTHD, gate, replacement, gate_where)
+        if cache is not None and gate is not None:
+            cache["z_gated"] = gated_BTHD
+        gated_BTHD = at(s["attn.z"], gated_BTHD)
+        attn_BTC = self.attn.combine_heads(gated_BTHD)
+        if self.ln_attn_out is not None:
+            attn_BTC = self.ln_attn_out(attn_BTC)
+        attn_BTC = at(s["attn_out"], self.drop(attn_BTC))
+        if self.mlp is None:
+            return at(s["resid_post"], x_BTC + attn_BTC)
+        mid_BTC = x_BTC + attn_BTC
+        hidden_hook = (lambda h: at(s["mlp.hidden"], h)) if intervention.wants(s["mlp.hidden"]) else None
+        mlp_BTC = self.mlp(at(s["mlp_in"], self.ln_mlp(x_BTC if self.parallel_residual else mid_BTC)), hidden_hook)
+        mlp_BTC = at(s["mlp_out"], mlp_BTC if self.ln_mlp_out is None else self.ln_mlp_out(mlp_BTC))
+        # forward's order of additions: (x + attn) + mlp in both residual forms
+        return at(s["resid_post"], mid_BTC + mlp_BTC)
+
+    def intervened_qkv(self, x_BTC: Tensor, intervention: Intervention, s: dict) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, H, T, D), k and v (B, G, T, D) with the hooks at the heads' inputs and at q, k, v. Hooks at the
+        inputs give every head an input of its own: the heads then project them one by one (project_inputs, the
+        key/value heads from the inputs of their group, k_input[:, :, g])."""
+        attn, at = self.attn, intervention.at
+        if any(intervention.wants(s[name]) for name in HEAD_INPUTS):
+            B, T, C = x_BTC.shape
+            q_BTHC = at(s["attn.q_input"], x_BTC[:, :, None].expand(B, T, attn.n_heads, C).contiguous())
+            k_BTGC = at(s["attn.k_input"], x_BTC[:, :, None].expand(B, T, attn.n_kv_heads, C).contiguous())
+            v_BTGC = at(s["attn.v_input"], x_BTC[:, :, None].expand(B, T, attn.n_kv_heads, C).contiguous())
+            kv_H = attn.kv_head_of
+            x_BTHWC = torch.stack([q_BTHC, k_BTGC.index_select(2, kv_H), v_BTGC.index_select(2, kv_H)], dim=3)
+            q_BHTD, k_BHTD, v_BHTD = attn.project_inputs(self.ln_attn(x_BTHWC.permute(0, 2, 3, 1, 4)))
+            first_G = attn.first_query_heads
+            k_BGTD, v_BGTD = k_BHTD.index_select(1, first_G), v_BHTD.index_select(1, first_G)
+        else:
+            q_BHTD, k_BGTD, v_BGTD = attn.project(self.ln_attn(x_BTC))
+        for name in ("attn.q", "attn.k", "attn.v"):
+            if intervention.wants(s[name]):  # sites are (B, T, heads, D), as z is
+                edited = at(s[name], {"attn.q": q_BHTD, "attn.k": k_BGTD, "attn.v": v_BGTD}[name].transpose(1, 2))
+                q_BHTD, k_BGTD, v_BGTD = (
+                    edited.transpose(1, 2) if name == n else t
+                    for n, t in (("attn.q", q_BHTD), ("attn.k", k_BGTD), ("attn.v", v_BGTD))
+                )
+        return q_BHTD, k_BGTD, v_BGTD
+
+    def heads_from_inputs(self, x_BKWTC: Tensor, heads_K: Tensor | None = None) -> Tensor:
+        """z (B, T, K, D) of K heads each reading q, k, v from its own inputs x[:, k, 0|1|2] (B, K, 3, T, C), the
+        stream before the layer's input norm (MultiHeadAttention.project_inputs after the norm)."""
+        return self.attn.heads_from_inputs(self.ln_attn(x_BKWTC), heads_K)
 
     def finish(self, x_BTC: Tensor, z_BTHD: Tensor) -> Tensor:
         """The block's output given its input x and its heads' (gated) z: add the combined heads and the MLP."""

@@ -2,6 +2,8 @@
 GeGLU's proj(gelu_tanh(gate x) * fc x) (Gemma), with any hidden width. Parameter names (fc, proj, gate) are those
 checkpoints store."""
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -17,13 +19,18 @@ class MLP(nn.Module):
         gated = self.act in (Activation.swiglu, Activation.geglu_tanh)
         self.gate = nn.Linear(d, hidden, bias) if gated else None
 
-    def forward(self, x_BTC: Tensor) -> Tensor:
+    def forward(self, x_BTC: Tensor, hidden_hook: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+        """hidden_hook: applied to the hidden units (B, T, F) before the output projection (an intervention's)."""
         if self.gate is not None:
             gate = self.gate(x_BTC)
             act = F.silu(gate) if self.act == Activation.swiglu else F.gelu(gate, approximate="tanh")
-            return self.drop(self.proj(act * self.fc(x_BTC)))
-        approximate = "tanh" if self.act == Activation.gelu_tanh else "none"
-        return self.drop(self.proj(F.gelu(self.fc(x_BTC), approximate=approximate)))
+            hidden_BTF = act * self.fc(x_BTC)
+        else:
+            approximate = "tanh" if self.act == Activation.gelu_tanh else "none"
+            hidden_BTF = F.gelu(self.fc(x_BTC), approximate=approximate)
+        if hidden_hook is not None:
+            hidden_BTF = hidden_hook(hidden_BTF)
+        return self.drop(self.proj(hidden_BTF))
 
     def activation_floats(self) -> int:
         """What it holds per position: the hidden layer before and after the nonlinearity (SwiGLU: gate, up, the

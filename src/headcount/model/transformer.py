@@ -21,7 +21,11 @@ from torch import Tensor, nn
 from headcount.config.model import ModelConfig, Positions, resolve_head_dim, resolve_kv_groups, validate_model_config
 from headcount.errors import ConfigError
 from headcount.model.block import Block
+from headcount.model.intervention import Intervention
 from headcount.model.norm import make_norm
+from headcount.model.sites import Site
+
+EMBED, FINAL_NORM, LOGITS = Site("embed"), Site("final_norm"), Site("logits")
 
 
 class Unembedding(nn.Linear):
@@ -97,15 +101,27 @@ class Transformer(nn.Module):
         cache: dict | None = None,
         need_patterns: bool = False,
         gate_where: Tensor | None = None,
+        intervention: Intervention | None = None,
     ) -> Tensor:
         """Logits (B, T, vocab).
 
         gates: (L, H) or (B, L, H) in [0, 1], one per head (H is the largest head count), or None for the plain model.
         replacements: one tensor per layer broadcastable to z (B, T, H, D), or None (zero ablation).
         cache: if a dict, receives ("resid_pre", l), ("z", l) and, with need_patterns, ("pattern", l).
-        gate_where: (B, T), the positions gates act at (None: all); elsewhere every head keeps its z."""
+        gate_where: (B, T), the positions gates act at (None: all); elsewhere every head keeps its z.
+        intervention: hooks and reads at named sites (model/intervention.py, model/sites.py); the attention z site
+        sees z after the gates."""
+        if intervention is not None:
+            intervention.check_layers(self.n_layers, self.cfg.mlp)
         resid_BTC = self.embed(idx_BT)
-        return self.unembed(self.forward_layers(resid_BTC, 0, gates, replacements, cache, need_patterns, gate_where))
+        if intervention is not None and intervention.touches(None):
+            resid_BTC = intervention.at(EMBED, resid_BTC)
+        final_BTC = self.forward_layers(
+            resid_BTC, 0, gates, replacements, cache, need_patterns, gate_where, intervention
+        )
+        if intervention is None or not intervention.touches(None):
+            return self.unembed(final_BTC)
+        return intervention.at(LOGITS, self.lm_head(intervention.at(FINAL_NORM, self.ln_f(final_BTC))))
 
     def embed(self, idx_BT: Tensor) -> Tensor:
         T = idx_BT.shape[1]
@@ -128,12 +144,17 @@ class Transformer(nn.Module):
         cache: dict | None = None,
         need_patterns: bool = False,
         gate_where: Tensor | None = None,
+        intervention: Intervention | None = None,
     ) -> Tensor:
         """The stream after the last layer, starting at layer `start` from the stream before it, resid (B, T, C):
-        runs blocks start..L-1. gates, replacements, cache, need_patterns and gate_where as in forward; they index
-        layers absolutely (gates[..., start, :] is layer start's)."""
+        runs blocks start..L-1. gates, replacements, cache, need_patterns, gate_where and intervention as in forward;
+        they index layers absolutely (gates[..., start, :] is layer start's)."""
         if need_patterns and cache is None:
             raise ValueError("need_patterns=True needs a cache dict to put the patterns in")
+        if need_patterns:  # a client of the interventions: reads at every layer's attn.pattern site
+            patterns = [Site("attn.pattern", layer) for layer in range(start, self.n_layers)]
+            asked = set() if intervention is None else intervention.cached_sites  # the caller's own reads stay
+            intervention = (intervention or Intervention()).with_reads(patterns)
         if gates is not None:
             self.check_gates(gates, resid_BTC.shape[0])
         for layer in range(start, self.n_layers):
@@ -142,9 +163,18 @@ class Transformer(nn.Module):
                 cache["resid_pre", layer] = resid_BTC
             gate = None if gates is None else gates[..., layer, : self.heads_per_layer[layer]]
             replacement = None if replacements is None else replacements[layer]
-            resid_BTC = self.blocks[layer](resid_BTC, gate, replacement, block_cache, need_patterns, gate_where)
+            if intervention is not None and intervention.touches(layer):
+                resid_BTC = self.blocks[layer].forward_intervened(
+                    resid_BTC, intervention, layer, gate, replacement, block_cache, gate_where
+                )
+            else:
+                resid_BTC = self.blocks[layer](resid_BTC, gate, replacement, block_cache, gate_where)
             if cache is not None:
                 cache.update({(name, layer): value for name, value in block_cache.items()})
+                if need_patterns:
+                    site = patterns[layer - start]
+                    read = intervention.cache.get if site in asked else intervention.cache.pop
+                    cache["pattern", layer] = read(site.name)
         return resid_BTC
 
     def unembed(self, resid_BTC: Tensor) -> Tensor:

@@ -1,0 +1,110 @@
+"""Named sites: every activation an intervention can read or change, by a public name, parsed once into a `Site`.
+
+The names grow the circuits graph's (which names heads L1H2 and their inputs L1H2.q) into TransformerLens's style:
+
+    embed                      (B, T, C)   the stream after the embedding (scaled, plus learned positions)
+    blocks.{l}.resid_pre       (B, T, C)   the stream into layer l
+    blocks.{l}.attn.q_input    (B, T, H, C)  what each query head reads, before the layer's input norm
+    blocks.{l}.attn.k_input    (B, T, G, C)  what each key/value head reads (G = H without grouped-query attention)
+    blocks.{l}.attn.v_input    (B, T, G, C)
+    blocks.{l}.attn.q          (B, T, H, D)  queries, after q/k norms and rotary positions
+    blocks.{l}.attn.k          (B, T, G, D)  keys per key/value head (shared by its group of query heads)
+    blocks.{l}.attn.v          (B, T, G, D)
+    blocks.{l}.attn.pattern    (B, H, T, T)  attention weights (query position, key position)
+    blocks.{l}.attn.z          (B, T, H, D)  each head's output before W_O (after gates, if the forward has any)
+    blocks.{l}.attn_out        (B, T, C)   attention's output as added to the stream (after a post-norm)
+    blocks.{l}.mlp_in          (B, T, C)   the MLP's input after its norm
+    blocks.{l}.mlp.hidden      (B, T, F)   the MLP's hidden units, after the activation (and the gate's product)
+    blocks.{l}.mlp_out         (B, T, C)   the MLP's output as added to the stream (after a post-norm)
+    blocks.{l}.resid_post      (B, T, C)   the stream out of layer l
+    final_norm                 (B, T, C)   the final norm's output, the unembedding's input
+    logits                     (B, T, V)
+
+B batch, T positions, C model width, H query heads, G key/value heads, D head width, F MLP hidden width, V vocabulary.
+A site's k/v entries under grouped-query attention address the shared key/value head: changing k_input[:, :, g]
+changes the keys every query head of group g reads. Attention-only models have no mlp sites.
+"""
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from headcount.errors import ConfigError
+
+MODEL_SITES = ("embed", "final_norm", "logits")
+BLOCK_SITES = (
+    "resid_pre",
+    "attn.q_input",
+    "attn.k_input",
+    "attn.v_input",
+    "attn.q",
+    "attn.k",
+    "attn.v",
+    "attn.pattern",
+    "attn.z",
+    "attn_out",
+    "mlp_in",
+    "mlp.hidden",
+    "mlp_out",
+    "resid_post",
+)
+SHAPES = {
+    "embed": "(B, T, C)",
+    "resid_pre": "(B, T, C)",
+    "attn.q_input": "(B, T, H, C)",
+    "attn.k_input": "(B, T, G, C)",
+    "attn.v_input": "(B, T, G, C)",
+    "attn.q": "(B, T, H, D)",
+    "attn.k": "(B, T, G, D)",
+    "attn.v": "(B, T, G, D)",
+    "attn.pattern": "(B, H, T, T)",
+    "attn.z": "(B, T, H, D)",
+    "attn_out": "(B, T, C)",
+    "mlp_in": "(B, T, C)",
+    "mlp.hidden": "(B, T, F)",
+    "mlp_out": "(B, T, C)",
+    "resid_post": "(B, T, C)",
+    "final_norm": "(B, T, C)",
+    "logits": "(B, T, V)",
+}
+HEAD_INPUTS = ("attn.q_input", "attn.k_input", "attn.v_input")
+_BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
+KEY = "hooks.site"
+
+
+@dataclass(frozen=True)
+class Site:
+    """One named activation: `kind` is the name without its layer ("attn.z", "logits"), `layer` None for the model's
+    own sites (embed, final_norm, logits)."""
+
+    kind: str
+    layer: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.layer is None else f"blocks.{self.layer}.{self.kind}"
+
+    @property
+    def shape(self) -> str:
+        return SHAPES[self.kind]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@lru_cache(maxsize=4096)
+def parse_site(name: str) -> Site:
+    """The one parser of site names: a Site, or a one-line ConfigError naming the bad name and what is allowed."""
+    if name in MODEL_SITES:
+        return Site(name)
+    found = _BLOCK_NAME.fullmatch(name) if isinstance(name, str) else None
+    if found is None or found.group(2) not in BLOCK_SITES:
+        allowed = f"allowed: {', '.join(MODEL_SITES)} or blocks.<layer>.<{'|'.join(BLOCK_SITES)}>"
+        raise ConfigError(KEY, name, allowed)
+    return Site(found.group(2), int(found.group(1)))
+
+
+def site_names(n_layers: int, mlp: bool = True) -> list[str]:
+    """Every site of a model with n_layers layers, in the order a forward reaches them."""
+    kinds = [k for k in BLOCK_SITES if mlp or not k.startswith("mlp")]
+    return ["embed", *(Site(k, layer).name for layer in range(n_layers) for k in kinds), "final_norm", "logits"]
