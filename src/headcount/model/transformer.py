@@ -261,7 +261,8 @@ class Transformer(nn.Module):
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            embeddings = ("tok_emb.weight", "pos_emb.weight", "type_emb.weight")  # pos_emb: the model's, or each layer's (shortformer)
+            # pos_emb: the model's, or each layer's (shortformer)
+            embeddings = ("tok_emb.weight", "pos_emb.weight", "type_emb.weight")
             n -= sum(p.numel() for name, p in self.named_parameters() if name.endswith(embeddings))
             if not self.cfg.tie_embeddings:
                 n -= self.lm_head.weight.numel()
