@@ -48,6 +48,17 @@ FAMILIES.register(Family.of("roberta", bert))
 SUPPORTED = tuple(sorted(FAMILIES))
 
 
+ENCODERS = ("bert", "distilbert", "electra", "roberta")  # bidirectional: read as *ForMaskedLM or the bare *Model
+
+
+def auto_model_class(transformers: Any, hf_config: Any, source: str) -> Any:
+    """The transformers Auto class that reads a checkpoint of this config: a causal LM, or for an encoder its
+    masked-LM model or, for a bare encoder (sentence-transformers' checkpoints), AutoModel."""
+    if hf_config.model_type not in ENCODERS:
+        return transformers.AutoModelForCausalLM
+    return transformers.AutoModelForMaskedLM if bert.has_mlm_head(hf_config, source) else transformers.AutoModel
+
+
 def family(model_type: str, source: str) -> Family:
     if model_type not in FAMILIES:
         supported = FAMILIES.allowed(model_type).removeprefix("allowed: ")
