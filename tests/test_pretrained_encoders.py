@@ -94,3 +94,18 @@ def test_switching_a_converted_feature_off_breaks_the_match(case, feature, chang
         expected = hf_output(hf, case)
         got = our_output(switched(model, **changes), case)
     assert (got - expected).abs().max() > 1e-6, f"{feature} off still matched"  # float64 tolerance: 1e-10
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_encoder_prunes_structurally_to_its_masked_self_and_counts_transformers_parameters(case):
+    hf, model = converted(case, torch.float64)
+    pooler = sum(p.numel() for name, p in hf.named_parameters() if name.startswith("pooler."))  # not converted
+    assert model.num_params() == sum(p.numel() for p in hf.parameters()) - pooler
+    assert (pooler > 0) == case.endswith("bare")
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    keep[0, 1] = keep[1, 3] = False
+    pruned = model.select_heads(keep)
+    with torch.no_grad():
+        masked = our_output(model, case, gates=keep.double())
+        torch.testing.assert_close(our_output(pruned, case), masked, rtol=0, atol=1e-10)
+    assert pruned.heads_per_layer == [3, 3] and not pruned.cfg.causal
