@@ -159,3 +159,11 @@ def test_a_bare_encoder_reads_its_hidden_states_through_a_tied_readout():
     hf = hf_model("bert_bare")
     model = convert(hf)
     assert not model.cfg.mlm_head and model.lm_head.weight is model.tok_emb.weight and model.lm_head.bias is None
+
+
+def test_next_token_loss_on_an_encoder_is_refused_in_one_line():
+    from headcount.api_model import HookedModel
+
+    _, model = converted(CASE)
+    with pytest.raises(ConfigError, match=r"^model.causal=False: loss is next-token cross-entropy, which needs true"):
+        HookedModel(model).loss(inputs(CASE)["input_ids"])
