@@ -83,7 +83,12 @@ class HookedModel:
             del self.active[len(self.active) - len(added) :]
 
     def loss(self, tokens: str | list[str] | Tensor, hooks: HookList = ()) -> Tensor:
-        """The mean next-token cross-entropy over every position but the last, with the hooks."""
+        """The mean next-token cross-entropy over every position but the last, with the hooks. An encoder
+        (model.causal false) sees the next token, so it is refused: its objective is headcount.model.mlm's."""
+        if not self.model.cfg.causal:
+            allowed = "loss is next-token cross-entropy, which needs true; an encoder's is the masked-LM loss "
+            allowed += "(headcount.model.mlm.masked_lm_loss)"
+            raise ConfigError("model.causal", False, allowed)
         ids_BT = self.to_tokens(tokens)
         logits_BTV = self.run_with_hooks(ids_BT, hooks)
         return F.cross_entropy(logits_BTV[:, :-1].flatten(0, 1).float(), ids_BT[:, 1:].flatten())

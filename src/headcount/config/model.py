@@ -29,6 +29,9 @@ class Positions(Choice):
     # "shortformer", the positions of its attention-only toy models): heads can attend by position, but no head can
     # move a position into the stream
     shortformer = "shortformer"
+    # The original Transformer's fixed table added to the token embedding: PE(t, 2i) = sin(t / 10000^(2i / C)),
+    # PE(t, 2i + 1) = cos(t / 10000^(2i / C)) (Vaswani et al. 2017), computed in float64; nothing to learn
+    sinusoidal = "sinusoidal"
 
 
 class Norm(Choice):
@@ -160,6 +163,21 @@ class ModelConfig:
     # After structurally pruning a grouped-query model: per layer, how many query heads share each remaining key/value
     # head, in order (a key/value head goes when all its query heads go). null means n_heads / n_kv_heads each.
     kv_groups_per_layer: list[list[int]] | None = None
+    # Encoders (docs/notes/encoder.md). false: bidirectional self-attention, every position attends to every position
+    # (BERT); true: the decoder's causal attention
+    causal: bool = True
+    # Post-LN blocks, x <- norm(x + attn(x)), x <- norm(x + mlp(x)) (the original Transformer, BERT; ln_attn_add,
+    # ln_mlp_add); needs pre_norm, post_norm and parallel_residual false
+    post_ln: bool = False
+    type_vocab_size: int = 0  # token-type (segment) embeddings added to the token embedding (BERT: 2); 0: none
+    embed_norm: bool = False  # a norm over the summed embeddings, before anything else sees them (BERT's ln_emb)
+    # The embeddings' width when it differs from d_model, projected up to d_model after embed_norm (ELECTRA's
+    # embedding_size, emb_proj); null: d_model
+    d_embed: int | None = None
+    position_offset: int = 0  # learned positions: position t reads row t + offset (RoBERTa: pad_token_id + 1)
+    final_norm: bool = True  # ln_f before the unembedding; false: none (post-LN models end normalised)
+    # BERT's masked-LM head: the unembedding reads norm(act(dense(x))) (act: mlp_act; width d_embed) and adds a bias
+    mlm_head: bool = False
 
 
 def resolve_head_dim(d_model: int, attn: AttentionConfig, key: str = "model.attn") -> int:
@@ -263,6 +281,30 @@ def validate_model_config(cfg: ModelConfig) -> None:
                 "model.heads_per_layer", hpl, f"needs {cfg.n_layers} non-negative integers (one per layer) or null"
             )
     resolve_kv_groups(cfg)
+    validate_encoder_features(cfg)
+
+
+def embed_width(cfg: ModelConfig) -> int:
+    """The token embedding's width: model.d_embed, or d_model."""
+    return cfg.d_embed or cfg.d_model
+
+
+def validate_encoder_features(cfg: ModelConfig) -> None:
+    """Bidirectional attention, post-LN blocks, token types, the embedding norm and width, the masked-LM head."""
+    if cfg.post_ln and (cfg.pre_norm or cfg.post_norm or cfg.parallel_residual):
+        allowed = "needs model.pre_norm=false, model.post_norm=false and model.parallel_residual=false"
+        raise ConfigError("model.post_ln", cfg.post_ln, allowed)
+    if not cfg.causal and cfg.sliding_window is not None:
+        raise ConfigError("model.sliding_window", cfg.sliding_window, "must be null when model.causal=false")
+    if cfg.type_vocab_size < 0:
+        raise ConfigError("model.type_vocab_size", cfg.type_vocab_size, "must be 0 (none) or a positive integer")
+    if cfg.d_embed is not None and cfg.d_embed < 1:
+        raise ConfigError("model.d_embed", cfg.d_embed, "must be a positive integer or null (d_model)")
+    if cfg.position_offset and (cfg.position_offset < 0 or cfg.positions != Positions.learned):
+        raise ConfigError("model.position_offset", cfg.position_offset, "must be 0, or positive with positions=learned")
+    if cfg.tie_embeddings and not cfg.mlm_head and embed_width(cfg) != cfg.d_model:
+        allowed = f"needs model.mlm_head=true (the unembedding reads d_model={cfg.d_model}) or d_embed=null"
+        raise ConfigError("model.d_embed", cfg.d_embed, allowed)
 
 
 def refuse_unused(section: object, defaults: object, keys: tuple[str, ...], why: str, prefix: str = "model") -> None:

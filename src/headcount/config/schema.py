@@ -130,6 +130,10 @@ def validate_train_config(cfg: DictConfig) -> None:
     model: ModelConfig = typed(cfg.model, ModelConfig)
     data: DataConfig = typed(cfg.data, DataConfig)
     validate_model_config(model)
+    if not model.causal:  # a bidirectional model sees the token it would predict
+        allowed = "training and head scans score next-token predictions, which need true (a decoder); encoders load "
+        allowed += "with headcount.load_model for hooks and the masked-LM loss (docs/notes/encoder.md)"
+        raise ConfigError("model.causal", model.causal, allowed)
     # max_steps=0 evaluates a pretrained model as it is; a model built from scratch needs training
     validate_trainer_config(typed(cfg.trainer, TrainerConfig), least_steps=0 if model.pretrained else 1)
     validate_logger_config(typed(cfg.logger, LoggerConfig))

@@ -1,4 +1,4 @@
-"""Multi-head causal self-attention: the one place heads are defined.
+"""Multi-head self-attention, causal or bidirectional: the one place heads are defined.
 
 Every operation on heads lives here, and everything else (the block, the ablation evaluator, structural pruning)
 calls these rather than re-deriving the weight layout:
@@ -56,10 +56,14 @@ class AttentionFeatures:
     qk_norm: str = "none"  # "head": RMSNorm over each head's q and k; "projection": over the whole q and k projections
     qk_norm_plus_one: bool = False  # the q/k norms' form: Gemma's (1 + w)
     norm_eps: float = 1e-5
+    causal: bool = True  # false: every position attends to every position (an encoder's bidirectional attention)
 
 
-def allowed_keys(T: int, window: int | None, device: torch.device) -> Tensor:
-    """(T, T) bool: query t may attend to key s (causal, and within the window when there is one)."""
+def allowed_keys(T: int, window: int | None, device: torch.device, causal: bool = True) -> Tensor:
+    """(T, T) bool: query t may attend to key s (causal, and within the window when there is one; every key when
+    not causal)."""
+    if not causal:
+        return torch.ones(T, T, dtype=torch.bool, device=device)
     pos_T = torch.arange(T, device=device)
     distance_TT = pos_T[:, None] - pos_T[None, :]
     allowed_TT = distance_TT >= 0
@@ -151,7 +155,7 @@ class MultiHeadAttention(nn.Module):
                 k_BHTD,
                 v_BHTD,
                 attn_mask=mask_TT,
-                is_causal=mask_TT is None,
+                is_causal=mask_TT is None and self.features.causal,
                 dropout_p=self.dropout if self.training else 0.0,
                 scale=self.score_scale,
             )
@@ -250,8 +254,10 @@ class MultiHeadAttention(nn.Module):
         scores_BHTT = (q_BHTD @ k_BHTD.transpose(-2, -1)) * self.score_scale
         if cap is not None:
             scores_BHTT = torch.tanh(scores_BHTT / cap) * cap
-        allowed_TT = allowed_keys(T, self.features.window, q_BHTD.device)
-        pattern_BHTT = scores_BHTT.masked_fill(~allowed_TT, float("-inf")).softmax(dim=-1)
+        if self.features.causal:
+            allowed_TT = allowed_keys(T, self.features.window, q_BHTD.device)
+            scores_BHTT = scores_BHTT.masked_fill(~allowed_TT, float("-inf"))
+        pattern_BHTT = scores_BHTT.softmax(dim=-1)
         if pattern_hook is not None:
             pattern_BHTT = pattern_hook(pattern_BHTT)
         dropped_BHTT = F.dropout(pattern_BHTT, self.dropout, self.training)

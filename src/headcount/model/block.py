@@ -1,7 +1,8 @@
 """One transformer layer: attention, then an optional MLP, each added to the residual stream, one after the other or,
 with parallel_residual (GPT-NeoX), both read from the block's input. Each may have a norm on its input (pre_norm:
 ln_attn, ln_mlp) and on its output before the addition (post_norm: ln_attn_out, ln_mlp_out; Gemma 2/3 have both, a
-"sandwich", OLMo 2 only the second).
+"sandwich", OLMo 2 only the second), or, post-LN (BERT, the original Transformer), a norm on the stream after each
+addition: x <- norm(x + attn(x)), x <- norm(x + mlp(x)) (ln_attn_add, ln_mlp_add).
 
 `Block.forward` is heads -> gate -> finish: the attention module produces z, gates it, and `finish` takes the block
 input and that z the rest of the way (combine heads, project, post-norm, add, MLP). The ablation evaluator calls the
@@ -53,6 +54,7 @@ def layer_features(cfg: ModelConfig, layer_type: str) -> AttentionFeatures:
         qk_norm=str(cfg.qk_norm),
         qk_norm_plus_one=cfg.norm == Norm.rmsnorm_plus_one,
         norm_eps=cfg.norm_eps,
+        causal=cfg.causal,
     )
 
 
@@ -89,6 +91,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg) if cfg.mlp else None
         self.ln_mlp_out = make_norm(cfg) if cfg.mlp and cfg.post_norm else None
         self.parallel_residual = cfg.parallel_residual
+        # post_ln: the stream itself is normalised after each addition (BERT)
+        self.ln_attn_add = make_norm(cfg) if cfg.post_ln else None
+        self.ln_mlp_add = make_norm(cfg) if cfg.post_ln and cfg.mlp else None
 
     def forward(
         self,
@@ -131,13 +136,13 @@ class Block(nn.Module):
             attn_BTC = self.ln_attn_out(attn_BTC)
         attn_BTC = at(s["attn_out"], self.drop(attn_BTC))
         if self.mlp is None:
-            return at(s["resid_post"], x_BTC + attn_BTC)
-        mid_BTC = x_BTC + attn_BTC
+            return at(s["resid_post"], self.add_attn(x_BTC, attn_BTC))
+        mid_BTC = self.add_attn(x_BTC, attn_BTC)
         hidden_hook = (lambda h: at(s["mlp.hidden"], h)) if intervention.wants(s["mlp.hidden"]) else None
         mlp_BTC = self.mlp(at(s["mlp_in"], self.ln_mlp(x_BTC if self.parallel_residual else mid_BTC)), hidden_hook)
         mlp_BTC = at(s["mlp_out"], mlp_BTC if self.ln_mlp_out is None else self.ln_mlp_out(mlp_BTC))
         # forward's order of additions: (x + attn) + mlp in both residual forms
-        return at(s["resid_post"], mid_BTC + mlp_BTC)
+        return at(s["resid_post"], self.add_mlp(mid_BTC, mlp_BTC))
 
     def intervened_qkv(self, x_BTC: Tensor, intervention: Intervention, s: dict) -> tuple[Tensor, Tensor, Tensor]:
         """q (B, H, T, D), k and v (B, G, T, D) with the hooks at the heads' inputs and at q, k, v. Hooks at the
@@ -177,11 +182,18 @@ class Block(nn.Module):
             attn_BTC = self.ln_attn_out(attn_BTC)
         attn_BTC = self.drop(attn_BTC)
         if self.mlp is None:
-            return x_BTC + attn_BTC
+            return self.add_attn(x_BTC, attn_BTC)
         if self.parallel_residual:
             return x_BTC + attn_BTC + self.mlp_out(x_BTC)
-        x_BTC = x_BTC + attn_BTC
-        return x_BTC + self.mlp_out(x_BTC)
+        x_BTC = self.add_attn(x_BTC, attn_BTC)
+        return self.add_mlp(x_BTC, self.mlp_out(x_BTC))
+
+    def add_attn(self, x_BTC: Tensor, attn_BTC: Tensor) -> Tensor:
+        """The stream after attention: x + attn, normalised after the addition in a post-LN block."""
+        return x_BTC + attn_BTC if self.ln_attn_add is None else self.ln_attn_add(x_BTC + attn_BTC)
+
+    def add_mlp(self, x_BTC: Tensor, mlp_BTC: Tensor) -> Tensor:
+        return x_BTC + mlp_BTC if self.ln_mlp_add is None else self.ln_mlp_add(x_BTC + mlp_BTC)
 
     def mlp_out(self, x_BTC: Tensor) -> Tensor:
         out_BTC = self.mlp(self.ln_mlp(x_BTC))

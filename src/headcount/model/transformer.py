@@ -18,10 +18,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from headcount.config.model import ModelConfig, Positions, resolve_head_dim, resolve_kv_groups, validate_model_config
+from headcount.config.model import (
+    ModelConfig,
+    Positions,
+    embed_width,
+    resolve_head_dim,
+    resolve_kv_groups,
+    validate_model_config,
+)
 from headcount.errors import ConfigError
 from headcount.model.block import Block
 from headcount.model.intervention import Intervention
+from headcount.model.mlm import MaskedLMTransform
 from headcount.model.norm import make_norm
 from headcount.model.sites import Site
 
@@ -30,10 +38,11 @@ EMBED, FINAL_NORM, LOGITS = Site("embed"), Site("final_norm"), Site("logits")
 
 class Unembedding(nn.Linear):
     """The unembedding, bias-free, its logits soft-capped to cap * tanh(logits / cap) when softcap is set (Gemma 2).
-    Its weight is `lm_head.weight` either way, so checkpoints keep their names."""
+    Its weight is `lm_head.weight` either way, so checkpoints keep their names; a masked-LM head adds a bias
+    (`lm_head.bias`)."""
 
-    def __init__(self, d_model: int, vocab_size: int, softcap: float | None = None):
-        super().__init__(d_model, vocab_size, bias=False)
+    def __init__(self, d_model: int, vocab_size: int, softcap: float | None = None, bias: bool = False):
+        super().__init__(d_model, vocab_size, bias=bias)
         self.softcap = softcap
 
     def forward(self, x: Tensor) -> Tensor:
@@ -51,6 +60,13 @@ class ActivationFloats:
     logits: int  # the unembedding's output
 
 
+def sinusoid(T: int, width: int, device: torch.device) -> Tensor:
+    """(T, width) float64: PE(t, 2i) = sin(t / 10000^(2i / width)), PE(t, 2i + 1) = cos(the same angle)."""
+    pos_T1 = torch.arange(T, dtype=torch.float64, device=device)[:, None]
+    angle_TW = pos_T1 / 10000 ** (2 * (torch.arange(width, device=device) // 2) / width).to(torch.float64)
+    return torch.where(torch.arange(width, device=device) % 2 == 0, angle_TW.sin(), angle_TW.cos())
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -59,14 +75,21 @@ class Transformer(nn.Module):
         self.head_dim = resolve_head_dim(cfg.d_model, cfg.attn)
         self.heads_per_layer = list(cfg.heads_per_layer or [cfg.attn.n_heads] * cfg.n_layers)
         kv_groups = resolve_kv_groups(cfg)
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positions == Positions.learned else None
+        width = embed_width(cfg)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, width)
+        learned = cfg.positions == Positions.learned
+        self.pos_emb = nn.Embedding(cfg.n_ctx + cfg.position_offset, width) if learned else None
+        self.type_emb = nn.Embedding(cfg.type_vocab_size, width) if cfg.type_vocab_size else None
+        self.ln_emb = make_norm(cfg, width) if cfg.embed_norm else None
+        self.emb_proj = nn.Linear(width, cfg.d_model) if width != cfg.d_model else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             Block(cfg, h, self.head_dim, g, layer) for layer, (h, g) in enumerate(zip(self.heads_per_layer, kv_groups))
         )
-        self.ln_f = make_norm(cfg)
-        self.lm_head = Unembedding(cfg.d_model, cfg.vocab_size, cfg.final_softcap)
+        self.ln_f = make_norm(cfg) if cfg.final_norm else nn.Identity()
+        self.mlm = MaskedLMTransform(cfg) if cfg.mlm_head else None
+        head_width = width if cfg.mlm_head else cfg.d_model
+        self.lm_head = Unembedding(head_width, cfg.vocab_size, cfg.final_softcap, bias=cfg.mlm_head)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
@@ -102,6 +125,7 @@ class Transformer(nn.Module):
         need_patterns: bool = False,
         gate_where: Tensor | None = None,
         intervention: Intervention | None = None,
+        token_types: Tensor | None = None,
     ) -> Tensor:
         """Logits (B, T, vocab).
 
@@ -110,10 +134,11 @@ class Transformer(nn.Module):
         cache: if a dict, receives ("resid_pre", l), ("z", l) and, with need_patterns, ("pattern", l).
         gate_where: (B, T), the positions gates act at (None: all); elsewhere every head keeps its z.
         intervention: hooks and reads at named sites (model/intervention.py, model/sites.py); the attention z site
-        sees z after the gates."""
+        sees z after the gates.
+        token_types: (B, T) segment ids when the model has token types (model.type_vocab_size); None: all 0."""
         if intervention is not None:
             intervention.check_layers(self.n_layers, self.cfg.mlp)
-        resid_BTC = self.embed(idx_BT)
+        resid_BTC = self.embed(idx_BT, token_types)
         if intervention is not None and intervention.touches(None):
             resid_BTC = intervention.at(EMBED, resid_BTC)
         final_BTC = self.forward_layers(
@@ -121,19 +146,32 @@ class Transformer(nn.Module):
         )
         if intervention is None or not intervention.touches(None):
             return self.unembed(final_BTC)
-        return intervention.at(LOGITS, self.lm_head(intervention.at(FINAL_NORM, self.ln_f(final_BTC))))
+        normed_BTC = intervention.at(FINAL_NORM, self.ln_f(final_BTC))
+        return intervention.at(LOGITS, self.lm_head(normed_BTC if self.mlm is None else self.mlm(normed_BTC)))
 
-    def embed(self, idx_BT: Tensor) -> Tensor:
+    def embed(self, idx_BT: Tensor, token_types: Tensor | None = None) -> Tensor:
+        """The stream into layer 0: token embeddings (scaled), plus learned or sinusoidal positions and token types,
+        then the embedding norm and the projection to d_model where the model has them."""
         T = idx_BT.shape[1]
         if T > self.cfg.n_ctx:
             raise ConfigError("data.seq_len", T, f"must be at most model.n_ctx={self.cfg.n_ctx}")
         tok_BTC = self.tok_emb(idx_BT)
         if self.cfg.embed_scale:  # sqrt(d_model) rounded to the model's dtype, as Gemma's code does
             tok_BTC = tok_BTC * torch.tensor(math.sqrt(self.cfg.d_model), dtype=torch.float64).to(tok_BTC.dtype)
-        if self.pos_emb is None:  # rotary and shortformer positions enter in every layer's attention
-            return self.drop(tok_BTC)
-        pos_T = torch.arange(T, device=idx_BT.device)
-        return self.drop(tok_BTC + self.pos_emb(pos_T))
+        if self.type_emb is not None:
+            types_BT = torch.zeros_like(idx_BT) if token_types is None else token_types
+            tok_BTC = tok_BTC + self.type_emb(types_BT)
+        elif token_types is not None:
+            raise ConfigError("token_types", tuple(token_types.shape), "need model.type_vocab_size > 0")
+        if self.pos_emb is not None:
+            tok_BTC = tok_BTC + self.pos_emb(torch.arange(T, device=idx_BT.device) + self.cfg.position_offset)
+        elif self.cfg.positions == Positions.sinusoidal:
+            tok_BTC = tok_BTC + sinusoid(T, tok_BTC.shape[-1], idx_BT.device).to(tok_BTC.dtype)
+        if self.ln_emb is not None:
+            tok_BTC = self.ln_emb(tok_BTC)
+        if self.emb_proj is not None:
+            tok_BTC = self.emb_proj(tok_BTC)
+        return self.drop(tok_BTC)  # rotary and shortformer positions enter in every layer's attention
 
     def forward_layers(
         self,
@@ -178,7 +216,8 @@ class Transformer(nn.Module):
         return resid_BTC
 
     def unembed(self, resid_BTC: Tensor) -> Tensor:
-        return self.lm_head(self.ln_f(resid_BTC))
+        normed_BTC = self.ln_f(resid_BTC)
+        return self.lm_head(normed_BTC if self.mlm is None else self.mlm(normed_BTC))
 
     def check_gates(self, gates: Tensor, batch: int) -> None:
         shape = (self.n_layers, self.max_heads)
@@ -230,7 +269,8 @@ class Transformer(nn.Module):
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            embeddings = ("tok_emb.weight", "pos_emb.weight")  # pos_emb: the model's, or each layer's (shortformer)
+            # pos_emb: the model's, or each layer's (shortformer)
+            embeddings = ("tok_emb.weight", "pos_emb.weight", "type_emb.weight")
             n -= sum(p.numel() for name, p in self.named_parameters() if name.endswith(embeddings))
             if not self.cfg.tie_embeddings:
                 n -= self.lm_head.weight.numel()

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
-from headcount.pretrained import gemma, gpt2, gpt_neox, llama
+from headcount.pretrained import bert, distilbert, gemma, gpt2, gpt_neox, llama
 from headcount.pretrained.checks import KEY
 from headcount.pretrained.weights import HFWeights
 from headcount.registry import Registry
@@ -29,6 +29,9 @@ class Family:
 FAMILIES: Registry[Family] = Registry(
     "pretrained family", KEY, "a transformers model_type converted exactly into the model", named_by="model_type"
 )
+FAMILIES.register(Family.of("bert", bert))
+FAMILIES.register(Family.of("distilbert", distilbert))
+FAMILIES.register(Family.of("electra", bert))
 FAMILIES.register(Family.of("gemma", gemma))
 FAMILIES.register(Family.of("gemma2", gemma))
 FAMILIES.register(Family.of("gemma3", gemma))
@@ -41,7 +44,19 @@ FAMILIES.register(Family.of("olmo2", llama))
 FAMILIES.register(Family.of("phi3", llama))
 FAMILIES.register(Family.of("qwen2", llama))
 FAMILIES.register(Family.of("qwen3", llama))
+FAMILIES.register(Family.of("roberta", bert))
 SUPPORTED = tuple(sorted(FAMILIES))
+
+
+ENCODERS = ("bert", "distilbert", "electra", "roberta")  # bidirectional: read as *ForMaskedLM or the bare *Model
+
+
+def auto_model_class(transformers: Any, hf_config: Any, source: str) -> Any:
+    """The transformers Auto class that reads a checkpoint of this config: a causal LM, or for an encoder its
+    masked-LM model or, for a bare encoder (sentence-transformers' checkpoints), AutoModel."""
+    if hf_config.model_type not in ENCODERS:
+        return transformers.AutoModelForCausalLM
+    return transformers.AutoModelForMaskedLM if bert.has_mlm_head(hf_config, source) else transformers.AutoModel
 
 
 def family(model_type: str, source: str) -> Family:

