@@ -3,7 +3,12 @@
 The Python API (headcount/api.py): `headcount.load_run(run_dir)` opens a finished run as a `headcount.Run`.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("headcount")  # single-sourced from pyproject.toml's [project] version
+except PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 __all__ = ["Run", "load_run"]
 
 
