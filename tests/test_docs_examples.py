@@ -116,7 +116,9 @@ def test_the_pages_have_examples():
 @pytest.fixture(scope="session")
 def quickstart_dir(tmp_path_factory) -> Path:
     """A folder laid out as a clone's root with a smoke-sized quickstart run, made once for every xdist worker."""
-    shared = tmp_path_factory.getbasetemp().parent  # the same folder for every worker of one session
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker has its own basetemp under the session's
+        shared = shared.parent
     base = shared / "docs_examples_base"
     with FileLock(str(shared / "docs_examples_base.lock")):
         if not (base / "outputs" / "experiments" / "induction_heads" / "DONE").is_file():
