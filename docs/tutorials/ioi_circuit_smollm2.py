@@ -79,8 +79,9 @@ together[["mask", "logit_diff", "delta_logit_diff", "gap_fraction"]]
 # direction: the name movers.
 
 # %%
-direct = run.results("direct_effect", task="ioi")
-direct.sort_values("direct_effect", key=abs, ascending=False).head(5)
+direct = run.results("direct_effect", task="ioi").sort_values("direct_effect", key=abs, ascending=False)
+name_movers = [f"L{r.layer}H{r.head}" for r in direct.head(3).itertuples()]
+direct.head(5)
 
 # %% [markdown]
 # ## Which heads feed them?
@@ -114,7 +115,7 @@ edges = run.scan(
     task="ioi",
     mode="patch",
     metric="logit_diff",
-    receivers=["top3:direct_effect.q", "logits"],
+    receivers=[f"{head}.q" for head in name_movers] + ["logits"],
     verify_top_k=10,
     circuit_sizes=[10, 100],
     random_sets=1,
