@@ -5,7 +5,12 @@ The Python API: `headcount.load_run(run_dir)` opens a finished run as a `headcou
 `headcount.HookedModel` (headcount/api_model.py).
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("headcount")  # single-sourced from pyproject.toml's [project] version
+except PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 __all__ = ["HookedModel", "Run", "load_model", "load_run"]
 _MODULES = {"Run": "api", "load_run": "api", "HookedModel": "api_model", "load_model": "api_model"}
 
