@@ -14,11 +14,14 @@ from sweep_helpers import SMOKE, command_in_process, one_line, train_in_process
 import headcount
 from headcount.ablation.scans import edge_attribution, path_patching
 from headcount.circuits import (
+    MIB_FRACTIONS,
     NodeOutputs,
     PointMetric,
+    curve_areas,
     eap_ig_scores,
     eap_scores,
     exact_edge_scores,
+    mib_sizes,
     node_outputs,
     path_patch,
 )
@@ -111,6 +114,19 @@ def test_edge_attribution_table_is_the_core_and_a_rerun_reads_it_back(run_dir, m
     zero = json.loads((ablation / "summary.json").read_text())["modes"]["zero"]
     assert set(zero["edge_attribution"]["edge_attribution"]["eap"]) == {"spearman", "top_10_recall"}
     assert zero["edge_circuits"]["edge_attribution"]["circuit_edges"] <= 8
+    # MIB's sizes are on the curve, and CPR and CMD are its areas there (circuits/cpr.py, by hand in tests/test_cpr.py)
+    assert set(mib_sizes(len(table))) <= set(curve["n"])
+    areas = pd.read_csv(ablation / "edge_attribution_cpr.csv")
+    assert len(areas) == 3 + 2 and set(areas.columns) == {"method", "draw", "cpr", "cmd"}
+    for (method, draw), rows in curve.groupby(["method", "draw"]):
+        at = rows.set_index("n")["faithfulness"]
+        f = [at[n] for n in mib_sizes(len(table))]
+        expected = curve_areas(MIB_FRACTIONS, f)
+        row = areas[(areas["method"] == method) & (areas["draw"] == draw)].iloc[0]
+        assert (row["cpr"], row["cmd"]) == pytest.approx((expected["cpr"], expected["cmd"]), abs=1e-12)
+    mib = zero["edge_circuits"]["edge_attribution"]["mib"]
+    assert mib["exact"]["cpr"] == pytest.approx(float(areas.loc[areas["method"] == "exact", "cpr"].iloc[0]))
+    assert mib["random"]["cpr"] == pytest.approx(areas.loc[areas["method"] == "random", "cpr"].mean())
     for png in ("edge_attribution_faithfulness.png", "edge_attribution_circuit.png"):
         assert (ablation / png).stat().st_size > 0
 

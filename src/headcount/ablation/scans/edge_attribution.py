@@ -9,9 +9,12 @@ every edge has an exact score, with exact_all and no receivers or verify_top_k a
 EAP-IG; pruned to those on a path from the embeddings to the logits), circuit_by (that score's column); scores in
 the metric's unit per score point. A second table, `<name>_faithfulness.csv`, holds the faithfulness curve: for EAP,
 EAP-IG, exact (when every edge has it) and `random_sets` random edge sets, the faithfulness of the top-n circuit
-against n. summary.json's `edge_attribution` entry has the Spearman correlation and top-k recall of EAP and EAP-IG
-against the exact scores (when every edge is exact and k is below the number of edges); its `edge_circuits` entry
-the circuit's size, the score that chose it (`circuit_by`) and its faithfulness. Figures: the faithfulness curve and
+against n, at the sizes asked for and at MIB's (0.1% .. 100% of the edges, circuits/cpr.py). A third,
+`<name>_cpr.csv`, holds each method's (and random draw's) CPR and CMD, MIB's areas under that curve at its sizes.
+summary.json's `edge_attribution` entry has the Spearman correlation and top-k recall of EAP and EAP-IG against the
+exact scores (when every edge is exact and k is below the number of edges); its `edge_circuits` entry the circuit's
+size, the score that chose it (`circuit_by`), its faithfulness and, under `mib`, each method's CPR and CMD (random:
+the draws' mean, lowest and highest). Figures: the faithfulness curve (each method labelled with its CPR and CMD) and
 the circuit drawn (titled with its score and faithfulness; an edge whose removal helps the metric dashed).
 Passes are sized to `ablation.memory_budget_mb` (circuits/passes.py): examples and weight rows (EAP-IG: steps) split
 so that a pass fits, the sums exact whatever the split. No partial file: a killed scan recomputes its table (one
@@ -35,15 +38,18 @@ from headcount.circuits import (
     exact_edge_scores,
     faithfulness,
     faithfulness_curve,
+    mib_sizes,
     ranking_agreement,
     top_edges,
 )
+from headcount.circuits.cpr import method_areas, mib_areas, mib_points
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
 
 CIRCUIT_RULE = "circuit_by: exact where every edge has an exact score, else eap_ig"
+MIB_RULE = "curve at MIB's sizes too; cpr, cmd"  # a table written before CPR lacks MIB's sizes: computed again
 METHOD_COLOURS = {"eap": "tab:blue", "eap_ig": "tab:orange", "exact": "black", "random": "tab:gray"}
 
 
@@ -77,7 +83,7 @@ class EdgeAttributionScan(Scan):
         sizes = None if cfg.circuit_sizes is None else list(cfg.circuit_sizes)
         parts = (cfg.steps, cfg.verify_top_k, cfg.exact_all, cfg.circuit_size, sizes, cfg.random_sets)
         # CIRCUIT_RULE: tables chosen by the earlier rule (EAP-IG unless exact_all over every edge) are computed again
-        return (self.kind, list(cfg.receivers), *parts, CIRCUIT_RULE)
+        return (self.kind, list(cfg.receivers), *parts, CIRCUIT_RULE, MIB_RULE)
 
     def chosen_edges(self) -> list[int]:
         """The edges the table holds: all, or those into the listed receivers."""
@@ -88,9 +94,12 @@ class EdgeAttributionScan(Scan):
         return [i for name in names for i in range(len(graph.edges))[graph.edge_slices[graph.receiver(name)]]]
 
     def sizes(self, n_edges: int) -> list[int]:
+        """The curve's sizes: those asked for (None: 1, 2, 4, ..., every edge), and MIB's, which CPR and CMD read."""
         if self.cfg.circuit_sizes is not None:
-            return sorted(set(self.cfg.circuit_sizes))
-        return sorted({min(2**i, n_edges) for i in range(n_edges.bit_length() + 1)})
+            asked = set(self.cfg.circuit_sizes)
+        else:
+            asked = {min(2**i, n_edges) for i in range(n_edges.bit_length() + 1)}
+        return sorted(asked | set(mib_sizes(n_edges)))
 
     def compute(self, key: str) -> pd.DataFrame:
         session, cfg = self.session, self.cfg
@@ -139,12 +148,15 @@ class EdgeAttributionScan(Scan):
         curve = faithfulness_curve(*args, scores, sizes, metric, inputs.points_BT, cfg.random_sets, seed, budget)
         self.curve_csv.parent.mkdir(parents=True, exist_ok=True)
         write_csv(self.curve_csv, curve)  # atomically, as every result file
+        areas = mib_areas(mib_points(curve, len(graph.edges)))
+        write_csv(self.cpr_csv, areas)
         value = float(faithfulness(*args, [circuit], metric, inputs.points_BT, budget)[0])
         entry = {
             "circuit_size": cfg.circuit_size,
             "circuit_by": circuit_by,
             "circuit_edges": len(circuit),
             "circuit_faithfulness": value,
+            "mib": method_areas(areas),
         }
         session.files.update_summary({"edge_circuits": {self.name: entry}})
         self.circuit_entry = entry  # the circuit figure's title (figures() follows compute())
@@ -152,6 +164,10 @@ class EdgeAttributionScan(Scan):
     @property
     def curve_csv(self) -> Path:
         return self.path(".csv", "_faithfulness")
+
+    @property
+    def cpr_csv(self) -> Path:
+        return self.path(".csv", "_cpr")
 
     def use(self, table: pd.DataFrame) -> None:
         table["exact"] = pd.to_numeric(table["exact"], errors="coerce")
@@ -190,7 +206,7 @@ class EdgeAttributionScan(Scan):
         )
         circuit_png = self.path(".png", "_circuit")
         atomic_savefig(draw_circuit(graph, circuit, weights, title), circuit_png, dpi=120)
-        return [self.curve_csv, curve_png, circuit_png]
+        return [self.curve_csv, self.cpr_csv, curve_png, circuit_png]
 
 
 def circuit_score(scores: dict[str, torch.Tensor]) -> str:
@@ -203,14 +219,17 @@ def circuit_score(scores: dict[str, torch.Tensor]) -> str:
 
 
 def faithfulness_figure(curve: pd.DataFrame, path: Path, title: str, circuit: dict | None = None) -> Path:
-    """Faithfulness against the circuit's size n, a line per method; random sets as their mean and range; the drawn
-    circuit (its summary entry: circuit_size, circuit_by, circuit_faithfulness) as a star."""
+    """Faithfulness against the circuit's size n, a line per method (labelled with its CPR and CMD where the summary
+    entry has them, `mib`); random sets as their mean and range; the drawn circuit (its summary entry: circuit_size,
+    circuit_by, circuit_faithfulness) as a star."""
     fig = new_figure(6, 4)
     ax = fig.add_subplot()
     for method, rows in curve.groupby("method", sort=False):
         stats = rows.groupby("n")["faithfulness"].agg(["mean", "min", "max"])
         colour = METHOD_COLOURS.get(str(method))
-        ax.plot(stats.index, stats["mean"], marker="o", markersize=3, color=colour, label=str(method))
+        areas = (circuit or {}).get("mib", {}).get(str(method))
+        label = str(method) if areas is None else f"{method} (CPR {areas['cpr']:.3f}, CMD {areas['cmd']:.3f})"
+        ax.plot(stats.index, stats["mean"], marker="o", markersize=3, color=colour, label=label)
         if method == "random":
             ax.fill_between(stats.index, stats["min"], stats["max"], color=colour, alpha=0.2)
     if circuit is not None:
