@@ -45,7 +45,7 @@ from headcount.ablation.records.results import read_checked, with_record
 from headcount.ablation.records.summary import read_summary
 from headcount.ablation.scans.mask_scan import scan_table
 from headcount.ablation.session import AblationSession, resolve_device, typed_ablation
-from headcount.api_edges import EdgeSets, evaluate_edges
+from headcount.api_edges import EdgeSets, Rankings, evaluate_edges, score_rankings
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.config.task import TaskConfig
@@ -171,6 +171,29 @@ class Run:
         totals = evaluator.accumulate(masks_to_gates(head_masks, self.model.heads_per_layer), position_M=position_M)
         table = scan_table("evaluate", s.mode, head_masks, totals, baseline, chosen_metric, counterpart)
         return with_record(table.drop(columns="scan"), self.evaluation_record(data, planned, baseline["n_targets"]))
+
+    def circuit_performance(
+        self,
+        scores: Rankings,
+        mode: str | None = None,
+        metric: Any = None,
+        task: TaskSpec = None,
+        **settings: Any,
+    ) -> pd.DataFrame:
+        """MIB's circuit localization scores of edge rankings you bring (Mueller et al., ICML 2025): per ranking, one
+        row of method, mode, cpr (area under the faithfulness curve, higher is better), cmd (area under |1 -
+        faithfulness|, lower is better), the faithfulness of the top-n circuit (pruned to paths from the embeddings
+        to the logits) at 0.1%, 0.2%, ..., 100% of the model's edges (f_0.1% .. f_100%, each measured by the exact
+        edge-patched forward) and those circuits' sizes after pruning (edges_0.1% ..), then how it was computed
+        (headcount/circuits/cpr.py has the definitions). Writes nothing.
+
+        scores: a list of edge names, most important first ("L0H3 -> L1H2.k", as the edge scans name them), or a
+        mapping edge name -> score (ranked by |score|; an edge left out scores 0), or a mapping name -> either of
+        those, one row per name. mode (zero, resample or patch), metric, task and settings as for evaluate."""
+        s = self.mode_settings(mode, metric, **settings)
+        planned = plan(s, self.task_settings(task), lambda _: self.task(task), self.ablation_dir)
+        table, data, n_points = score_rankings(self, scores, s, planned)
+        return with_record(table, self.evaluation_record(data, planned, n_points))
 
     def scan(
         self, name: str, mode: str | None = None, metric: Any = None, task: TaskSpec = None, **scan_settings: Any
