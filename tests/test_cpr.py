@@ -4,7 +4,7 @@ and on a tiny model's real curve, each against a hand computation; a size off by
 import pandas as pd
 import pytest
 import torch
-from test_circuits import logit_diff, make_model, prompts
+from test_circuits import VOCAB, logit_diff, make_model, prompts
 
 from headcount.circuits.attribution import eap_scores
 from headcount.circuits.cpr import (
@@ -19,7 +19,9 @@ from headcount.circuits.cpr import (
 )
 from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, top_edges
 from headcount.circuits.graph import Graph
+from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.errors import ConfigError
+from headcount.model.transformer import Transformer
 
 # MIB's own percentages and the edge counts of its models (gpt2, qwen2.5, gemma2, llama3, interpbench)
 MIB_PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
@@ -37,13 +39,13 @@ def test_sizes_are_mibs_int_of_fraction_times_edges():
 
 
 def test_areas_equal_a_hand_computation_on_made_up_curves():
-    f = [0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0, 1.2, 1.0]
-    # widths .001 .003 .005 .01 .03 .05 .1 .3 .5; mean f per trapezoid .05 .15 .25 .4 .6 .8 .95 1.1 1.1
-    # CPR = .00005 + .00045 + .00125 + .004 + .018 + .04 + .095 + .33 + .55
-    # mean |1 - f| .95 .85 .75 .6 .4 .2 .05 .1 .1: CMD = .00095 + .00255 + .00375 + .006 + .012 + .01 + .005 + .03 + .05
+    f = [0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.1, 1.2, 1.0]  # crossing 1 between 10% and 20%
+    # widths .001 .003 .005 .01 .03 .05 .1 .3 .5; mean f per trapezoid .05 .15 .25 .4 .6 .8 1 1.15 1.1
+    # CPR = .00005 + .00045 + .00125 + .004 + .018 + .04 + .1 + .345 + .55
+    # mean |1 - f| .95 .85 .75 .6 .4 .2 .1 .15 .1: CMD = .00095 + .00255 + .00375 + .006 + .012 + .01 + .01 + .045 + .05
     areas = curve_areas(MIB_FRACTIONS, f)
-    assert areas["cpr"] == pytest.approx(1.03875, abs=1e-12)
-    assert areas["cmd"] == pytest.approx(0.12025, abs=1e-12)
+    assert areas["cpr"] == pytest.approx(1.05875, abs=1e-12)
+    assert areas["cmd"] == pytest.approx(0.14025, abs=1e-12)
     perfect = curve_areas(MIB_FRACTIONS, [1.0] * 10)
     assert perfect == pytest.approx({"cpr": 0.999, "cmd": 0.0}, abs=1e-12)  # the x axis runs .001 .. 1, unnormalised
     assert curve_areas(MIB_FRACTIONS, [0.0] * 10) == pytest.approx({"cpr": 0.0, "cmd": 0.999}, abs=1e-12)
@@ -133,3 +135,24 @@ def test_random_draws_average_into_one_entry():
     entry = method_areas(areas)
     assert entry["a"] == {"cpr": 1.0, "cmd": 0.0}
     assert entry["random"] == {"cpr": 3.0, "cmd": 2.0, "cpr_min": 2.0, "cpr_max": 4.0, "cmd_min": 1.0, "cmd_max": 3.0}
+
+
+def test_the_smallest_size_is_measured_where_it_holds_edges():
+    """With 1281 edges MIB's 0.1% is one edge: its circuit is evaluated, not taken to be the empty one's 0."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, n_ctx=8, vocab_size=VOCAB, n_layers=4, mlp=False, attn=AttentionConfig(n_heads=8))
+    model = Transformer(cfg).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    graph = Graph.of(model)
+    assert len(graph.edges) == 1281 and mib_sizes(1281)[:2] == [1, 2]
+    clean, _ = prompts(batch=2, T=6)
+    corrupted = (clean + 1) % VOCAB  # the last token too: the embeddings' direct edge carries a difference
+    scores = torch.zeros(len(graph.edges), dtype=torch.float64)
+    scores[graph.edge_index["emb -> logits"]] = 1.0  # one edge that carries the embeddings to the logits
+    points, _ = circuit_performance(model, clean, corrupted, {"direct": scores}, logit_diff)
+    smallest = points.iloc[0]
+    assert (smallest["n"], smallest["edges"]) == (1, 1)
+    alone = faithfulness(model, clean, corrupted, [{graph.edge_index["emb -> logits"]}], logit_diff)[0]
+    assert smallest["faithfulness"] == pytest.approx(float(alone), abs=1e-10) and abs(float(alone)) > 1e-3
