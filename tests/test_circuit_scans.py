@@ -124,6 +124,13 @@ def test_edge_attribution_table_is_the_core_and_a_rerun_reads_it_back(run_dir, m
         expected = curve_areas(MIB_FRACTIONS, f)
         row = areas[(areas["method"] == method) & (areas["draw"] == draw)].iloc[0]
         assert (row["cpr"], row["cmd"]) == pytest.approx((expected["cpr"], expected["cmd"]), abs=1e-12)
+    # every score's bootstrap interval holds it (the full data's value); the circuit's stability over resamples
+    for method in ("eap", "eap_ig", "exact"):
+        low, high = table[f"{method}_ci_low"], table[f"{method}_ci_high"]
+        assert (low <= table[method] + 1e-12).all() and (table[method] <= high + 1e-12).all() and (low < high).any()
+    stability = zero["edge_circuits"]["edge_attribution"]["stability"]
+    assert stability["by"] == "exact" and stability["n"] == 8 and 0 < stability["min_overlap"] <= 1
+    assert table["top_share"].between(0, 1).all() and table["top_share"].sum() == pytest.approx(8)
     mib = zero["edge_circuits"]["edge_attribution"]["mib"]
     assert mib["exact"]["cpr"] == pytest.approx(float(areas.loc[areas["method"] == "exact", "cpr"].iloc[0]))
     assert mib["random"]["cpr"] == pytest.approx(areas.loc[areas["method"] == "random", "cpr"].mean())

@@ -81,3 +81,11 @@ def top_n_stability(contributions_PK: Tensor, points_P: Tensor, counts_RP: Tenso
         "min_overlap": float(overlap_R.min()),
         "inclusion": inclusion / len(counts_RP),
     }
+
+
+def score_intervals(
+    per_example: dict[str, Tensor], points_P: Tensor, counts_RP: Tensor, level: float = 0.95
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """name -> (low, high): the percentile interval of each (P, K) per-prompt score (exact, EAP, EAP-IG
+    contributions) under the same resamples, so that intervals of different methods are comparable."""
+    return {name: percentile_interval(values, points_P, counts_RP, level) for name, values in per_example.items()}

@@ -6,15 +6,19 @@ edge) evaluated exactly by the edge-patched forward (headcount/circuits/attribut
 Columns: edge, sender, receiver, eap, eap_ig, exact (empty unless evaluated), rank (by |eap|, 1 first), verified,
 in_circuit (the `circuit_size` edges of largest |score| by the best score every edge of the model has: exact when
 every edge has an exact score, with exact_all and no receivers or verify_top_k at least the number of edges, else
-EAP-IG; pruned to those on a path from the embeddings to the logits), circuit_by (that score's column); scores in
-the metric's unit per score point. A second table, `<name>_faithfulness.csv`, holds the faithfulness curve: for EAP,
+EAP-IG; pruned to those on a path from the embeddings to the logits), circuit_by (that score's column), then
+eap_ci_low, eap_ci_high, eap_ig_ci_low, eap_ig_ci_high, exact_ci_low, exact_ci_high (95% percentile intervals of
+each score over 1000 resamples of the prompts, seeded by the run's seed: circuits/bootstrap.py) and top_share (the
+share of resamples whose top circuit_size edges by |circuit_by| hold the edge); scores in the metric's unit per
+score point. A second table, `<name>_faithfulness.csv`, holds the faithfulness curve: for EAP,
 EAP-IG, exact (when every edge has it) and `random_sets` random edge sets, the faithfulness of the top-n circuit
 against n, at the sizes asked for and at MIB's (0.1% .. 100% of the edges, circuits/cpr.py). A third,
 `<name>_cpr.csv`, holds each method's (and random draw's) CPR and CMD, MIB's areas under that curve at its sizes.
 summary.json's `edge_attribution` entry has the Spearman correlation and top-k recall of EAP and EAP-IG against the
 exact scores (when every edge is exact and k is below the number of edges); its `edge_circuits` entry the circuit's
 size, the score that chose it (`circuit_by`), its faithfulness and, under `mib`, each method's CPR and CMD (random:
-the draws' mean, lowest and highest). Figures: the faithfulness curve (each method labelled with its CPR and CMD) and
+the draws' mean, lowest and highest) and, under `stability`, the mean and lowest overlap of the resamples' top
+circuit_size edges with the full data's. Figures: the faithfulness curve (each method labelled with its CPR and CMD) and
 the circuit drawn (titled with its score and faithfulness; an edge whose removal helps the metric dashed).
 Passes are sized to `ablation.memory_budget_mb` (circuits/passes.py): examples and weight rows (EAP-IG: steps) split
 so that a pass fits, the sums exact whatever the split. No partial file: a killed scan recomputes its table (one
@@ -42,6 +46,7 @@ from headcount.circuits import (
     ranking_agreement,
     top_edges,
 )
+from headcount.circuits.bootstrap import resample_counts, score_intervals, top_n_stability
 from headcount.circuits.cpr import method_areas, mib_areas, mib_points
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
@@ -50,6 +55,8 @@ from headcount.plotting import new_figure, set_title
 
 CIRCUIT_RULE = "circuit_by: exact where every edge has an exact score, else eap_ig"
 MIB_RULE = "curve at MIB's sizes too; cpr, cmd"  # a table written before CPR lacks MIB's sizes: computed again
+RESAMPLES, LEVEL = 1000, 0.95  # the bootstrap over prompts (circuits/bootstrap.py), seeded by the session's seed
+BOOTSTRAP_RULE = f"bootstrap: {RESAMPLES} resamples of prompts, {LEVEL} percentile intervals"
 METHOD_COLOURS = {"eap": "tab:blue", "eap_ig": "tab:orange", "exact": "black", "random": "tab:gray"}
 
 
@@ -83,7 +90,7 @@ class EdgeAttributionScan(Scan):
         sizes = None if cfg.circuit_sizes is None else list(cfg.circuit_sizes)
         parts = (cfg.steps, cfg.verify_top_k, cfg.exact_all, cfg.circuit_size, sizes, cfg.random_sets)
         # CIRCUIT_RULE: tables chosen by the earlier rule (EAP-IG unless exact_all over every edge) are computed again
-        return (self.kind, list(cfg.receivers), *parts, CIRCUIT_RULE, MIB_RULE)
+        return (self.kind, list(cfg.receivers), *parts, CIRCUIT_RULE, MIB_RULE, BOOTSTRAP_RULE)
 
     def chosen_edges(self) -> list[int]:
         """The edges the table holds: all, or those into the listed receivers."""
@@ -107,18 +114,34 @@ class EdgeAttributionScan(Scan):
         inputs, metric = circuit_inputs(session, self.name)
         args = (model, inputs.clean_ids_BT, inputs.corrupted, metric)
         budget = inputs.memory_budget
-        eap = eap_scores(*args, inputs.points_BT, memory_budget=budget)
-        eap_ig = eap_ig_scores(*args, cfg.steps, inputs.points_BT, memory_budget=budget)
+        # per example (B, E): each prompt's own contributions, the scores their sum, the bootstrap's units
+        per_example = {
+            "eap": eap_scores(*args, inputs.points_BT, memory_budget=budget, per_example=True),
+            "eap_ig": eap_ig_scores(*args, cfg.steps, inputs.points_BT, memory_budget=budget, per_example=True),
+        }
+        eap, eap_ig = per_example["eap"].sum(0), per_example["eap_ig"].sum(0)
         chosen = self.chosen_edges()
         rank = eap[chosen].abs().argsort(descending=True)
         exact_edges = chosen if cfg.exact_all else [chosen[i] for i in rank[: cfg.verify_top_k].tolist()]
         exact = torch.full((len(graph.edges),), float("nan"), dtype=torch.float64)
+        per_example["exact"] = torch.full_like(per_example["eap"], float("nan"))
         if exact_edges:
-            exact[exact_edges] = exact_edge_scores(*args, inputs.points_BT, edges=exact_edges, memory_budget=budget)
+            per_example["exact"][:, exact_edges] = exact_edge_scores(
+                *args, inputs.points_BT, edges=exact_edges, memory_budget=budget, per_example=True
+            )
+            exact[exact_edges] = per_example["exact"][:, exact_edges].sum(0)
         scores = {"eap": eap, "eap_ig": eap_ig, **({"exact": exact} if not exact.isnan().any() else {})}
         circuit_by = circuit_score(scores)
-        circuit = top_edges(graph, scores[circuit_by], min(cfg.circuit_size, len(graph.edges)))
-        self.record_circuit(graph, circuit, circuit_by, scores, inputs, metric, key)
+        size = min(cfg.circuit_size, len(graph.edges))
+        circuit = top_edges(graph, scores[circuit_by], size)
+        points_P = inputs.points_BT.sum(1)
+        counts = resample_counts(len(points_P), RESAMPLES, session.settings.seed)
+        intervals = score_intervals({k: v[:, chosen] for k, v in per_example.items()}, points_P, counts, LEVEL)
+        stability = top_n_stability(per_example[circuit_by], points_P, counts, size) if size else None
+        stable = None if stability is None else {"by": circuit_by, "n": size, "resamples": RESAMPLES}
+        if stability is not None:
+            stable |= {k: stability[k] for k in ("mean_overlap", "min_overlap")}
+        self.record_circuit(graph, circuit, circuit_by, scores, inputs, metric, key, stable)
         n = inputs.n_points
         table = pd.DataFrame(
             {
@@ -134,12 +157,25 @@ class EdgeAttributionScan(Scan):
         table["verified"] = table["exact"].notna()
         table["in_circuit"] = [i in circuit for i in chosen]
         table["circuit_by"] = circuit_by
+        for method, (low, high) in intervals.items():
+            table[f"{method}_ci_low"], table[f"{method}_ci_high"] = low.numpy(), high.numpy()
+        if stability is not None:
+            table["top_share"] = stability["inclusion"][chosen].numpy()
         return table
 
     def record_circuit(
-        self, graph: Graph, circuit: set[int], circuit_by: str, scores: dict, inputs, metric, key: str
+        self,
+        graph: Graph,
+        circuit: set[int],
+        circuit_by: str,
+        scores: dict,
+        inputs,
+        metric,
+        key: str,
+        stability: dict | None = None,
     ) -> None:
-        """The faithfulness curve (its table) and the chosen circuit's faithfulness (summary.json)."""
+        """The faithfulness curve (its table), the chosen circuit's faithfulness, the methods' CPR and CMD and the
+        top-n's stability over resamples of prompts (summary.json)."""
         session, cfg = self.session, self.cfg
         sizes = self.sizes(len(graph.edges))
         args = (session.model, inputs.clean_ids_BT, inputs.corrupted)
@@ -157,6 +193,7 @@ class EdgeAttributionScan(Scan):
             "circuit_edges": len(circuit),
             "circuit_faithfulness": value,
             "mib": method_areas(areas),
+            **({"stability": stability} if stability is not None else {}),
         }
         session.files.update_summary({"edge_circuits": {self.name: entry}})
         self.circuit_entry = entry  # the circuit figure's title (figures() follows compute())
@@ -170,7 +207,8 @@ class EdgeAttributionScan(Scan):
         return self.path(".csv", "_cpr")
 
     def use(self, table: pd.DataFrame) -> None:
-        table["exact"] = pd.to_numeric(table["exact"], errors="coerce")
+        for column in ("exact", "exact_ci_low", "exact_ci_high"):
+            table[column] = pd.to_numeric(table[column], errors="coerce")
         table["verified"] = table["verified"].astype(str) == "True"
         table["in_circuit"] = table["in_circuit"].astype(str) == "True"
         entry: dict = {"n_edges": len(table), "verified": int(table["verified"].sum())}
@@ -182,7 +220,12 @@ class EdgeAttributionScan(Scan):
                 entry[method] = {"spearman": agreement["spearman"], f"top_{k}_recall": agreement["top_k_recall"]}
         largest = table.loc[table["exact"].abs().idxmax()] if table["verified"].any() else None
         if largest is not None:
-            entry["largest_exact"] = {"edge": largest["edge"], "exact": float(largest["exact"])}
+            entry["largest_exact"] = {
+                "edge": largest["edge"],
+                "exact": float(largest["exact"]),
+                "ci_low": float(largest["exact_ci_low"]),
+                "ci_high": float(largest["exact_ci_high"]),
+            }
         self.session.files.update_summary({"edge_attribution": {self.name: entry}})
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
