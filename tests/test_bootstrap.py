@@ -52,6 +52,10 @@ def test_intervals_cover_the_full_data_value_and_shrink_with_more_prompts():
         assert (high - low > 0).all()
         widths.append(high - low)
     assert (widths[1] < widths[0] / 2).all()  # 16 times the prompts: about a quarter of the width
+    # a level-L interval holds the middle L of the resampled scores
+    resampled = bootstrap_scores(contributions, points, resample_counts(400, 1000))
+    inside = ((resampled >= low) & (resampled <= high)).double().mean(0)
+    assert inside.sub(0.95).abs().max() <= 0.002
     narrow = percentile_interval(contributions, points, resample_counts(400, 1000), 0.5)
     assert ((narrow[1] - narrow[0]) < widths[1]).all()
     with pytest.raises(ConfigError, match="between 0 and 1"):
