@@ -9,6 +9,7 @@ from test_circuits import VOCAB, logit_diff, make_model, prompts
 from headcount.circuits.attribution import eap_scores
 from headcount.circuits.cpr import (
     MIB_FRACTIONS,
+    area_intervals,
     circuit_performance,
     curve_areas,
     method_areas,
@@ -156,3 +157,28 @@ def test_the_smallest_size_is_measured_where_it_holds_edges():
     assert (smallest["n"], smallest["edges"]) == (1, 1)
     alone = faithfulness(model, clean, corrupted, [{graph.edge_index["emb -> logits"]}], logit_diff)[0]
     assert smallest["faithfulness"] == pytest.approx(float(alone), abs=1e-10) and abs(float(alone)) > 1e-3
+
+
+def test_a_resamples_areas_are_the_areas_of_the_drawn_prompts():
+    """CPR's interval reads each resample's curve: one resample (prompts 0, 0, 2, 3, 3, 3) is circuit_performance on
+    those prompts; the resample of every prompt once is the full data's."""
+    model = make_model("gpt2")
+    clean, corrupted = prompts(batch=6, seed=4)
+    eap = eap_scores(model, clean, corrupted, logit_diff)
+    curve, sums = faithfulness_curve(
+        model, clean, corrupted, {"eap": eap}, sorted(set(mib_sizes(75))), logit_diff, random_draws=0, per_example=True
+    )
+    drawn = torch.tensor([0, 0, 2, 3, 3, 3])
+    counts = torch.bincount(drawn, minlength=6).double()[None]
+    one = area_intervals(curve, sums, 75, counts).iloc[0]
+    _, by_hand = circuit_performance(model, clean[drawn], corrupted[drawn], {"eap": eap}, logit_diff)
+    # the same sums added in another order, divided by a gap that cancels: float64, relative 1e-7
+    assert one["cpr_ci_low"] == pytest.approx(by_hand.loc[0, "cpr"], rel=1e-7) == one["cpr_ci_high"]
+    assert one["cmd_ci_low"] == pytest.approx(by_hand.loc[0, "cmd"], rel=1e-7)
+    whole = area_intervals(curve, sums, 75, torch.ones(1, 6, dtype=torch.float64)).iloc[0]
+    full = mib_areas(mib_points(curve, 75)).iloc[0]
+    assert (whole["cpr_ci_low"], whole["cmd_ci_high"]) == pytest.approx((full["cpr"], full["cmd"]), abs=1e-12)
+    _, areas = circuit_performance(model, clean, corrupted, {"eap": eap}, logit_diff, resamples=300)
+    row = areas.iloc[0]
+    assert row["cpr_ci_low"] <= row["cpr"] <= row["cpr_ci_high"] and row["cpr_ci_low"] < row["cpr_ci_high"]
+    assert row["cmd_ci_low"] <= row["cmd"] <= row["cmd_ci_high"]

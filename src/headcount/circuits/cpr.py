@@ -27,7 +27,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headcount.circuits.faithfulness import faithfulness_curve
+from headcount.circuits.bootstrap import resample_counts
+from headcount.circuits.faithfulness import faithfulness_curve, ratios
 from headcount.circuits.forward import NodeOutputs
 from headcount.circuits.graph import Graph
 from headcount.circuits.metric import Metric
@@ -92,6 +93,38 @@ def mib_areas(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["method", "draw", "cpr", "cmd"])
 
 
+def area_intervals(
+    curve: pd.DataFrame, sums_BN: Tensor, n_edges: int, counts_RP: Tensor, level: float = 0.95
+) -> pd.DataFrame:
+    """Percentile intervals of CPR and CMD over resamples of the prompts (circuits/bootstrap.py): per resample, every
+    circuit's faithfulness from the resampled per-prompt sums (faithfulness_curve(per_example=True): clean, every
+    edge removed, then the curve's rows), then its areas at MIB's sizes. Columns: method, draw, cpr_ci_low,
+    cpr_ci_high, cmd_ci_low, cmd_ci_high."""
+    if not 0 < level < 1:
+        raise ConfigError("bootstrap.level", level, "a confidence level strictly between 0 and 1, e.g. 0.95")
+    f_RN = ratios(counts_RP.double() @ sums_BN)  # (R, curve rows)
+    width = torch.tensor(MIB_FRACTIONS[1:], dtype=torch.float64) - torch.tensor(MIB_FRACTIONS[:-1])
+    tails = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    rows = []
+    for (method, draw), group in curve.reset_index(drop=True).groupby(["method", "draw"], sort=False):
+        at = {int(n): i for i, n in zip(group.index, group["n"])}
+        f_RS = f_RN[:, [at[n] for n in mib_sizes(n_edges)]]
+        cpr_R = ((f_RS[:, 1:] + f_RS[:, :-1]) / 2 * width).sum(1)
+        cmd_R = (((1 - f_RS[:, 1:]).abs() + (1 - f_RS[:, :-1]).abs()) / 2 * width).sum(1)
+        (cpr_low, cmd_low), (cpr_high, cmd_high) = torch.quantile(torch.stack([cpr_R, cmd_R], 1), tails, dim=0)
+        rows.append(
+            {
+                "method": method,
+                "draw": int(draw),
+                "cpr_ci_low": float(cpr_low),
+                "cpr_ci_high": float(cpr_high),
+                "cmd_ci_low": float(cmd_low),
+                "cmd_ci_high": float(cmd_high),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def method_areas(areas: pd.DataFrame) -> dict[str, dict[str, float]]:
     """method -> {"cpr", "cmd"}: each method's areas; random circuits' as the mean over their draws, with the
     lowest and highest draw's (cpr_min, cpr_max, cmd_min, cmd_max)."""
@@ -113,10 +146,14 @@ def circuit_performance(
     metric: Metric,
     score_positions_B: Tensor | None = None,
     memory_budget: int | None = None,
+    resamples: int = 0,
+    seed: int = 0,
+    level: float = 0.95,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """MIB's evaluation of edge rankings (name -> (E,) scores, ranked by |score|): (points, areas), the ten
     measured points of each ranking's curve (mib_points) and its CPR and CMD (mib_areas), every circuit evaluated
-    exactly in edge-patched passes sized to memory_budget."""
+    exactly in edge-patched passes sized to memory_budget. With resamples, areas also has the level percentile
+    intervals of CPR and CMD over that many seeded resamples of the prompts (area_intervals)."""
     n_edges = len(Graph.of(model).edges)
     for name, values in scores.items():
         if tuple(values.shape) != (n_edges,):
@@ -124,9 +161,13 @@ def circuit_performance(
             raise ConfigError("circuits.scores", name, f"needs one score per edge ({n_edges}), has shape {shape}")
     sizes = sorted(set(mib_sizes(n_edges)))
     args = (model, clean_ids_BT, corrupted_ids_BT, scores, sizes, metric, score_positions_B)
-    curve = faithfulness_curve(*args, random_draws=0, memory_budget=memory_budget)
+    curve, sums_BN = faithfulness_curve(*args, random_draws=0, memory_budget=memory_budget, per_example=True)
     points = mib_points(curve, n_edges)
-    return points, mib_areas(points)
+    areas = mib_areas(points)
+    if resamples:
+        counts = resample_counts(len(sums_BN), resamples, seed)
+        areas = areas.merge(area_intervals(curve, sums_BN, n_edges, counts, level), on=["method", "draw"])
+    return points, areas
 
 
 def ranking_scores(graph: Graph, ranking: Sequence[int] | Tensor) -> Tensor:
