@@ -177,7 +177,7 @@ def test_a_resamples_areas_are_the_areas_of_the_drawn_prompts():
     assert one["cmd_ci_low"] == pytest.approx(by_hand.loc[0, "cmd"], rel=1e-7)
     whole = area_intervals(curve, sums, 75, torch.ones(1, 6, dtype=torch.float64)).iloc[0]
     full = mib_areas(mib_points(curve, 75)).iloc[0]
-    assert (whole["cpr_ci_low"], whole["cmd_ci_high"]) == pytest.approx((full["cpr"], full["cmd"]), abs=1e-12)
+    assert (whole["cpr_ci_low"], whole["cmd_ci_high"]) == pytest.approx((full["cpr"], full["cmd"]), rel=1e-7)
     _, areas = circuit_performance(model, clean, corrupted, {"eap": eap}, logit_diff, resamples=300)
     row = areas.iloc[0]
     assert row["cpr_ci_low"] <= row["cpr"] <= row["cpr_ci_high"] and row["cpr_ci_low"] < row["cpr_ci_high"]
