@@ -117,7 +117,10 @@ def test_edge_attribution_table_is_the_core_and_a_rerun_reads_it_back(run_dir, m
     # MIB's sizes are on the curve, and CPR and CMD are its areas there (circuits/cpr.py, by hand in tests/test_cpr.py)
     assert set(mib_sizes(len(table))) <= set(curve["n"])
     areas = pd.read_csv(ablation / "edge_attribution_cpr.csv")
-    assert len(areas) == 3 + 2 and set(areas.columns) == {"method", "draw", "cpr", "cmd"}
+    bounds = {"cpr_ci_low", "cpr_ci_high", "cmd_ci_low", "cmd_ci_high"}
+    assert len(areas) == 3 + 2 and set(areas.columns) == {"method", "draw", "cpr", "cmd"} | bounds
+    assert (areas["cpr_ci_low"] <= areas["cpr"] + 1e-12).all() and (areas["cpr"] <= areas["cpr_ci_high"] + 1e-12).all()
+    assert (curve["ci_low"] <= curve["faithfulness"] + 1e-12).all() and (curve["ci_low"] < curve["ci_high"]).any()
     for (method, draw), rows in curve.groupby(["method", "draw"]):
         at = rows.set_index("n")["faithfulness"]
         f = [at[n] for n in mib_sizes(len(table))]
@@ -132,7 +135,9 @@ def test_edge_attribution_table_is_the_core_and_a_rerun_reads_it_back(run_dir, m
     assert stability["by"] == "exact" and stability["n"] == 8 and 0 < stability["min_overlap"] <= 1
     assert table["top_share"].between(0, 1).all() and table["top_share"].sum() == pytest.approx(8)
     mib = zero["edge_circuits"]["edge_attribution"]["mib"]
-    assert mib["exact"]["cpr"] == pytest.approx(float(areas.loc[areas["method"] == "exact", "cpr"].iloc[0]))
+    exact_areas = areas[areas["method"] == "exact"].iloc[0]
+    assert mib["exact"]["cpr"] == pytest.approx(float(exact_areas["cpr"]))
+    assert mib["exact"]["cpr_ci_high"] == pytest.approx(float(exact_areas["cpr_ci_high"]))
     assert mib["random"]["cpr"] == pytest.approx(areas.loc[areas["method"] == "random", "cpr"].mean())
     for png in ("edge_attribution_faithfulness.png", "edge_attribution_circuit.png"):
         assert (ablation / png).stat().st_size > 0

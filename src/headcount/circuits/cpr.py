@@ -93,6 +93,16 @@ def mib_areas(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["method", "draw", "cpr", "cmd"])
 
 
+def faithfulness_intervals(sums_BN: Tensor, counts_RP: Tensor, level: float = 0.95) -> tuple[Tensor, Tensor]:
+    """(low, high), one per curve row: each circuit's faithfulness over resamples of the prompts, its percentile
+    interval (sums_BN: faithfulness_curve(per_example=True)'s per-prompt sums)."""
+    if not 0 < level < 1:
+        raise ConfigError("bootstrap.level", level, "a confidence level strictly between 0 and 1, e.g. 0.95")
+    tails = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    low, high = torch.quantile(ratios(counts_RP.double() @ sums_BN), tails, dim=0)
+    return low, high
+
+
 def area_intervals(
     curve: pd.DataFrame, sums_BN: Tensor, n_edges: int, counts_RP: Tensor, level: float = 0.95
 ) -> pd.DataFrame:
@@ -126,11 +136,14 @@ def area_intervals(
 
 
 def method_areas(areas: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """method -> {"cpr", "cmd"}: each method's areas; random circuits' as the mean over their draws, with the
-    lowest and highest draw's (cpr_min, cpr_max, cmd_min, cmd_max)."""
+    """method -> {"cpr", "cmd"}: each method's areas (and their intervals where areas has them); random circuits' as
+    the mean over their draws, with the lowest and highest draw's (cpr_min, cpr_max, cmd_min, cmd_max)."""
     scores: dict[str, dict[str, float]] = {}
     for method, group in areas.groupby("method", sort=False):
         entry = {"cpr": float(group["cpr"].mean()), "cmd": float(group["cmd"].mean())}
+        if len(group) == 1 and "cpr_ci_low" in group:
+            bounds = ("cpr_ci_low", "cpr_ci_high", "cmd_ci_low", "cmd_ci_high")
+            entry |= {key: float(group[key].iloc[0]) for key in bounds}
         if len(group) > 1:
             for key in ("cpr", "cmd"):
                 entry |= {f"{key}_min": float(group[key].min()), f"{key}_max": float(group[key].max())}

@@ -13,7 +13,9 @@ share of resamples whose top circuit_size edges by |circuit_by| hold the edge); 
 score point. A second table, `<name>_faithfulness.csv`, holds the faithfulness curve: for EAP,
 EAP-IG, exact (when every edge has it) and `random_sets` random edge sets, the faithfulness of the top-n circuit
 against n, at the sizes asked for and at MIB's (0.1% .. 100% of the edges, circuits/cpr.py). A third,
-`<name>_cpr.csv`, holds each method's (and random draw's) CPR and CMD, MIB's areas under that curve at its sizes.
+`<name>_cpr.csv`, holds each method's (and random draw's) CPR and CMD, MIB's areas under that curve at its sizes;
+both tables have 95% percentile intervals over the same resamples of the prompts (curve: ci_low, ci_high; areas:
+cpr_ci_low, cpr_ci_high, cmd_ci_low, cmd_ci_high), drawn as error bars on the figure.
 summary.json's `edge_attribution` entry has the Spearman correlation and top-k recall of EAP and EAP-IG against the
 exact scores (when every edge is exact and k is below the number of edges); its `edge_circuits` entry the circuit's
 size, the score that chose it (`circuit_by`), its faithfulness and, under `mib`, each method's CPR and CMD (random:
@@ -47,7 +49,7 @@ from headcount.circuits import (
     top_edges,
 )
 from headcount.circuits.bootstrap import resample_counts, score_intervals, top_n_stability
-from headcount.circuits.cpr import method_areas, mib_areas, mib_points
+from headcount.circuits.cpr import area_intervals, faithfulness_intervals, method_areas, mib_areas, mib_points
 from headcount.config.ablation import AblationConfig, ScanConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
@@ -181,10 +183,15 @@ class EdgeAttributionScan(Scan):
         args = (session.model, inputs.clean_ids_BT, inputs.corrupted)
         seed = session.settings.seed
         budget = inputs.memory_budget
-        curve = faithfulness_curve(*args, scores, sizes, metric, inputs.points_BT, cfg.random_sets, seed, budget)
+        curve, sums_BN = faithfulness_curve(
+            *args, scores, sizes, metric, inputs.points_BT, cfg.random_sets, seed, budget, per_example=True
+        )
+        counts = resample_counts(len(sums_BN), RESAMPLES, seed)
+        curve["ci_low"], curve["ci_high"] = (bound.numpy() for bound in faithfulness_intervals(sums_BN, counts, LEVEL))
+        areas = mib_areas(mib_points(curve, len(graph.edges)))
+        areas = areas.merge(area_intervals(curve, sums_BN, len(graph.edges), counts, LEVEL), on=["method", "draw"])
         self.curve_csv.parent.mkdir(parents=True, exist_ok=True)
         write_csv(self.curve_csv, curve)  # atomically, as every result file
-        areas = mib_areas(mib_points(curve, len(graph.edges)))
         write_csv(self.cpr_csv, areas)
         value = float(faithfulness(*args, [circuit], metric, inputs.points_BT, budget)[0])
         entry = {
@@ -275,6 +282,10 @@ def faithfulness_figure(curve: pd.DataFrame, path: Path, title: str, circuit: di
         ax.plot(stats.index, stats["mean"], marker="o", markersize=3, color=colour, label=label)
         if method == "random":
             ax.fill_between(stats.index, stats["min"], stats["max"], color=colour, alpha=0.2)
+        elif "ci_low" in rows:  # the bootstrap interval over prompts of each circuit's faithfulness
+            bounds = rows.groupby("n")[["ci_low", "ci_high"]].first()
+            errors = [stats["mean"] - bounds["ci_low"], bounds["ci_high"] - stats["mean"]]
+            ax.errorbar(stats.index, stats["mean"], yerr=errors, fmt="none", ecolor=colour, capsize=2, linewidth=0.8)
     if circuit is not None:
         label = f"drawn circuit (by {circuit['circuit_by']})"
         colour = METHOD_COLOURS.get(circuit["circuit_by"])
