@@ -259,7 +259,12 @@ def test_circuit_performance_of_a_brought_ranking_is_the_scans_cpr(run, run_dir)
     assert table.set_index("method").loc["listed", "cpr"] == pytest.approx(row["cpr"], rel=1e-5, abs=1e-7)
     assert row["f_100%"] == pytest.approx(1.0, abs=1e-6) and row["edges_100%"] == len(scan)
     assert {"f_0.1%", "f_50%", "edges_0.1%", "mode", "metric", "n_targets"} <= set(table.columns)
-    single = run.circuit_performance(by_order[:5], mode="zero")
+    # the scan's intervals: the same resamples (the run's seed) of the same prompts
+    assert (row["cpr_ci_low"], row["cmd_ci_high"]) == pytest.approx(
+        (expected["cpr_ci_low"], expected["cmd_ci_high"]), rel=1e-5, abs=1e-7
+    )
+    single = run.circuit_performance(by_order[:5], mode="zero", resamples=0)
+    assert "cpr_ci_low" not in single.columns
     assert list(single["method"]) == ["ranking"] and single["edges_100%"].iloc[0] == len(scan)
     with pytest.raises(ConfigError, match=r"scores='L0H9 -> logits': L0H9: no such node"):
         run.circuit_performance(["L0H9 -> logits"], mode="zero")

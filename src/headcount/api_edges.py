@@ -142,10 +142,16 @@ def rankings(graph: Graph, spec: Rankings, key: str = "scores") -> dict[str, tor
     return scores
 
 
-def score_rankings(run, spec: Rankings, s: AblationConfig, planned) -> tuple[pd.DataFrame, EvaluationSet, int]:
-    """Run.circuit_performance's table: per ranking, MIB's CPR and CMD and the faithfulness of its top-n circuit
-    (pruned) at each of MIB's sizes (columns f_0.1% .. f_100%, and edges_0.1% .. the pruned circuits' sizes), every
-    circuit evaluated exactly on the metric's primary column; the evaluation set and its number of score points."""
+def score_rankings(
+    run, spec: Rankings, s: AblationConfig, planned, resamples: int = 1000, level: float = 0.95
+) -> tuple[pd.DataFrame, EvaluationSet, int]:
+    """Run.circuit_performance's table: per ranking, MIB's CPR and CMD with their percentile intervals over
+    `resamples` resamples of the prompts (seeded by ablation.seed; none with 0) and the faithfulness of its top-n
+    circuit (pruned) at each of MIB's sizes (columns f_0.1% .. f_100%, and edges_0.1% .. the pruned circuits'
+    sizes), every circuit evaluated exactly on the metric's primary column; the evaluation set and its number of
+    score points."""
+    if not isinstance(resamples, int) or resamples < 0:
+        raise ConfigError("resamples", resamples, "an integer >= 0 (0: no intervals)")
     check_edge_mode(s.mode, "mode", "scoring edge rankings")
     model, graph = run.model, Graph.of(run.model)
     scores = rankings(graph, spec)
@@ -153,7 +159,7 @@ def score_rankings(run, spec: Rankings, s: AblationConfig, planned) -> tuple[pd.
     inputs, targets = edge_inputs(evaluated.batches, planned.mode, model, s.memory_budget_mb, "task")
     metric = inputs.metric(planned.metric, targets, planned.metric.columns.index(planned.metric.primary))
     args = (model, inputs.clean_ids_BT, inputs.corrupted, scores, metric, inputs.points_BT, inputs.memory_budget)
-    points, areas = circuit_performance(*args)
+    points, areas = circuit_performance(*args, resamples=resamples, seed=s.seed, level=level)
     table = areas.drop(columns="draw")
     for column, values in (("f", "faithfulness"), ("edges", "edges")):
         wide = points.pivot(index="method", columns="fraction", values=values)
