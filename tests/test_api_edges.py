@@ -245,3 +245,28 @@ def test_the_circuit_figure_names_its_score_and_faithfulness_and_dashes_edges_th
     assert {"-", "--"} <= set(styles.values())
     assert all((styles[e] == "--") == (signed[e] < 0) for e in styles)
     assert "removing it helps" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+
+
+def test_circuit_performance_of_a_brought_ranking_is_the_scans_cpr(run, run_dir):
+    scan = exact_scan(run)
+    exact = dict(zip(scan["edge"], scan["exact"]))
+    by_order = list(scan.loc[scan["exact"].abs().sort_values(ascending=False, kind="stable").index, "edge"])
+    table = run.circuit_performance({"exact": exact, "listed": by_order}, mode="zero")
+    areas = pd.read_csv(RunPaths(run_dir).ablation / "edge_attribution_cpr.csv")
+    expected = areas[areas["method"] == "exact"].iloc[0]
+    row = table.set_index("method").loc["exact"]
+    assert (row["cpr"], row["cmd"]) == pytest.approx((expected["cpr"], expected["cmd"]), rel=1e-5, abs=1e-7)
+    assert table.set_index("method").loc["listed", "cpr"] == pytest.approx(row["cpr"], rel=1e-5, abs=1e-7)
+    assert row["f_100%"] == pytest.approx(1.0, abs=1e-6) and row["edges_100%"] == len(scan)
+    assert {"f_0.1%", "f_50%", "edges_0.1%", "mode", "metric", "n_targets"} <= set(table.columns)
+    # the scan's intervals: the same resamples (the run's seed) of the same prompts
+    assert (row["cpr_ci_low"], row["cmd_ci_high"]) == pytest.approx(
+        (expected["cpr_ci_low"], expected["cmd_ci_high"]), rel=1e-5, abs=1e-7
+    )
+    single = run.circuit_performance(by_order[:5], mode="zero", resamples=0)
+    assert "cpr_ci_low" not in single.columns
+    assert list(single["method"]) == ["ranking"] and single["edges_100%"].iloc[0] == len(scan)
+    with pytest.raises(ConfigError, match=r"scores='L0H9 -> logits': L0H9: no such node"):
+        run.circuit_performance(["L0H9 -> logits"], mode="zero")
+    with pytest.raises(ConfigError, match="an edge ranking"):
+        run.circuit_performance({"mine": "L0H0 -> logits"}, mode="zero")  # a string, not a ranking

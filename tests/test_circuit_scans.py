@@ -15,11 +15,14 @@ from sweep_helpers import SMOKE, command_in_process, one_line, train_in_process
 import headcount
 from headcount.ablation.scans import edge_attribution, path_patching
 from headcount.circuits import (
+    MIB_FRACTIONS,
     NodeOutputs,
     PointMetric,
+    curve_areas,
     eap_ig_scores,
     eap_scores,
     exact_edge_scores,
+    mib_sizes,
     node_outputs,
     path_patch,
 )
@@ -112,6 +115,31 @@ def test_edge_attribution_table_is_the_core_and_a_rerun_reads_it_back(run_dir, m
     zero = json.loads((ablation / "summary.json").read_text())["modes"]["zero"]
     assert set(zero["edge_attribution"]["edge_attribution"]["eap"]) == {"spearman", "top_10_recall"}
     assert zero["edge_circuits"]["edge_attribution"]["circuit_edges"] <= 8
+    # MIB's sizes are on the curve, and CPR and CMD are its areas there (circuits/cpr.py, by hand in tests/test_cpr.py)
+    assert set(mib_sizes(len(table))) <= set(curve["n"])
+    areas = pd.read_csv(ablation / "edge_attribution_cpr.csv")
+    bounds = {"cpr_ci_low", "cpr_ci_high", "cmd_ci_low", "cmd_ci_high"}
+    assert len(areas) == 3 + 2 and set(areas.columns) == {"method", "draw", "cpr", "cmd"} | bounds
+    assert (areas["cpr_ci_low"] <= areas["cpr"] + 1e-12).all() and (areas["cpr"] <= areas["cpr_ci_high"] + 1e-12).all()
+    assert (curve["ci_low"] <= curve["faithfulness"] + 1e-12).all() and (curve["ci_low"] < curve["ci_high"]).any()
+    for (method, draw), rows in curve.groupby(["method", "draw"]):
+        at = rows.set_index("n")["faithfulness"]
+        f = [at[n] for n in mib_sizes(len(table))]
+        expected = curve_areas(MIB_FRACTIONS, f)
+        row = areas[(areas["method"] == method) & (areas["draw"] == draw)].iloc[0]
+        assert (row["cpr"], row["cmd"]) == pytest.approx((expected["cpr"], expected["cmd"]), abs=1e-12)
+    # every score's bootstrap interval holds it (the full data's value); the circuit's stability over resamples
+    for method in ("eap", "eap_ig", "exact"):
+        low, high = table[f"{method}_ci_low"], table[f"{method}_ci_high"]
+        assert (low <= table[method] + 1e-12).all() and (table[method] <= high + 1e-12).all() and (low < high).any()
+    stability = zero["edge_circuits"]["edge_attribution"]["stability"]
+    assert stability["by"] == "exact" and stability["n"] == 8 and 0 < stability["min_overlap"] <= 1
+    assert table["top_share"].between(0, 1).all() and table["top_share"].sum() == pytest.approx(8)
+    mib = zero["edge_circuits"]["edge_attribution"]["mib"]
+    exact_areas = areas[areas["method"] == "exact"].iloc[0]
+    assert mib["exact"]["cpr"] == pytest.approx(float(exact_areas["cpr"]))
+    assert mib["exact"]["cpr_ci_high"] == pytest.approx(float(exact_areas["cpr_ci_high"]))
+    assert mib["random"]["cpr"] == pytest.approx(areas.loc[areas["method"] == "random", "cpr"].mean())
     for png in ("edge_attribution_faithfulness.png", "edge_attribution_circuit.png"):
         assert (ablation / png).stat().st_size > 0
 

@@ -81,6 +81,7 @@ def test_offline_wandb_run_holds_curves_ablation_tables_and_summary(compose_trai
     assert {"train/loss", "val/loss", "ablation/table/single_head", "ablation/table/pruning"} <= history
     assert {"ablation/figure/single_head", "ablation/figure/pruning", "ablation/pruning_curves_table"} <= history
     edges = {"ablation/table/edge_attribution", "ablation/table/edge_attribution_faithfulness"}
+    edges |= {"ablation/table/edge_attribution_cpr"}
     assert (
         edges | {"ablation/figure/edge_attribution_faithfulness", "ablation/figure/edge_attribution_circuit"} <= history
     )
@@ -94,6 +95,10 @@ def test_offline_wandb_run_holds_curves_ablation_tables_and_summary(compose_trai
     assert summary["ablation/edge_attribution/circuit_faithfulness"] == pytest.approx(circuit)
     spearman = expected["edge_attribution"]["edge_attribution"]["eap"]["spearman"]
     assert summary["ablation/edge_attribution/eap_spearman"] == pytest.approx(spearman)
+    for method in ("eap", "eap_ig", "exact", "random"):
+        for area in ("cpr", "cmd"):
+            mib = expected["edge_circuits"]["edge_attribution"]["mib"][method][area]
+            assert summary[f"ablation/edge_attribution/{method}_{area}"] == pytest.approx(mib)
     media = offline_run / "files" / "media"
     (table_file,) = (media / "table" / "ablation" / "table").glob("single_head_*.table.json")
     table = json.loads(table_file.read_text())

@@ -46,7 +46,7 @@ from headcount.ablation.records.summary import read_summary
 from headcount.ablation.scans.base import ScanSettings, typed_scan, typed_scans
 from headcount.ablation.scans.mask_scan import scan_table
 from headcount.ablation.session import AblationSession, resolve_device, typed_ablation
-from headcount.api_edges import EdgeSets, evaluate_edges
+from headcount.api_edges import EdgeSets, Rankings, evaluate_edges, score_rankings
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig
 from headcount.config.task import TaskConfig
@@ -174,6 +174,33 @@ class Run:
         totals = evaluator.accumulate(masks_to_gates(head_masks, self.model.heads_per_layer), position_M=position_M)
         table = scan_table("evaluate", s.mode, head_masks, totals, baseline, chosen_metric, counterpart)
         return with_record(table.drop(columns="scan"), self.evaluation_record(data, planned, baseline["n_targets"]))
+
+    def circuit_performance(
+        self,
+        scores: Rankings,
+        mode: str | None = None,
+        metric: Any = None,
+        task: TaskSpec = None,
+        resamples: int = 1000,
+        level: float = 0.95,
+        **settings: Any,
+    ) -> pd.DataFrame:
+        """MIB's circuit localization scores of edge rankings you bring (Mueller et al., ICML 2025): per ranking, one
+        row of method, mode, cpr (area under the faithfulness curve, higher is better), cmd (area under |1 -
+        faithfulness|, lower is better), their `level` percentile intervals over `resamples` resamples of the prompts
+        (cpr_ci_low, cpr_ci_high, cmd_ci_low, cmd_ci_high; seeded by ablation.seed; resamples=0: none), the
+        faithfulness of the top-n circuit (pruned to paths from the embeddings to the logits) at 0.1%, 0.2%, ...,
+        100% of the model's edges (f_0.1% .. f_100%, each measured by the exact edge-patched forward) and those
+        circuits' sizes after pruning (edges_0.1% ..), then how it was computed (headcount/circuits/cpr.py and
+        bootstrap.py have the definitions). Writes nothing.
+
+        scores: a list of edge names, most important first ("L0H3 -> L1H2.k", as the edge scans name them), or a
+        mapping edge name -> score (ranked by |score|; an edge left out scores 0), or a mapping name -> either of
+        those, one row per name. mode (zero, resample or patch), metric, task and settings as for evaluate."""
+        s = self.mode_settings(mode, metric, **settings)
+        planned = plan(s, self.task_settings(task), lambda _: self.task(task), self.ablation_dir)
+        table, data, n_points = score_rankings(self, scores, s, planned, resamples, level)
+        return with_record(table, self.evaluation_record(data, planned, n_points))
 
     def scan(
         self, name: str, mode: str | None = None, metric: Any = None, task: TaskSpec = None, **scan_settings: Any

@@ -24,11 +24,15 @@ import torch
 
 from headcount.ablation.engine.evaluation import EvaluationSet, counterpart_baseline
 from headcount.ablation.scans.circuit_inputs import check_edge_mode, edge_inputs
-from headcount.circuits import Graph, edge_metric
+from headcount.circuits import Graph, circuit_performance, edge_metric
+from headcount.circuits.cpr import ranking_scores
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 
 EdgeSets = str | Sequence[str] | Mapping[str, str | Sequence[str]]
+Ranking = Sequence[str] | Mapping[str, float]
+Rankings = Ranking | Mapping[str, Ranking]
+RANKING = "an edge ranking: a list of edge names, most important first, or a mapping edge name -> score (by |score|)"
 ALLOWED = "a list of edge names such as ['L0H3 -> L1H2.k', 'L1.mlp -> logits'], or a mapping name -> such a list"
 
 
@@ -110,4 +114,56 @@ def evaluate_edges(
     table["n_edges_removed"] = weights[2:].sum(1).long().numpy()
     span = float(primary[0] - primary[1])
     table["faithfulness"] = ((primary[2:] - primary[1]) / span).numpy() if span != 0 else float("nan")
+    return table, data, inputs.n_points
+
+
+def rankings(graph: Graph, spec: Rankings, key: str = "scores") -> dict[str, torch.Tensor]:
+    """name -> (E,) scores per ranking: one ranking (named "ranking" for a list, "scores" for a mapping of edges to
+    numbers) or a mapping name -> ranking. A list ranks its edges first to last; a mapping by |score|; an edge not
+    named scores 0, after every named one. Every edge name is checked by the graph."""
+    single = isinstance(spec, Sequence) and not isinstance(spec, str)
+    if isinstance(spec, Mapping) and all(isinstance(v, int | float) for v in spec.values()):
+        single = True
+    named = {("ranking" if isinstance(spec, Sequence) else "scores"): spec} if single else spec
+    if not isinstance(named, Mapping) or not named:
+        raise ConfigError(key, spec, RANKING)
+    scores = {}
+    for name, ranking in named.items():
+        if isinstance(ranking, Sequence) and not isinstance(ranking, str) and all(isinstance(e, str) for e in ranking):
+            order = [edge_index(graph, edge, key) for edge in ranking]
+            scores[str(name)] = ranking_scores(graph, order)
+        elif isinstance(ranking, Mapping) and all(isinstance(v, int | float) for v in ranking.values()):
+            values = torch.zeros(len(graph.edges), dtype=torch.float64)
+            for edge, value in ranking.items():
+                values[edge_index(graph, edge, key)] = float(value)
+            scores[str(name)] = values
+        else:
+            raise ConfigError(key, ranking, RANKING)
+    return scores
+
+
+def score_rankings(
+    run, spec: Rankings, s: AblationConfig, planned, resamples: int = 1000, level: float = 0.95
+) -> tuple[pd.DataFrame, EvaluationSet, int]:
+    """Run.circuit_performance's table: per ranking, MIB's CPR and CMD with their percentile intervals over
+    `resamples` resamples of the prompts (seeded by ablation.seed; none with 0) and the faithfulness of its top-n
+    circuit (pruned) at each of MIB's sizes (columns f_0.1% .. f_100%, and edges_0.1% .. the pruned circuits'
+    sizes), every circuit evaluated exactly on the metric's primary column; the evaluation set and its number of
+    score points."""
+    if not isinstance(resamples, int) or resamples < 0:
+        raise ConfigError("resamples", resamples, "an integer >= 0 (0: no intervals)")
+    check_edge_mode(s.mode, "mode", "scoring edge rankings")
+    model, graph = run.model, Graph.of(run.model)
+    scores = rankings(graph, spec)
+    data, evaluated = run.evaluation(s, planned.mode, planned.metric, planned.task)
+    inputs, targets = edge_inputs(evaluated.batches, planned.mode, model, s.memory_budget_mb, "task")
+    metric = inputs.metric(planned.metric, targets, planned.metric.columns.index(planned.metric.primary))
+    args = (model, inputs.clean_ids_BT, inputs.corrupted, scores, metric, inputs.points_BT, inputs.memory_budget)
+    points, areas = circuit_performance(*args, resamples=resamples, seed=s.seed, level=level)
+    table = areas.drop(columns="draw")
+    for column, values in (("f", "faithfulness"), ("edges", "edges")):
+        wide = points.pivot(index="method", columns="fraction", values=values)
+        wide.columns = [f"{column}_{fraction * 100:g}%" for fraction in wide.columns]
+        table = table.join(wide, on="method")
+    table.insert(1, "mode", s.mode)
     return table, data, inputs.n_points

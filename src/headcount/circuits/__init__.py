@@ -1,7 +1,8 @@
 """Circuit analysis: how heads connect. Nodes and edges (graph.py), the exact edge-patched forward (forward.py), path
 patching (path_patching.py), edge attribution: exact, EAP and EAP-IG (attribution.py; gradients.py: the receiver
-gradients EAP reads from one backward), circuits and their faithfulness (faithfulness.py) and a circuit's picture
-(figure.py), every evaluation in passes of some rows of some examples sized to a memory budget (passes.py).
+gradients EAP reads from one backward), circuits and their faithfulness (faithfulness.py), MIB's CPR and CMD of a
+ranking (cpr.py) and a circuit's picture (figure.py), every evaluation in passes of some rows of some examples sized
+to a memory budget (passes.py).
 docs/DESIGN.md, "Circuits: nodes, edges, path patching", has the definitions. Imports only headcount.model,
 headcount.config and headcount.errors, so scans can wrap it; every function takes (model, clean ids, corrupted ids,
 ..., metric, score positions). For example:
@@ -15,6 +16,7 @@ headcount.config and headcount.errors, so scans can wrap it; every function take
     effect = path_patch(model, clean_ids, corrupted_ids, [(["L0H1"], ["L1H0.k"])], metric)
     circuit = top_edges(Graph.of(model), eap, 50)
     faithfulness(model, clean_ids, corrupted_ids, [circuit], metric)
+    points, areas = circuit_performance(model, clean_ids, corrupted_ids, {"eap": eap}, metric)  # MIB's CPR, CMD
     save_circuit(Graph.of(model), circuit, "circuit.png", eap)
 """
 
@@ -25,6 +27,7 @@ from headcount.circuits.attribution import (
     exact_edge_scores,
     ranking_agreement,
 )
+from headcount.circuits.cpr import MIB_FRACTIONS, circuit_performance, curve_areas, mib_sizes
 from headcount.circuits.faithfulness import faithfulness, faithfulness_curve, prune, top_edges
 from headcount.circuits.figure import draw_circuit, save_circuit
 from headcount.circuits.forward import NodeOutputs, edge_forward, node_outputs, outputs_of
@@ -34,6 +37,7 @@ from headcount.circuits.passes import PassPlan
 from headcount.circuits.path_patching import path_patch
 
 __all__ = [
+    "MIB_FRACTIONS",
     "Edge",
     "Graph",
     "Node",
@@ -41,6 +45,8 @@ __all__ = [
     "PassPlan",
     "PointMetric",
     "Receiver",
+    "circuit_performance",
+    "curve_areas",
     "draw_circuit",
     "eap_ig_scores",
     "eap_scores",
@@ -49,6 +55,7 @@ __all__ = [
     "exact_edge_scores",
     "faithfulness",
     "faithfulness_curve",
+    "mib_sizes",
     "node_outputs",
     "outputs_of",
     "path_patch",

@@ -53,6 +53,22 @@ def edge_metric(
     """(N,) float64: the metric of the edge-patched forward at each row of edge weights (1 = removed), summed over
     the points. Passes hold rows_per_pass rows (None: as many as fit) of as many examples as fit memory_budget bytes
     (None: the default budget, passes.py)."""
+    args = (model, clean_ids_BT, corrupted_ids_BT, weights_NE, metric, score_positions_B, rows_per_pass)
+    return edge_point_values(*args, memory_budget).sum(1)
+
+
+def edge_point_values(
+    model: Transformer,
+    clean_ids_BT: Tensor,
+    corrupted_ids_BT: Tensor | NodeOutputs,
+    weights_NE: Tensor,
+    metric: Metric,
+    score_positions_B: Tensor | None = None,
+    rows_per_pass: int | None = None,
+    memory_budget: int | None = None,
+) -> Tensor:
+    """(N, P) float64: edge_metric's values at each of the P points (row-major in the points mask) before their sum,
+    which the bootstrap over prompts resamples (circuits/bootstrap.py)."""
     points_BT = points_mask(clean_ids_BT, score_positions_B)
     plan = edge_plan(model, points_BT, len(weights_NE), memory_budget, rows_per_pass)
     values_NP = torch.empty(len(weights_NE), int(points_BT.sum()), dtype=torch.float64)
@@ -65,7 +81,7 @@ def edge_metric(
                 values_NP[rows, columns] = point_values(
                     logits_at(model, stream, points_BT[examples]), metric_at(metric, columns)
                 )
-    return values_NP.sum(1)
+    return values_NP
 
 
 def edge_plan(
@@ -120,15 +136,23 @@ def exact_edge_scores(
     edges: list[int] | None = None,
     rows_per_pass: int | None = None,
     memory_budget: int | None = None,
+    per_example: bool = False,
 ) -> Tensor:
-    """(E,) float64 (or one per index in `edges`): M(edge removed alone) - M(clean)."""
+    """(E,) float64 (or one per index in `edges`): M(edge removed alone) - M(clean); per_example: (B, E), each
+    example's points summed apart (their sum over examples is the (E,) scores)."""
     n_edges = len(Graph.of(model).edges)
     chosen = list(range(n_edges)) if edges is None else edges
     weights = torch.zeros(len(chosen) + 1, n_edges, dtype=torch.float64)
     weights[torch.arange(len(chosen)) + 1, chosen] = 1.0  # row 0: nothing removed
     args = (model, clean_ids_BT, corrupted_ids_BT, weights, metric, score_positions_B)
-    sums = edge_metric(*args, rows_per_pass, memory_budget)
-    return sums[1:] - sums[0]
+    if not per_example:
+        sums = edge_metric(*args, rows_per_pass, memory_budget)
+        return sums[1:] - sums[0]
+    values_NP = edge_point_values(*args, rows_per_pass, memory_budget)
+    points_BT = points_mask(clean_ids_BT, score_positions_B)
+    prompt_P = points_BT.nonzero()[:, 0]
+    sums_BN = torch.zeros(len(points_BT), len(values_NP), dtype=torch.float64).index_add_(0, prompt_P, values_NP.T)
+    return sums_BN[:, 1:] - sums_BN[:, :1]
 
 
 def eap_scores(
@@ -138,13 +162,16 @@ def eap_scores(
     metric: Metric,
     score_positions_B: Tensor | None = None,
     memory_budget: int | None = None,
+    per_example: bool = False,
 ) -> Tensor:
     """(E,) float64: EAP's first-order estimate of every edge's exact score, the passes' dot products added in
-    float64."""
+    float64; per_example: (B, E), each example's own dot products (their sum over examples is the (E,) scores),
+    which the bootstrap over prompts resamples (circuits/bootstrap.py)."""
     points_BT = points_mask(clean_ids_BT, score_positions_B)
     plan = edge_plan(model, points_BT, 1, memory_budget, grad=True)
-    scores = EdgeGradients(model)
+    scores = EdgeGradients(model, len(points_BT) if per_example else None)
     for examples, columns in example_chunks(plan, points_BT):
+        scores.examples = examples
         corrupted = run_outputs(model, corrupted_ids_BT, examples)
         grads = receiver_gradients(
             model, model.embed(clean_ids_BT[examples]), points_BT[examples], metric_at(metric, columns)
@@ -163,15 +190,17 @@ def eap_ig_scores(
     steps: int = 5,
     score_positions_B: Tensor | None = None,
     memory_budget: int | None = None,
+    per_example: bool = False,
 ) -> Tensor:
     """(E,) float64: EAP-IG with `steps` interpolations of the input embeddings between corrupted and clean, in
-    passes of some steps of some examples, the dot products added in float64."""
+    passes of some steps of some examples, the dot products added in float64; per_example: (B, E), as for EAP."""
     if not isinstance(steps, int) or steps < 1:
         raise ConfigError("edge_attribution.steps", steps, "EAP-IG needs an integer number of steps >= 1")
     points_BT = points_mask(clean_ids_BT, score_positions_B)
     plan = edge_plan(model, points_BT, steps, memory_budget, grad=True, reference=True)
-    scores = EdgeGradients(model)
+    scores = EdgeGradients(model, len(points_BT) if per_example else None)
     for examples, columns in example_chunks(plan, points_BT):
+        scores.examples = examples
         clean = plain_outputs(model, clean_ids_BT[examples])
         corrupted = run_outputs(model, corrupted_ids_BT, examples)
         delta = corrupted.minus(clean)
@@ -198,10 +227,15 @@ class EdgeGradients:
     forward.py's post_norm(combine(z + a (z' - z)))): its dot product is (z'_h - z_h) W_O^h . J^T g_r, with J^T g_r
     taken run by run (J differs between EAP-IG's steps)."""
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, examples: int | None = None):
+        """examples: None sums over every example; a number keeps one sum per example (B of them; `add` and
+        `contract` then say which examples the pass holds), the same products taken example by example."""
         self.model, self.graph = model, Graph.of(model)
         graph = self.graph
-        self.sums_RS = torch.zeros(len(graph.receivers), len(graph.senders), dtype=torch.float64)
+        shape = (len(graph.receivers), len(graph.senders))
+        self.per_example = examples is not None
+        self.sums_RS = torch.zeros((examples, *shape) if self.per_example else shape, dtype=torch.float64)
+        self.examples = slice(None)
         # receiver groups in receiver order: (first row, what they are, the senders they read)
         self.groups: list[tuple[int, tuple[str, int], int]] = []
         row = 0
@@ -233,22 +267,34 @@ class EdgeGradients:
                 through_XRTC = through_norm(
                     self.model.blocks[layer].ln_attn_out, combined_RTC, grads_XNK.reshape(-1, *combined_RTC.shape)
                 )
-                product_XH = through_XRTC.view(grads_XNK.shape).sum(1) @ heads_HK.T
-                self.sums_RS[row : row + len(grads_XNK), start : start + len(heads_HK)] += product_XH.double().cpu()
+                product_XH = self.product(through_XRTC.view(grads_XNK.shape).sum(1), heads_HK)
+                self.sums_RS[..., row : row + len(grads_XNK), start : start + len(heads_HK)] += product_XH
 
     @torch.no_grad()
     def contract(self, delta: NodeOutputs) -> None:
         """Add the products of the gradients summed since the last call with the senders' deltas `delta`."""
         senders_SK, _ = sender_rows(self.model, delta)
         for i, (row, _, n_senders) in enumerate(self.groups):
-            product_XS = self.pending[i] @ senders_SK[:n_senders].T
-            self.sums_RS[row : row + len(product_XS), :n_senders] += product_XS.double().cpu()
+            product_XS = self.product(self.pending[i], senders_SK[:n_senders])
+            self.sums_RS[..., row : row + product_XS.shape[-2], :n_senders] += product_XS
         self.pending = [None] * len(self.groups)
 
+    def product(self, grads_XK: Tensor, senders_SK: Tensor) -> Tensor:
+        """(X, S) float64 on the CPU: grads . senders over K = B*T*C; per example, (B, X, S) at the pass's examples'
+        rows of the sums (self.examples), each over its own T*C."""
+        if not self.per_example:
+            return (grads_XK @ senders_SK.T).double().cpu()
+        B = len(range(self.sums_RS.shape[0])[self.examples])
+        grads_XBK, senders_SBK = grads_XK.view(len(grads_XK), B, -1), senders_SK.view(len(senders_SK), B, -1)
+        full_BXS = torch.einsum("xbk,sbk->bxs", grads_XBK, senders_SBK).double().cpu()
+        at = torch.zeros(self.sums_RS.shape[0], *full_BXS.shape[1:], dtype=torch.float64)
+        at[self.examples] = full_BXS
+        return at
+
     def edges(self) -> Tensor:
-        """(E,) float64 in Graph.edges' order (by receiver, then sender)."""
+        """(E,) float64 in Graph.edges' order (by receiver, then sender); per example (B, E)."""
         reads_R = torch.tensor([self.graph.n_senders(r) for r in self.graph.receivers])
-        return self.sums_RS[torch.arange(len(self.graph.senders))[None] < reads_R[:, None]]
+        return self.sums_RS[..., torch.arange(len(self.graph.senders))[None] < reads_R[:, None]]
 
 
 def sender_rows(model: Transformer, delta: NodeOutputs) -> tuple[Tensor, dict[int, Tensor]]:

@@ -18,10 +18,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headcount.circuits.attribution import edge_metric
+from headcount.circuits.attribution import edge_point_values
 from headcount.circuits.forward import NodeOutputs
 from headcount.circuits.graph import Graph, Node
-from headcount.circuits.metric import Metric
+from headcount.circuits.metric import Metric, points_mask
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 
@@ -58,13 +58,36 @@ def faithfulness(
 ) -> Tensor:
     """(K,) float64: each circuit's faithfulness, all in edge-patched passes sized to memory_budget bytes (None: the
     default budget, passes.py)."""
+    args = (model, clean_ids_BT, corrupted_ids_BT, circuits, metric, score_positions_B, memory_budget)
+    return ratios(circuit_metrics(*args).sum(0))
+
+
+def ratios(sums_N: Tensor) -> Tensor:
+    """Faithfulness from metric sums [clean, every edge removed, circuits...] (the last dimension)."""
+    return (sums_N[..., 2:] - sums_N[..., 1:2]) / (sums_N[..., :1] - sums_N[..., 1:2])
+
+
+def circuit_metrics(
+    model: Transformer,
+    clean_ids_BT: Tensor,
+    corrupted_ids_BT: Tensor | NodeOutputs,
+    circuits: list[set[int]],
+    metric: Metric,
+    score_positions_B: Tensor | None = None,
+    memory_budget: int | None = None,
+) -> Tensor:
+    """(B, K + 2) float64: each prompt's metric (its points summed) with nothing removed, every edge removed and each
+    circuit kept, in that order: the sums faithfulness divides, per prompt, which the bootstrap resamples."""
     n_edges = len(Graph.of(model).edges)
     weights = torch.ones(len(circuits) + 2, n_edges, dtype=torch.float64)
     weights[0] = 0.0  # clean; row 1: every edge removed
     for k, circuit in enumerate(circuits):
         weights[k + 2, list(circuit)] = 0.0
-    sums = edge_metric(model, clean_ids_BT, corrupted_ids_BT, weights, metric, score_positions_B, None, memory_budget)
-    return (sums[2:] - sums[1]) / (sums[0] - sums[1])
+    args = (model, clean_ids_BT, corrupted_ids_BT, weights, metric, score_positions_B, None, memory_budget)
+    values_NP = edge_point_values(*args)
+    prompt_P = points_mask(clean_ids_BT, score_positions_B).nonzero()[:, 0]
+    sums_BN = torch.zeros(len(clean_ids_BT), len(weights), dtype=torch.float64)
+    return sums_BN.index_add_(0, prompt_P, values_NP.T)
 
 
 def faithfulness_curve(
@@ -78,10 +101,12 @@ def faithfulness_curve(
     random_draws: int = 5,
     seed: int = 0,
     memory_budget: int | None = None,
-) -> pd.DataFrame:
+    per_example: bool = False,
+) -> pd.DataFrame | tuple[pd.DataFrame, Tensor]:
     """Faithfulness against n: per scoring method (name -> (E,) scores) and per size n, the top-n circuit; and
     `random_draws` random circuits per n ("random", seeded), in passes sized to memory_budget. Columns: method, n,
-    edges (after pruning), draw, faithfulness."""
+    edges (after pruning), draw, faithfulness. per_example: also circuit_metrics' (B, rows + 2) per-prompt sums, row
+    i of the table in column i + 2."""
     graph = Graph.of(model)
     generator = torch.Generator().manual_seed(seed)
     rows, circuits = [], []
@@ -94,7 +119,9 @@ def faithfulness_curve(
             chosen = torch.randperm(len(graph.edges), generator=generator)[:n].tolist()
             circuits.append(prune(graph, set(chosen)))
             rows.append({"method": "random", "n": n, "draw": draw})
-    values = faithfulness(model, clean_ids_BT, corrupted_ids_BT, circuits, metric, score_positions_B, memory_budget)
-    for row, circuit, value in zip(rows, circuits, values.tolist()):
+    args = (model, clean_ids_BT, corrupted_ids_BT, circuits, metric, score_positions_B, memory_budget)
+    sums_BN = circuit_metrics(*args)
+    for row, circuit, value in zip(rows, circuits, ratios(sums_BN.sum(0)).tolist()):
         row.update(edges=len(circuit), faithfulness=value)
-    return pd.DataFrame(rows, columns=["method", "n", "edges", "draw", "faithfulness"])
+    table = pd.DataFrame(rows, columns=["method", "n", "edges", "draw", "faithfulness"])
+    return (table, sums_BN) if per_example else table

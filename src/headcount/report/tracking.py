@@ -35,7 +35,7 @@ def summary_headline(summary: dict, mode: str = "zero") -> dict[str, Any]:
 
 def edge_headline(section: dict) -> dict[str, Any]:
     """A summary.json section's edge scan numbers, per scan name: EAP's and EAP-IG's agreement with the exact scores,
-    the largest exact edge, and the circuit's faithfulness."""
+    the largest exact edge, the circuit's faithfulness and each method's CPR and CMD (MIB's areas)."""
     numbers: dict[str, Any] = {}
     for name, entry in section.get("edge_attribution", {}).items():
         for method in ("eap", "eap_ig"):
@@ -46,6 +46,8 @@ def edge_headline(section: dict) -> dict[str, Any]:
             numbers |= {f"{name}/largest_exact_edge": top["edge"], f"{name}/largest_exact": top["exact"]}
     for name, entry in section.get("edge_circuits", {}).items():
         numbers[f"{name}/circuit_faithfulness"] = entry["circuit_faithfulness"]
+        for method, areas in entry.get("mib", {}).items():
+            numbers |= {f"{name}/{method}_{key}": areas[key] for key in ("cpr", "cmd")}
     return numbers
 
 

@@ -6,12 +6,21 @@ edge) evaluated exactly by the edge-patched forward (headcount/circuits/attribut
 Columns: edge, sender, receiver, eap, eap_ig, exact (empty unless evaluated), rank (by |eap|, 1 first), verified,
 in_circuit (the `circuit_size` edges of largest |score| by the best score every edge of the model has: exact when
 every edge has an exact score, with exact_all and no receivers or verify_top_k at least the number of edges, else
-EAP-IG; pruned to those on a path from the embeddings to the logits), circuit_by (that score's column); scores in
-the metric's unit per score point. A second table, `<name>_faithfulness.csv`, holds the faithfulness curve: for EAP,
+EAP-IG; pruned to those on a path from the embeddings to the logits), circuit_by (that score's column), then
+eap_ci_low, eap_ci_high, eap_ig_ci_low, eap_ig_ci_high, exact_ci_low, exact_ci_high (95% percentile intervals of
+each score over 1000 resamples of the prompts, seeded by the run's seed: circuits/bootstrap.py) and top_share (the
+share of resamples whose top circuit_size edges by |circuit_by| hold the edge); scores in the metric's unit per
+score point. A second table, `<name>_faithfulness.csv`, holds the faithfulness curve: for EAP,
 EAP-IG, exact (when every edge has it) and `random_sets` random edge sets, the faithfulness of the top-n circuit
-against n. summary.json's `edge_attribution` entry has the Spearman correlation and top-k recall of EAP and EAP-IG
-against the exact scores (when every edge is exact and k is below the number of edges); its `edge_circuits` entry
-the circuit's size, the score that chose it (`circuit_by`) and its faithfulness. Figures: the faithfulness curve and
+against n, at the sizes asked for and at MIB's (0.1% .. 100% of the edges, circuits/cpr.py). A third,
+`<name>_cpr.csv`, holds each method's (and random draw's) CPR and CMD, MIB's areas under that curve at its sizes;
+both tables have 95% percentile intervals over the same resamples of the prompts (curve: ci_low, ci_high; areas:
+cpr_ci_low, cpr_ci_high, cmd_ci_low, cmd_ci_high), drawn as error bars on the figure.
+summary.json's `edge_attribution` entry has the Spearman correlation and top-k recall of EAP and EAP-IG against the
+exact scores (when every edge is exact and k is below the number of edges); its `edge_circuits` entry the circuit's
+size, the score that chose it (`circuit_by`), its faithfulness and, under `mib`, each method's CPR and CMD (random:
+the draws' mean, lowest and highest) and, under `stability`, the mean and lowest overlap of the resamples' top
+circuit_size edges with the full data's. Figures: the faithfulness curve (each method labelled with its CPR and CMD) and
 the circuit drawn (titled with its score and faithfulness; an edge whose removal helps the metric dashed).
 Passes are sized to `ablation.memory_budget_mb` (circuits/passes.py): examples and weight rows (EAP-IG: steps) split
 so that a pass fits, the sums exact whatever the split. No partial file: a killed scan recomputes its table (one
@@ -34,9 +43,12 @@ from headcount.circuits import (
     exact_edge_scores,
     faithfulness,
     faithfulness_curve,
+    mib_sizes,
     ranking_agreement,
     top_edges,
 )
+from headcount.circuits.bootstrap import resample_counts, score_intervals, top_n_stability
+from headcount.circuits.cpr import area_intervals, faithfulness_intervals, method_areas, mib_areas, mib_points
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import EdgeAttributionSettings
 from headcount.errors import ConfigError
@@ -44,7 +56,11 @@ from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
 
 FAITHFULNESS = "_faithfulness"  # the detail in the name of the result's second table, <name>_faithfulness.csv
+CPR = "_cpr"  # and of its third, <name>_cpr.csv: each method's CPR and CMD (MIB)
 CIRCUIT_RULE = "circuit_by: exact where every edge has an exact score, else eap_ig"
+MIB_RULE = "curve at MIB's sizes too; cpr, cmd"  # a table written before CPR lacks MIB's sizes: computed again
+RESAMPLES, LEVEL = 1000, 0.95  # the bootstrap over prompts (circuits/bootstrap.py), seeded by the session's seed
+BOOTSTRAP_RULE = f"bootstrap: {RESAMPLES} resamples of prompts, {LEVEL} percentile intervals"
 METHOD_COLOURS = {"eap": "tab:blue", "eap_ig": "tab:orange", "exact": "black", "random": "tab:gray"}
 
 
@@ -79,7 +95,7 @@ class EdgeAttributionScan(Scan):
         sizes = None if cfg.circuit_sizes is None else list(cfg.circuit_sizes)
         parts = (cfg.steps, cfg.verify_top_k, cfg.exact_all, cfg.circuit_size, sizes, cfg.random_sets)
         # CIRCUIT_RULE: tables chosen by the earlier rule (EAP-IG unless exact_all over every edge) are computed again
-        return (self.kind, list(cfg.receivers), *parts, CIRCUIT_RULE)
+        return (self.kind, list(cfg.receivers), *parts, CIRCUIT_RULE, MIB_RULE, BOOTSTRAP_RULE)
 
     def chosen_edges(self) -> list[int]:
         """The edges the table holds: all, or those into the listed receivers."""
@@ -90,9 +106,12 @@ class EdgeAttributionScan(Scan):
         return [i for name in names for i in range(len(graph.edges))[graph.edge_slices[graph.receiver(name)]]]
 
     def sizes(self, n_edges: int) -> list[int]:
+        """The curve's sizes: those asked for (None: 1, 2, 4, ..., every edge), and MIB's, which CPR and CMD read."""
         if self.cfg.circuit_sizes is not None:
-            return sorted(set(self.cfg.circuit_sizes))
-        return sorted({min(2**i, n_edges) for i in range(n_edges.bit_length() + 1)})
+            asked = set(self.cfg.circuit_sizes)
+        else:
+            asked = {min(2**i, n_edges) for i in range(n_edges.bit_length() + 1)}
+        return sorted(asked | set(mib_sizes(n_edges)))
 
     def compute(self, key: str) -> ScanResult:
         session, cfg = self.session, self.cfg
@@ -100,18 +119,34 @@ class EdgeAttributionScan(Scan):
         inputs, metric = circuit_inputs(session, self.name)
         args = (model, inputs.clean_ids_BT, inputs.corrupted, metric)
         budget = inputs.memory_budget
-        eap = eap_scores(*args, inputs.points_BT, memory_budget=budget)
-        eap_ig = eap_ig_scores(*args, cfg.steps, inputs.points_BT, memory_budget=budget)
+        # per example (B, E): each prompt's own contributions, the scores their sum, the bootstrap's units
+        per_example = {
+            "eap": eap_scores(*args, inputs.points_BT, memory_budget=budget, per_example=True),
+            "eap_ig": eap_ig_scores(*args, cfg.steps, inputs.points_BT, memory_budget=budget, per_example=True),
+        }
+        eap, eap_ig = per_example["eap"].sum(0), per_example["eap_ig"].sum(0)
         chosen = self.chosen_edges()
         rank = eap[chosen].abs().argsort(descending=True)
         exact_edges = chosen if cfg.exact_all else [chosen[i] for i in rank[: cfg.verify_top_k].tolist()]
         exact = torch.full((len(graph.edges),), float("nan"), dtype=torch.float64)
+        per_example["exact"] = torch.full_like(per_example["eap"], float("nan"))
         if exact_edges:
-            exact[exact_edges] = exact_edge_scores(*args, inputs.points_BT, edges=exact_edges, memory_budget=budget)
+            per_example["exact"][:, exact_edges] = exact_edge_scores(
+                *args, inputs.points_BT, edges=exact_edges, memory_budget=budget, per_example=True
+            )
+            exact[exact_edges] = per_example["exact"][:, exact_edges].sum(0)
         scores = {"eap": eap, "eap_ig": eap_ig, **({"exact": exact} if not exact.isnan().any() else {})}
         circuit_by = circuit_score(scores)
-        circuit = top_edges(graph, scores[circuit_by], min(cfg.circuit_size, len(graph.edges)))
-        curve, entry = self.circuit_record(graph, circuit, circuit_by, scores, inputs, metric)
+        size = min(cfg.circuit_size, len(graph.edges))
+        circuit = top_edges(graph, scores[circuit_by], size)
+        points_P = inputs.points_BT.sum(1)
+        counts = resample_counts(len(points_P), RESAMPLES, session.settings.seed)
+        intervals = score_intervals({k: v[:, chosen] for k, v in per_example.items()}, points_P, counts, LEVEL)
+        stability = top_n_stability(per_example[circuit_by], points_P, counts, size) if size else None
+        stable = None if stability is None else {"by": circuit_by, "n": size, "resamples": RESAMPLES}
+        if stability is not None:
+            stable |= {k: stability[k] for k in ("mean_overlap", "min_overlap")}
+        curve, areas, entry = self.circuit_record(graph, circuit, circuit_by, scores, inputs, metric, stable)
         n = inputs.n_points
         table = pd.DataFrame(
             {
@@ -127,28 +162,48 @@ class EdgeAttributionScan(Scan):
         table["verified"] = table["exact"].notna()
         table["in_circuit"] = [i in circuit for i in chosen]
         table["circuit_by"] = circuit_by
-        # The curve and the circuit's entry go through Scan.run with the table: written, hashed, read back as one.
-        return ScanResult(table, {FAITHFULNESS: curve}, {"edge_circuits": {self.name: entry}})
+        for method, (low, high) in intervals.items():
+            table[f"{method}_ci_low"], table[f"{method}_ci_high"] = low.numpy(), high.numpy()
+        if stability is not None:
+            table["top_share"] = stability["inclusion"][chosen].numpy()
+        # The curve, the methods' CPR/CMD and the circuit's entry go through Scan.run with the table: written, hashed,
+        # read back as one.
+        return ScanResult(table, {FAITHFULNESS: curve, CPR: areas}, {"edge_circuits": {self.name: entry}})
 
     def circuit_record(
-        self, graph: Graph, circuit: set[int], circuit_by: str, scores: dict, inputs, metric
-    ) -> tuple[pd.DataFrame, dict]:
-        """The faithfulness curve (the result's second table) and the chosen circuit's faithfulness (its summary.json
-        entry)."""
+        self,
+        graph: Graph,
+        circuit: set[int],
+        circuit_by: str,
+        scores: dict,
+        inputs,
+        metric,
+        stability: dict | None = None,
+    ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+        """The faithfulness curve (the result's second table), the methods' CPR and CMD (its third) and the chosen
+        circuit's faithfulness with the top-n's stability over resamples of prompts (its summary.json entry)."""
         session, cfg = self.session, self.cfg
         sizes = self.sizes(len(graph.edges))
         args = (session.model, inputs.clean_ids_BT, inputs.corrupted)
         seed = session.settings.seed
         budget = inputs.memory_budget
-        curve = faithfulness_curve(*args, scores, sizes, metric, inputs.points_BT, cfg.random_sets, seed, budget)
+        curve, sums_BN = faithfulness_curve(
+            *args, scores, sizes, metric, inputs.points_BT, cfg.random_sets, seed, budget, per_example=True
+        )
+        counts = resample_counts(len(sums_BN), RESAMPLES, seed)
+        curve["ci_low"], curve["ci_high"] = (bound.numpy() for bound in faithfulness_intervals(sums_BN, counts, LEVEL))
+        areas = mib_areas(mib_points(curve, len(graph.edges)))
+        areas = areas.merge(area_intervals(curve, sums_BN, len(graph.edges), counts, LEVEL), on=["method", "draw"])
         value = float(faithfulness(*args, [circuit], metric, inputs.points_BT, budget)[0])
         entry = {
             "circuit_size": cfg.circuit_size,
             "circuit_by": circuit_by,
             "circuit_edges": len(circuit),
             "circuit_faithfulness": value,
+            "mib": method_areas(areas),
+            **({"stability": stability} if stability is not None else {}),
         }
-        return curve, entry
+        return curve, areas, entry
 
     @property
     def curve_csv(self) -> Path:
@@ -157,6 +212,8 @@ class EdgeAttributionScan(Scan):
     def typed_table(self, table: pd.DataFrame) -> pd.DataFrame:
         return table.assign(
             exact=pd.to_numeric(table["exact"], errors="coerce"),
+            exact_ci_low=pd.to_numeric(table["exact_ci_low"], errors="coerce"),
+            exact_ci_high=pd.to_numeric(table["exact_ci_high"], errors="coerce"),
             verified=table["verified"].astype(str) == "True",
             in_circuit=table["in_circuit"].astype(str) == "True",
         )
@@ -166,7 +223,12 @@ class EdgeAttributionScan(Scan):
         entry.update(agreement_entry(table, self.cfg.verify_top_k))
         largest = table.loc[table["exact"].abs().idxmax()] if table["verified"].any() else None
         if largest is not None:
-            entry["largest_exact"] = {"edge": largest["edge"], "exact": float(largest["exact"])}
+            entry["largest_exact"] = {
+                "edge": largest["edge"],
+                "exact": float(largest["exact"]),
+                "ci_low": float(largest["exact_ci_low"]),
+                "ci_high": float(largest["exact_ci_high"]),
+            }
         self.session.files.update_summary({"edge_attribution": {self.name: entry}})
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
@@ -232,16 +294,23 @@ def circuit_score(scores: dict[str, torch.Tensor]) -> str:
 
 
 def faithfulness_figure(curve: pd.DataFrame, path: Path, title: str, circuit: dict | None = None) -> Path:
-    """Faithfulness against the circuit's size n, a line per method; random sets as their mean and range; the drawn
-    circuit (its summary entry: circuit_size, circuit_by, circuit_faithfulness) as a star."""
+    """Faithfulness against the circuit's size n, a line per method (labelled with its CPR and CMD where the summary
+    entry has them, `mib`); random sets as their mean and range; the drawn circuit (its summary entry: circuit_size,
+    circuit_by, circuit_faithfulness) as a star."""
     fig = new_figure(6, 4)
     ax = fig.add_subplot()
     for method, rows in curve.groupby("method", sort=False):
         stats = rows.groupby("n")["faithfulness"].agg(["mean", "min", "max"])
         colour = METHOD_COLOURS.get(str(method))
-        ax.plot(stats.index, stats["mean"], marker="o", markersize=3, color=colour, label=str(method))
+        areas = (circuit or {}).get("mib", {}).get(str(method))
+        label = str(method) if areas is None else f"{method} (CPR {areas['cpr']:.3f}, CMD {areas['cmd']:.3f})"
+        ax.plot(stats.index, stats["mean"], marker="o", markersize=3, color=colour, label=label)
         if method == "random":
             ax.fill_between(stats.index, stats["min"], stats["max"], color=colour, alpha=0.2)
+        elif "ci_low" in rows:  # the bootstrap interval over prompts of each circuit's faithfulness
+            bounds = rows.groupby("n")[["ci_low", "ci_high"]].first()
+            errors = [stats["mean"] - bounds["ci_low"], bounds["ci_high"] - stats["mean"]]
+            ax.errorbar(stats.index, stats["mean"], yerr=errors, fmt="none", ecolor=colour, capsize=2, linewidth=0.8)
     if circuit is not None:
         label = f"drawn circuit (by {circuit['circuit_by']})"
         colour = METHOD_COLOURS.get(circuit["circuit_by"])
