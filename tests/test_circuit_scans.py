@@ -263,7 +263,7 @@ def test_every_file_of_an_edge_result_goes_through_the_cached_result_step(run_di
     table = run.scan("edge_attribution", **EDGES)
     ablation = RunPaths(run_dir).ablation
     entry = json.loads((ablation / "summary.json").read_text())["modes"]["zero"]["scans"]["edge_attribution"]
-    expected = ["edge_attribution.csv", "edge_attribution_faithfulness.csv"]
+    expected = ["edge_attribution.csv", "edge_attribution_faithfulness.csv", "edge_attribution_cpr.csv"]
     expected += ["edge_attribution_faithfulness.png", "edge_attribution_circuit.png"]
     assert entry["files"] == expected
     assert set(entry["digests"]) == set(expected)

@@ -198,7 +198,7 @@ class Run:
         mapping edge name -> score (ranked by |score|; an edge left out scores 0), or a mapping name -> either of
         those, one row per name. mode (zero, resample or patch), metric, task and settings as for evaluate."""
         s = self.mode_settings(mode, metric, **settings)
-        planned = plan(s, self.task_settings(task), lambda _: self.task(task), self.ablation_dir)
+        planned = plan(validate_settings(s, self.task_settings(task)), lambda _: self.task(task), self.ablation_dir)
         table, data, n_points = score_rankings(self, scores, s, planned, resamples, level)
         return with_record(table, self.evaluation_record(data, planned, n_points))
 
