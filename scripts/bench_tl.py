@@ -429,7 +429,7 @@ def main() -> None:
 
     results = {name: {"headcount": [], "TransformerLens": []} for name in jobs}
     for r in range(args.rounds):
-        for name, (ours_fn, theirs_fn, _, what) in jobs.items():
+        for name, (ours_fn, theirs_fn, _, _) in jobs.items():
             for who, fn in (("headcount", ours_fn), ("TransformerLens", theirs_fn)):
                 wall, cpu, peak, value = measured(fn)
                 results[name][who].append((wall, cpu, peak, value))
