@@ -117,6 +117,8 @@ def ungrouped(hf):
     import copy
 
     cfg = copy.deepcopy(hf.config)
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     H, G = text.num_attention_heads, text.num_key_value_heads
     D = getattr(text, "head_dim", None) or text.hidden_size // H
@@ -130,11 +132,24 @@ def ungrouped(hf):
     return mha
 
 
+def plain_copy(hf):
+    """The same model built from its config without the GGUF quantisation note (transformers refuses to save a model
+    loaded from a GGUF file), the float32 weights copied in."""
+    import copy
+
+    cfg = copy.deepcopy(hf.config)
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    plain = type(hf)(cfg).to(torch.float32).eval()
+    plain.load_state_dict(hf.state_dict())
+    return plain
+
+
 def boot_bridge(hf, tokenizer, folder: Path):
     """TransformerLens 4.3's TransformerBridge booted from a save_pretrained folder of hf."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    hf.save_pretrained(folder)
+    plain_copy(hf).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     bridge = TransformerBridge.boot_transformers(str(folder), device="cpu", dtype=torch.float32)
     return bridge.eval()
