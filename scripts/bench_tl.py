@@ -291,6 +291,18 @@ def tl_paths(bridge, prompts: Prompts, senders: list[str], receiver: str) -> tor
     return effects
 
 
+def direct_path_refusal(bridge, senders: list[str]) -> str | None:
+    """TransformerLens's refusal of direct path patching from these senders, None if it accepts them."""
+    from transformer_lens.patching import _check_direct_path_support
+
+    layers = sorted({int(s[1:].split("H")[0]) for s in senders})
+    try:
+        _check_direct_path_support(bridge, layers, "q")
+    except (ValueError, NotImplementedError) as error:
+        return str(error).splitlines()[0]
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------------- EAP
 
 
@@ -410,7 +422,10 @@ def main() -> None:
             scale,
             f"{len(heads)} of {L * H} heads, seconds x{scale:g}",
         )
-    if "path" not in skip:
+    path_refusal = None if "path" in skip else direct_path_refusal(bridge, senders)
+    if path_refusal is not None:
+        print(f"path patching not compared: TransformerLens refuses {args.model}: {path_refusal}", flush=True)
+    if "path" not in skip and path_refusal is None:
         path_scale = n_senders_all / len(senders)
         jobs["path patching"] = (
             lambda: headcount_paths(model, prompts, senders, receiver),
