@@ -77,3 +77,12 @@ def test_bench_tl_agrees_with_transformer_lens_on_a_tiny_model():
         "(GQA/MQA)" in proc.stdout
         and "ungrouped copy of tiny: logits differ from the grouped model's by" in proc.stdout
     )
+
+
+def test_bench_skip_gives_the_same_patch_scan_with_and_without_skipping():
+    command = [sys.executable, str(REPO / "scripts" / "bench_skip.py"), "--model", "tiny", "--prompts", "4"]
+    proc = subprocess.run(command + ["--rounds", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "positions run per batch: " in proc.stdout and "per batch: all" not in proc.stdout, proc.stdout
+    diff = float(proc.stdout.rsplit("largest difference of the per-head values ", 1)[1].split()[0])
+    assert diff < 1e-5
