@@ -490,8 +490,9 @@ def check(name: str, runs: dict, eap_model) -> None:
     ours, theirs = runs["headcount"][0][3], runs["TransformerLens"][0][3]
     if isinstance(theirs, dict):
         names_E = [edge.name for edge in Graph.of(eap_model).edges]
+        known = set(names_E)
         missing = [n for n in names_E if n not in theirs]
-        extra = [n for n in theirs if n not in set(names_E)]
+        extra = [n for n in theirs if n not in known]
         if missing or extra:
             raise SystemExit(f"{name}: edges differ: {len(missing)} missing, {len(extra)} extra, e.g. {missing[:3]}")
         theirs = torch.tensor([theirs[n] for n in names_E], dtype=torch.float64)
