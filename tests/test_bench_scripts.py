@@ -39,3 +39,75 @@ def test_bench_hooks_runs_every_variant():
     assert proc.returncode == 0, proc.stderr[-3000:]
     for variant in ("plain", "empty intervention", "resid hook per layer", "z hook per layer", "q_input hook"):
         assert variant in proc.stdout, proc.stdout
+
+
+def test_bench_gpu_runs_every_figure_at_a_cpu_size(tmp_path):
+    """The GPU script's every step at its CPU size: each figure written, positive and consistent with its parts."""
+    import json
+
+    out = tmp_path / "figures.json"
+    command = [sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--cpu-size", "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["size"] == "cpu" and figures["training"]["tokens_per_s"] > 0
+    scan = figures["head_scan"]
+    assert scan["masks"] == 8 and scan["headcount_masks_per_s"] == scan["masks"] / scan["headcount_s"]
+    if "transformer_lens_s" in scan:  # where TransformerLens is installed: the same losses
+        assert scan["largest_loss_difference"] < 1e-4
+    else:
+        assert scan["transformer_lens"].startswith("not installed")
+    edges = figures["edges"]
+    assert edges["edges"] == 110 and edges["examples"] == 16  # 2 layers x 4 heads with MLPs, headcount's counting
+    reference = 32_491 * 1000 / 16.0
+    assert abs(edges["eap_vs_reference"] - edges["eap_edge_scores_per_s"] / reference) < 1e-12
+    assert edges["eap_edge_scores_per_s"] == edges["edges"] * edges["examples"] / edges["eap_s"]
+    ladder = figures["largest_eap_ig"]
+    assert [t["model"] for t in ladder["tried"]] == ["2 x 64", "3 x 96"] and ladder["largest"]["model"] == "3 x 96"
+
+
+def test_bench_gpu_refuses_to_run_without_a_gpu_unless_asked_for_the_cpu_size(tmp_path):
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    out = tmp_path / "figures.json"
+    command = [sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "no CUDA device; --cpu-size" in proc.stderr and not out.exists()
+
+
+def test_bench_tl_agrees_with_transformer_lens_on_a_tiny_model():
+    """bench_tl.py on a random 3-layer grouped Llama: every job's numbers checked equal to TransformerLens 4.3's
+    (the script exits non-zero when they differ). Runs where transformer-lens is installed (its own venv)."""
+    import pytest
+
+    pytest.importorskip("transformer_lens")
+    command = [
+        sys.executable,
+        str(REPO / "scripts" / "bench_tl.py"),
+        "--model",
+        "tiny",
+        "--prompts",
+        "4",
+        "--rounds",
+        "1",
+    ]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for job in ("zero scan", "patch scan", "path patching", "EAP, every edge"):
+        assert f"{job}: headcount against TransformerLens, largest difference" in proc.stdout, proc.stdout
+    assert (
+        "(GQA/MQA)" in proc.stdout
+        and "ungrouped copy of tiny: logits differ from the grouped model's by" in proc.stdout
+    )
+
+
+def test_bench_skip_gives_the_same_patch_scan_with_and_without_skipping():
+    command = [sys.executable, str(REPO / "scripts" / "bench_skip.py"), "--model", "tiny", "--prompts", "4"]
+    proc = subprocess.run(command + ["--rounds", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "positions run per batch: " in proc.stdout and "per batch: all" not in proc.stdout, proc.stdout
+    diff = float(proc.stdout.rsplit("largest difference of the per-head values ", 1)[1].split()[0])
+    assert diff < 1e-5

@@ -9,6 +9,13 @@ forward pass per mask, `model(x, gates=mask, replacements=r)`, read by the metri
 - Clean attention at layer f: gates act on z, after attention, and layer f's input is the clean one, so its z is the
   clean pass's z. A pass gates that z and finishes layer f from it (`Block.finish`, the code path Block.forward
   takes after attention: output projection and MLP), skipping its qkv projection and attention.
+- Unchanged positions: positions before the first one a mask can change, and after the last one scored, cannot
+  change a score point. In patch (and resample) mode a head's replacement is its z on the source prompt, equal to
+  the clean z up to the first token where the two prompts differ (p_b; IOI: S2), so a pass runs only positions
+  [p_b, e_b) of each example (e_b: one past its last score point), left-aligned, over the clean keys and values
+  before p_b (model/suffix.py); the positions it skips keep the clean stream. With zero or mean ablation on a task,
+  p_b is 0 and only the positions after the last score point are skipped. Used when it runs at most 3/4 of the
+  positions (`skip_unchanged`).
 - Batched masks: P masks that share f run as one pass over the batch repeated P times (mask-major, row p*B + b) with
   per-example gates (P*B, L, H). P is `masks_per_pass`, or as many as fit the memory budget; when not even one mask
   of a whole batch fits, batches are split instead. On CPU the default budget is small on purpose: passes of one or
@@ -38,6 +45,7 @@ from headcount.ablation.engine.heads import existing_heads
 from headcount.ablation.engine.metrics import Loss, Metric, Targets, batch_sums
 from headcount.ablation.engine.modes import BatchReplacement, Replacements, Zero
 from headcount.model.memory import default_memory_budget
+from headcount.model.suffix import SuffixLayout, clean_keys_values, suffix_block
 from headcount.model.transformer import Transformer
 
 
@@ -78,6 +86,8 @@ class CleanPass:
     targets: Targets
     named_pos: Tensor | None  # (B, K) the task's named positions, for masks that name one
     sums: Tensor  # (1, K) float64
+    layout: SuffixLayout | None = None  # the positions masked passes run, None: all
+    clean_kv: list[tuple[Tensor, Tensor]] | None = None  # per layer the clean keys and values (B, G, T, D)
 
 
 @dataclass
@@ -106,17 +116,20 @@ class MaskEvaluator:
         prefix_cache: bool = True,
         clean_attention: bool = True,
         metric: Metric | None = None,
+        skip_unchanged: bool = True,
     ):
         """batches: dicts of input_ids (B, T) and either loss_mask (language modelling) or score_mask, answer_ids and
         wrong_ids (a task), plus source_ids for resample and patch, on the model's device, all of one size but the
         last. masks_per_pass: P, keeping the batches as they are; None sizes passes (and if need be batches) to
         memory_budget, bytes of activations per pass (default: 64 MiB on CPU, half the free CUDA memory).
-        prefix_cache and clean_attention switch the reuse off, for tests and benchmarks. metric: default loss."""
+        prefix_cache, clean_attention and skip_unchanged switch the reuse off, for tests and benchmarks. metric:
+        default loss."""
         self.model = model.eval()
         self.replacements = replacements or Replacements(Zero())
         self.metric = metric or Loss()
         self.prefix_cache = prefix_cache
         self.clean_attention = clean_attention
+        self.skip_unchanged = skip_unchanged
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         B, T = batches[0]["input_ids"].shape
@@ -126,7 +139,9 @@ class MaskEvaluator:
             points = max(int(Targets.of(batch).where_BT.sum(1).max()) for batch in batches)
             logits = points * (model.cfg.vocab_size if self.metric.reads_vocab else 2)
             clean = clean_bytes_per_example(model, T, per_example)
-            per_mask = mask_bytes_per_example(model, T, per_example, logits)
+            runs = [self.layout(batch) for batch in batches]
+            S = max(T if layout is None else layout.S for layout in runs)
+            per_mask = mask_bytes_per_example(model, S, per_example, logits, keys=T + S if S < T else T)
             B = max(1, min(B, budget // (clean + per_mask)))
             masks_per_pass = max(1, (budget - B * clean) // (B * per_mask))
         self.masks_per_pass = masks_per_pass
@@ -215,18 +230,40 @@ class MaskEvaluator:
         for start in starts.unique().tolist():
             yield from ((start, index) for index in todo[starts == start].split(self.masks_per_pass))
 
+    def layout(self, batch: dict[str, Tensor]) -> SuffixLayout | None:
+        """The positions a masked pass of this batch runs (module docstring), None: all of them, when skipping would
+        save less than a quarter of the positions."""
+        if not self.skip_unchanged:
+            return None
+        ids_BT = batch["input_ids"]
+        B, T = ids_BT.shape
+        arange_T = torch.arange(T, device=ids_BT.device)
+        start_B = torch.zeros(B, dtype=torch.int64, device=ids_BT.device)
+        if self.replacements.mode.per_example and "source_ids" in batch and "source_pos" not in batch:
+            differs_BT = ids_BT != batch["source_ids"]
+            start_B = torch.where(differs_BT.any(1), differs_BT.int().argmax(1), T)
+        scored_BT = Targets.of(batch).where_BT
+        end_B = torch.where(scored_BT, arange_T + 1, 0).amax(1)
+        # A score point before p_b keeps its clean value; an example scored nowhere after p_b runs nothing.
+        layout = SuffixLayout(start_B, torch.maximum(start_B, end_B), T)
+        return layout if layout.S * 4 <= T * 3 else None
+
     def clean_pass(self, batch: dict[str, Tensor]) -> CleanPass:
         model, cache = self.model, {}
         final_BTC = model.forward_layers(model.embed(batch["input_ids"]), 0, cache=cache)
         targets = Targets.of(batch)
         L = model.n_layers
+        layout = self.layout(batch)
+        resid_pre = [cache["resid_pre", layer] for layer in range(L)]
         return CleanPass(
-            resid_pre=[cache["resid_pre", layer] for layer in range(L)] + [final_BTC],
+            resid_pre=resid_pre + [final_BTC],
             z=[cache["z", layer] for layer in range(L)],
             replacement=self.replacements.for_batch(model, batch),
             targets=targets,
             named_pos=batch.get("named_pos"),
             sums=batch_sums(model, final_BTC, targets, self.metric),
+            layout=layout,
+            clean_kv=None if layout is None else [clean_keys_values(b, r) for b, r in zip(model.blocks, resid_pre)],
         )
 
     def masked_pass(self, clean: CleanPass, gates_PLH: Tensor, start: int, position_P: Tensor) -> Tensor:
@@ -239,6 +276,8 @@ class MaskEvaluator:
         touched_L = self.touched(gates_PLH).any(dim=0)
         replacements = repeated_replacements(clean.replacement.values, touched_L, P)
         where_XT = self.gate_positions(clean, position_P)
+        if clean.layout is not None:
+            return self.suffix_pass(clean, gates_XLH, start, touched_L, replacements, where_XT, P)
         resid_XTC = clean.resid_pre[start].repeat(P, 1, 1)
         if self.clean_attention:
             block = self.model.blocks[start]
@@ -252,6 +291,46 @@ class MaskEvaluator:
             gates_XLH = replacements = where_XT = None
         final_XTC = self.model.forward_layers(resid_XTC, start, gates_XLH, replacements, gate_where=where_XT)
         return batch_sums(self.model, final_XTC, clean.targets, self.metric, copies=P)
+
+    def suffix_pass(
+        self,
+        clean: CleanPass,
+        gates_XLH: Tensor,
+        start: int,
+        touched_L: Tensor,
+        replacements: list[Tensor | None] | None,
+        where_XT: Tensor | None,
+        P: int,
+    ) -> Tensor:
+        """masked_pass at the layout's positions only: the same numbers, the skipped positions' clean stream kept."""
+        layout, model = clean.layout, self.model
+        where_XS = None if where_XT is None else layout.gather(where_XT)
+        if replacements is not None:
+            replacements = [slot_values(layout, r, len(gates_XLH)) for r in replacements]
+        resid_XSC = layout.gather(clean.resid_pre[start]).repeat(P, 1, 1)
+        first = start
+        if self.clean_attention:
+            block = model.blocks[start]
+            z_XSHD = layout.gather(clean.z[start]).repeat(P, 1, 1, 1)
+            gate_XH = gates_XLH[:, start, : z_XSHD.shape[2]]
+            replacement = None if replacements is None else replacements[start]
+            resid_XSC = block.finish(resid_XSC, block.attn.gate_z(z_XSHD, gate_XH, replacement, where_XS))
+            first += 1
+        gated = bool(touched_L[first:].any())
+        for layer in range(first, model.n_layers):
+            gate = gates_XLH[:, layer, : model.heads_per_layer[layer]] if gated else None
+            replacement = None if not gated or replacements is None else replacements[layer]
+            resid_XSC = suffix_block(
+                model.blocks[layer],
+                resid_XSC,
+                layout,
+                clean.clean_kv[layer],
+                gate,
+                replacement,
+                where_XS if gated else None,
+            )
+        final_XTC = layout.scatter_into(clean.resid_pre[-1].repeat(P, 1, 1), resid_XSC)
+        return batch_sums(model, final_XTC, clean.targets, self.metric, copies=P)
 
     def gate_positions(self, clean: CleanPass, position_P: Tensor) -> Tensor | None:
         """(P * B, T) where each mask's gates act: the mode's positions (aligned patching), and the one position a
@@ -282,10 +361,23 @@ def repeated_replacements(
     ]
 
 
-def mask_bytes_per_example(model: Transformer, seq_len: int, per_example: bool, logits: int) -> int:
-    """A generous estimate of the activations one example of one mask holds during a pass: one layer at work, the
-    `logits` floats the metric reads, and for per-example replacements (resample, patch) every layer's z repeated."""
-    sizes = model.activation_floats(seq_len)
+def slot_values(layout: SuffixLayout, replacement: Tensor | None, X: int) -> Tensor | None:
+    """A replacement at the layout's slots: per example and position (X, T, H, D) or per position (T, H, D) gathered,
+    a constant per head (H, D) as it is."""
+    if replacement is None or replacement.ndim == 2:
+        return replacement
+    if replacement.ndim == 3:
+        replacement = replacement.expand(X, *replacement.shape)
+    return layout.gather(replacement)
+
+
+def mask_bytes_per_example(
+    model: Transformer, seq_len: int, per_example: bool, logits: int, keys: int | None = None
+) -> int:
+    """A generous estimate of the activations one example of one mask holds during a pass over seq_len positions
+    attending to `keys` keys (default seq_len): one layer at work, the `logits` floats the metric reads, and for
+    per-example replacements (resample, patch) every layer's z repeated."""
+    sizes = model.activation_floats(keys or seq_len)
     floats = seq_len * sizes.layer + logits
     if per_example:
         floats += model.n_layers * seq_len * sizes.z

@@ -1,0 +1,131 @@
+"""Run layers at a few positions of each sequence, the rest read from a clean pass: the part after an unchanged prefix.
+
+When an intervention changes nothing before position p_b of sequence b (a patched head whose corrupted prompt agrees
+with the clean one up to p_b), every layer's stream, keys and values before p_b are the clean pass's, and positions
+after the last one scored cannot reach a score (attention is causal). `SuffixLayout` says which positions of each
+sequence run, [p_b, e_b), left-aligned into S slots; `suffix_block` runs one layer there, reading the clean keys and
+values of positions before p_b: the same numbers as the layer on the whole sequence at those positions, up to float
+rounding. Everything per position (the norms, projections, MLP, gates) is the model's own code (`Block.finish`,
+`MultiHeadAttention.gate_z`, `combine_heads`); what depends on position is redone here with absolute positions:
+rotary angles (computed for the whole length T, so dynamic scaling sees the same T), shortformer's learned q/k
+positions, the causal and sliding-window mask, soft-capped scores.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from headcount.model.attention import MultiHeadAttention
+from headcount.model.block import Block
+
+
+@dataclass
+class SuffixLayout:
+    """Which positions run: slot s of sequence b is position start_B[b] + s, real while s < end_B[b] - start_B[b]."""
+
+    start_B: Tensor  # (B,) int64: the first position that runs (p_b)
+    end_B: Tensor  # (B,) int64: one past the last (e_b); at least start_B
+    T: int  # the sequences' full length
+
+    @property
+    def S(self) -> int:
+        return max(int((self.end_B - self.start_B).max()), 1)
+
+    @property
+    def positions_BS(self) -> Tensor:
+        """(B, S) the absolute position of each slot; padding slots continue past e_b, clamped to T - 1."""
+        s_S = torch.arange(self.S, device=self.start_B.device)
+        return (self.start_B[:, None] + s_S[None]).clamp_max(self.T - 1)
+
+    def gather(self, x_XT: Tensor) -> Tensor:
+        """x (X, T, ...) at the slots' positions: (X, S, ...), X = copies * B rows, mask-major."""
+        positions_XS = self.positions_BS.repeat(len(x_XT) // len(self.start_B), 1)
+        index = positions_XS.view(*positions_XS.shape, *([1] * (x_XT.ndim - 2)))
+        return x_XT.gather(1, index.expand(-1, -1, *x_XT.shape[2:]))
+
+    def scatter_into(self, full_XTC: Tensor, suffix_XSC: Tensor) -> Tensor:
+        """full (X, T, C) with the suffix's real slots written back at their positions (X = copies * B, mask-major)."""
+        B = len(self.start_B)
+        copies = len(full_XTC) // B
+        t_T = torch.arange(self.T, device=full_XTC.device)
+        inside_BT = (t_T[None] >= self.start_B[:, None]) & (t_T[None] < self.end_B[:, None])
+        slot_BT = (t_T[None] - self.start_B[:, None]).clamp(0, self.S - 1)
+        slot_XTC = slot_BT.repeat(copies, 1)[:, :, None].expand(-1, -1, full_XTC.shape[-1])
+        taken_XTC = suffix_XSC.gather(1, slot_XTC)
+        return torch.where(inside_BT.repeat(copies, 1)[:, :, None], taken_XTC, full_XTC)
+
+    def allowed_BSK(self, window: int | None) -> Tensor:
+        """(B, S, T + S) bool: the keys each slot's query attends to; the clean keys of positions before p_b come
+        first (T of them), then the suffix's own (S), causal and within the window by absolute position."""
+        pos_BS = self.start_B[:, None] + torch.arange(self.S, device=self.start_B.device)[None]
+        clean_BT = torch.arange(self.T, device=pos_BS.device)[None].expand(len(pos_BS), -1)
+        clean_ok_BST = (clean_BT < self.start_B[:, None])[:, None, :]
+        suffix_ok_BSS = pos_BS[:, None, :] <= pos_BS[:, :, None]
+        if window is not None:
+            clean_ok_BST = clean_ok_BST & (pos_BS[:, :, None] - clean_BT[:, None, :] < window)
+            suffix_ok_BSS = suffix_ok_BSS & (pos_BS[:, :, None] - pos_BS[:, None, :] < window)
+        return torch.cat([clean_ok_BST.expand(-1, self.S, -1), suffix_ok_BSS], dim=2)
+
+
+def clean_keys_values(block: Block, resid_BTC: Tensor) -> tuple[Tensor, Tensor]:
+    """The layer's keys and values (B, G, T, D) on the clean stream into it, as its attention computes them."""
+    _, k_BGTD, v_BGTD = block.attn.project(block.ln_attn(resid_BTC))
+    return k_BGTD, v_BGTD
+
+
+def suffix_block(
+    block: Block,
+    x_XSC: Tensor,
+    layout: SuffixLayout,
+    clean_kv: tuple[Tensor, Tensor],
+    gate: Tensor | None = None,
+    replacement: Tensor | None = None,
+    gate_where: Tensor | None = None,
+) -> Tensor:
+    """The block's output at the layout's slots, x the stream into it there (X = copies * B rows, mask-major).
+    clean_kv: the clean keys and values (B, G, T, D) (`clean_keys_values`); gate, replacement (at the slots) and
+    gate_where (X, S) as in Block.forward."""
+    attn = block.attn
+    z_XSHD = suffix_heads(attn, block.ln_attn(x_XSC), layout, clean_kv)
+    return block.finish(x_XSC, attn.gate_z(z_XSHD, gate, replacement, gate_where))
+
+
+def suffix_heads(attn: MultiHeadAttention, x_XSC: Tensor, layout: SuffixLayout, clean_kv: tuple[Tensor, Tensor]):
+    """z (X, S, H, D) at the slots: the slots' queries over the clean keys before p_b and the slots' own keys."""
+    X, S, _ = x_XSC.shape
+    copies = X // len(layout.start_B)
+    H, G, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    if H == 0:  # a layer pruned to no heads: z is empty (SDPA refuses zero-size inputs)
+        return x_XSC.new_zeros(X, S, 0, D)
+    q_XSX, k_XSX, v_XSX = attn.qkv(x_XSC).split([H * D, G * D, G * D], dim=-1)
+    pos_XS = layout.positions_BS.repeat(copies, 1)
+    if attn.pos_emb is not None:  # shortformer: (x + p_t) W for q and k at each slot's own position
+        qk_XSX = F.linear(attn.pos_emb.weight[pos_XS], attn.qkv.weight[: (H + G) * D])
+        q_XSX, k_XSX = q_XSX + qk_XSX[..., : H * D], k_XSX + qk_XSX[..., H * D :]
+    if attn.features.qk_norm == "projection" and attn.q_norm is not None:
+        q_XSX, k_XSX = attn.q_norm(q_XSX), attn.k_norm(k_XSX)
+    q_XSHD, k_XSGD = q_XSX.view(X, S, H, D), k_XSX.view(X, S, G, D)
+    if attn.features.qk_norm == "head":
+        q_XSHD, k_XSGD = attn.q_norm(q_XSHD), attn.k_norm(k_XSGD)
+    q_XHSD, k_XGSD = q_XSHD.transpose(1, 2), k_XSGD.transpose(1, 2)
+    v_XGSD = v_XSX.view(X, S, G, D).transpose(1, 2)
+    if attn.rotary is not None:  # the angles of the whole length T (dynamic scaling reads T), at each slot's position
+        cos_TR, sin_TR = attn.rotary.angles(layout.T, x_XSC.device, x_XSC.dtype)
+        cos_X1SR, sin_X1SR = cos_TR[pos_XS][:, None], sin_TR[pos_XS][:, None]
+        q_XHSD = attn.rotary.rotate(q_XHSD, cos_X1SR, sin_X1SR)
+        k_XGSD = attn.rotary.rotate(k_XGSD, cos_X1SR, sin_X1SR)
+    clean_k_BGTD, clean_v_BGTD = clean_kv
+    k_XGKD = torch.cat([clean_k_BGTD.repeat(copies, 1, 1, 1), k_XGSD], dim=2)
+    v_XGKD = torch.cat([clean_v_BGTD.repeat(copies, 1, 1, 1), v_XGSD], dim=2)
+    k_XHKD, v_XHKD = attn.per_query_head(k_XGKD), attn.per_query_head(v_XGKD)
+    allowed_X1SK = layout.allowed_BSK(attn.features.window).repeat(copies, 1, 1)[:, None]
+    cap = attn.features.softcap
+    if cap is None:
+        z_XHSD = F.scaled_dot_product_attention(q_XHSD, k_XHKD, v_XHKD, attn_mask=allowed_X1SK, scale=attn.score_scale)
+    else:  # SDPA cannot cap: the reference path's arithmetic
+        scores = (q_XHSD @ k_XHKD.transpose(-2, -1)) * attn.score_scale
+        scores = torch.tanh(scores / cap) * cap
+        z_XHSD = scores.masked_fill(~allowed_X1SK, float("-inf")).softmax(dim=-1) @ v_XHKD
+    return z_XHSD.transpose(1, 2)
