@@ -6,7 +6,7 @@ in `\\` continues), with W&B offline and no network; only commands that take und
 are the commands and the lines after each are its expected output.
 
 Python blocks: every ```python block of a page, in order, verbatim, in one namespace, after the page's shell examples;
-what a block prints is what the page shows: a `# ` line right after a line with a print, and the comment of an
+what a block prints is what the page shows: the `# ` lines right after a line with a print, and the comment of an
 unindented `print(...)  # shown` line, are each a line of the block's output.
 A block right after `<!-- ci:slow -->` (a pretrained model's wheel, long work) runs only in the slow test of its page
 (`pytest -m slow`), with every other block of the page.
@@ -75,11 +75,17 @@ def python_blocks(text: str) -> list[PythonBlock]:
 
 
 def shown_output(code: str) -> list[str]:
-    """The lines a block says it prints: a `# ` line right after a line with a print, and an unindented
-    `print(...)  # shown` line's comment."""
-    lines = code.splitlines()
-    shown = [line[2:] for before, line in zip(lines, lines[1:]) if line.startswith("# ") and "print(" in before]
-    return shown + [line.split("  # ", 1)[1] for line in lines if line.startswith("print(") and "  # " in line]
+    """The lines a block says it prints: the `# ` lines right after a line with a print (up to the first other line),
+    and an unindented `print(...)  # shown` line's comment."""
+    shown, after_print = [], False
+    for line in code.splitlines():
+        if after_print and line.startswith("# "):
+            shown.append(line[2:])
+        else:
+            after_print = "print(" in line
+        if line.startswith("print(") and "  # " in line:
+            shown.append(line.split("  # ", 1)[1])
+    return shown
 
 
 def page_id(page: Path) -> str:
@@ -112,8 +118,8 @@ def test_parsing_finds_markers_and_slow_blocks():
         ShellCommand("f", 0, None),
     ]
     assert python_blocks(text) == [PythonBlock("fast = 1\n", False), PythonBlock("slow = 2\n", True)]
-    code = "print(a)  # 1\nwith x:\n    print(b)  # not shown\nprint(c)\n# 3\n# a comment\nd = 4  # a comment\n"
-    assert shown_output(code) == ["3", "1"]
+    code = "print(a)  # 1\nwith x:\n    print(b)  # not\nprint(c)\n# 3\n# 4\nd = 5\n# a comment\ne = 6  # a comment\n"
+    assert shown_output(code) == ["1", "3", "4"]
 
 
 def test_the_pages_have_examples():
