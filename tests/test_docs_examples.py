@@ -5,7 +5,9 @@ in `\\` continues), with W&B offline and no network; only commands that take und
 `<!-- ci:example exit=N -->` expects exit status N (default 0). In a block whose lines start with `$ `, those lines
 are the commands and the lines after each are its expected output.
 
-Python blocks: every ```python block of a page, in order, verbatim, in one namespace, after the page's shell examples.
+Python blocks: every ```python block of a page, in order, verbatim, in one namespace, after the page's shell examples;
+what a block prints is what the page shows: the `# ` lines right after a line with a print, and the comment of an
+unindented `print(...)  # shown` line, are each a line of the block's output.
 A block right after `<!-- ci:slow -->` (a pretrained model's wheel, long work) runs only in the slow test of its page
 (`pytest -m slow`), with every other block of the page.
 
@@ -14,6 +16,8 @@ smoke-sized quickstart run at outputs/experiments/induction_heads (made once, sh
 examples open.
 """
 
+import contextlib
+import io
 import os
 import re
 import shutil
@@ -70,6 +74,20 @@ def python_blocks(text: str) -> list[PythonBlock]:
     ]
 
 
+def shown_output(code: str) -> list[str]:
+    """The lines a block says it prints: the `# ` lines right after a line with a print (up to the first other line),
+    and an unindented `print(...)  # shown` line's comment."""
+    shown, after_print = [], False
+    for line in code.splitlines():
+        if after_print and line.startswith("# "):
+            shown.append(line[2:])
+        else:
+            after_print = "print(" in line
+        if line.startswith("print(") and "  # " in line:
+            shown.append(line.split("  # ", 1)[1])
+    return shown
+
+
 def page_id(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
@@ -100,6 +118,8 @@ def test_parsing_finds_markers_and_slow_blocks():
         ShellCommand("f", 0, None),
     ]
     assert python_blocks(text) == [PythonBlock("fast = 1\n", False), PythonBlock("slow = 2\n", True)]
+    code = "print(a)  # 1\nwith x:\n    print(b)  # not\nprint(c)\n# 3\n# 4\nd = 5\n# a comment\ne = 6  # a comment\n"
+    assert shown_output(code) == ["1", "3", "4"]
 
 
 def test_the_pages_have_examples():
@@ -111,6 +131,10 @@ def test_the_pages_have_examples():
     assert sum(len(shell_examples(text)) for text in texts) >= 8
     assert sum(len(python_blocks(text)) for text in texts) >= 8
     assert len(python_blocks((ROOT / "README.md").read_text())) >= 2
+    # the pages whose printed lines are checked (once tests/test_hooks_docs.py and tests/test_encoder_docs.py)
+    for name, at_least in [("interventions.md", 4), ("encoders.md", 4)]:
+        blocks = python_blocks((ROOT / "docs" / "guide" / name).read_text())
+        assert sum(len(shown_output(block.code)) for block in blocks) >= at_least, name
 
 
 @pytest.fixture(scope="session")
@@ -151,7 +175,12 @@ def run_page(page: Path, workdir: Path, slow: bool, monkeypatch) -> dict:
     for i, block in enumerate(python_blocks(text)):
         if block.slow and not slow:
             continue
-        exec(compile(block.code, f"{page_id(page)} python block {i + 1}", "exec"), namespace)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(block.code, f"{page_id(page)} python block {i + 1}", "exec"), namespace)
+        printed = out.getvalue().splitlines()
+        for line in shown_output(block.code):
+            assert line in printed, f"{page_id(page)} python block {i + 1} shows {line!r}, printed: {printed}"
     return namespace
 
 

@@ -1,7 +1,7 @@
-"""docs/notes/hooks.md's recipes, each equal to transformers run with raw PyTorch hooks on the same tiny random Llama
-(grouped-query attention: 4 query heads, 2 key/value heads), and EAP through hooks equal to headcount's circuits EAP:
-zero a head and get the loss, patch a head from a corrupted prompt, path-patch a sender into a receiver's query, add
-a steering vector to the stream, zero one MLP neuron, replace one head's attention pattern, EAP scores."""
+"""docs/guide/interventions.md's recipes, each equal to transformers run with raw PyTorch hooks on the same tiny
+random Llama (grouped-query attention: 4 query heads, 2 key/value heads), and EAP through hooks equal to headcount's
+circuits EAP: zero a head and get the loss, patch a head from a corrupted prompt, path-patch a sender into a receiver's
+query, add a steering vector to the stream, zero one MLP neuron, replace one head's attention pattern, EAP scores."""
 
 import pytest
 import torch

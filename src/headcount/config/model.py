@@ -163,7 +163,7 @@ class ModelConfig:
     # After structurally pruning a grouped-query model: per layer, how many query heads share each remaining key/value
     # head, in order (a key/value head goes when all its query heads go). null means n_heads / n_kv_heads each.
     kv_groups_per_layer: list[list[int]] | None = None
-    # Encoders (docs/notes/encoder.md). false: bidirectional self-attention, every position attends to every position
+    # Encoders (docs/guide/encoders.md). false: bidirectional self-attention, every position attends to every position
     # (BERT); true: the decoder's causal attention
     causal: bool = True
     # Post-LN blocks, x <- norm(x + attn(x)), x <- norm(x + mlp(x)) (the original Transformer, BERT; ln_attn_add,

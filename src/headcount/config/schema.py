@@ -132,7 +132,7 @@ def validate_train_config(cfg: DictConfig) -> None:
     validate_model_config(model)
     if not model.causal:  # a bidirectional model sees the token it would predict
         allowed = "training and head scans score next-token predictions, which need true (a decoder); encoders load "
-        allowed += "with headcount.load_model for hooks and the masked-LM loss (docs/notes/encoder.md)"
+        allowed += "with headcount.load_model for hooks and the masked-LM loss (docs/guide/encoders.md)"
         raise ConfigError("model.causal", model.causal, allowed)
     # max_steps=0 evaluates a pretrained model as it is; a model built from scratch needs training
     validate_trainer_config(typed(cfg.trainer, TrainerConfig), least_steps=0 if model.pretrained else 1)
