@@ -240,13 +240,12 @@ def test_a_refused_pretrained_ablation_leaves_no_folder_and_converts_nothing(
 ):
     """The command exited 2 with the right line, but left NEW/ with .hydra/, data_fingerprint.json and
     pretrained.json; a task refused for its answers was refused only after the checkpoint's conversion."""
-    from headcount.cli import pretrained_run
 
     path = "/nonexistent.jsonl"
     if rows is not None:
         path = tmp_path / "prompts.jsonl"
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    monkeypatch.setattr(pretrained_run, "cached_pretrained", never_converted)
+    monkeypatch.setattr("headcount.pretrained.run_config.cached_pretrained", never_converted)
     args = ["model=tiny_random_llama", "task=file", f"task.path={path}", "ablation=[baseline]", "run_dir=NEW"]
     assert ablate_in_process(monkeypatch, tmp_path, args) == 2
     assert message in one_line(capsys.readouterr().err)
@@ -267,7 +266,7 @@ def test_a_pretrained_run_refused_after_it_was_written_leaves_only_what_was_ther
         assert RunPaths(run_dir).pretrained.exists() and RunPaths(run_dir).config.exists()
         raise ConfigError("ablation.dtype", "float16", "the model's baseline is nan in this precision")
 
-    monkeypatch.setattr(ablating, "run_ablations", refused)
+    monkeypatch.setattr("headcount.ablation.session.run_ablations", refused)
     args = ["model=tiny_random_llama", "ablation=[baseline]", "run_dir=NEW"]
     assert ablate_in_process(monkeypatch, tmp_path, args) == 2
     assert one_line(capsys.readouterr().err).startswith("error: ablation.dtype='float16': the model's baseline")

@@ -204,7 +204,7 @@ class ResultFiles:
         self.note_written(self.summary_path)
 
     def note_replaced(self, name: str, key: str, path: Path, settings: dict, shared: bool = False) -> None:
-        """One line when a scan's result is about to be replaced by one computed under other settings (its own, or
+        """One line when a scan's result is being replaced by one computed under other settings (its own, or
         the session's): which file, and what changed where the scan records its settings (path_patching's senders
         and receivers); summary.json keeps the earlier record under `superseded` (summary.record_scan)."""
         old = summary_file.scan_entry(self.summary_path, None if shared else self.mode, name)

@@ -158,7 +158,6 @@ class Scan:
         if table is None:
             key, start = self.key(), time.perf_counter()
             settings = self.recorded_settings()
-            self.session.files.note_replaced(self.entry, key, self.csv, settings, self.mode_independent)
             result = self.compute(key)
             result = result if isinstance(result, ScanResult) else ScanResult(result)
             table = with_record(result.table, self.record())
@@ -169,6 +168,8 @@ class Scan:
                     "computed no rows: nothing was written, and any earlier result of it is kept",
                 )
             self.refuse_non_finite(table)
+            # said once the new table is sure to be written (an empty or non-finite one keeps the earlier result)
+            self.session.files.note_replaced(self.entry, key, self.csv, settings, self.mode_independent)
             write_csv(self.csv, table)
             parts = [self.path(".csv", detail) for detail in result.tables]
             for path, part in zip(parts, result.tables.values()):
