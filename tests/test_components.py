@@ -185,11 +185,15 @@ def test_no_code_compares_a_modes_or_metrics_name():
 
 def test_the_index_is_the_registries():
     """registry.py's component_index.json, which the commands check names against and list before torch loads, is
-    what the filled registries make."""
-    from headcount.components import index_of_registries
+    what the filled registries make, in a fresh process as `python -m headcount.components` makes it (a test that
+    imported one component's module first would register it, and list it, first)."""
+    import subprocess
+
     from headcount.registry import INDEX_PATH
 
-    assert INDEX_PATH.read_text() == index_of_registries(), "stale: `python -m headcount.components` rewrites it"
+    code = "from headcount.components import index_of_registries; print(index_of_registries(), end='')"
+    made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert INDEX_PATH.read_text() == made, "stale: `python -m headcount.components` rewrites it"
 
 
 @pytest.mark.parametrize("registry", registries(), ids=lambda r: r.kind)
