@@ -27,12 +27,14 @@ so that a pass fits, the sums exact whatever the split. No partial file: a kille
 backward for EAP and for EAP-IG, one edge-patched forward row per exact edge).
 """
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from headcount.ablation.engine.metrics import require_differentiable
+from headcount.ablation.methods.edge_pruning import edge_pruning
 from headcount.ablation.scans.base import KINDS, Scan, ScanResult
 from headcount.ablation.scans.circuit_inputs import check_circuit_scan, circuit_inputs, resolve_receivers
 from headcount.circuits import (
@@ -49,8 +51,9 @@ from headcount.circuits import (
 )
 from headcount.circuits.bootstrap import resample_counts, score_intervals, top_n_stability
 from headcount.circuits.cpr import area_intervals, faithfulness_intervals, method_areas, mib_areas, mib_points
+from headcount.circuits.ensemble import ensemble_scores
 from headcount.config.ablation import AblationConfig
-from headcount.config.scans import EdgeAttributionSettings
+from headcount.config.scans import EdgeAttributionSettings, check_edge_methods, check_edge_pruning
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
@@ -61,7 +64,14 @@ CIRCUIT_RULE = "circuit_by: exact where every edge has an exact score, else eap_
 MIB_RULE = "curve at MIB's sizes too; cpr, cmd"  # a table written before CPR lacks MIB's sizes: computed again
 RESAMPLES, LEVEL = 1000, 0.95  # the bootstrap over prompts (circuits/bootstrap.py), seeded by the session's seed
 BOOTSTRAP_RULE = f"bootstrap: {RESAMPLES} resamples of prompts, {LEVEL} percentile intervals"
-METHOD_COLOURS = {"eap": "tab:blue", "eap_ig": "tab:orange", "exact": "black", "random": "tab:gray"}
+METHOD_COLOURS = {
+    "eap": "tab:blue",
+    "eap_ig": "tab:orange",
+    "exact": "black",
+    "random": "tab:gray",
+    "edge_pruning": "tab:green",
+    "ensemble": "tab:purple",
+}
 
 
 @KINDS.register
@@ -82,6 +92,9 @@ class EdgeAttributionScan(Scan):
                 raise ConfigError(f"{key}.{what}", getattr(cfg, what), "must be 0 or more")
         if cfg.circuit_sizes is not None and (not cfg.circuit_sizes or min(cfg.circuit_sizes) < 0):
             raise ConfigError(f"{key}.circuit_sizes", cfg.circuit_sizes, "must list sizes >= 0, or be null")
+        check_edge_methods(list(cfg.methods), f"{key}.methods")
+        if "edge_pruning" in cfg.methods:
+            check_edge_pruning(cfg.edge_pruning, f"{key}.edge_pruning")
 
     def prepare(self) -> None:
         self.chosen_edges()
@@ -95,7 +108,9 @@ class EdgeAttributionScan(Scan):
         sizes = None if cfg.circuit_sizes is None else list(cfg.circuit_sizes)
         parts = (cfg.steps, cfg.verify_top_k, cfg.exact_all, cfg.circuit_size, sizes, cfg.random_sets)
         # CIRCUIT_RULE: tables chosen by the earlier rule (EAP-IG unless exact_all over every edge) are computed again
-        return (self.kind, list(cfg.receivers), *parts, CIRCUIT_RULE, MIB_RULE, BOOTSTRAP_RULE)
+        # the methods beyond EAP, EAP-IG and exact only where asked: a table computed without them stays up to date
+        methods = (list(cfg.methods), asdict(cfg.edge_pruning)) if cfg.methods else ()
+        return (self.kind, list(cfg.receivers), *parts, CIRCUIT_RULE, MIB_RULE, BOOTSTRAP_RULE, *methods)
 
     def chosen_edges(self) -> list[int]:
         """The edges the table holds: all, or those into the listed receivers."""
@@ -137,6 +152,11 @@ class EdgeAttributionScan(Scan):
             exact[exact_edges] = per_example["exact"][:, exact_edges].sum(0)
         scores = {"eap": eap, "eap_ig": eap_ig, **({"exact": exact} if not exact.isnan().any() else {})}
         circuit_by = circuit_score(scores)
+        pruned = self.learned_masks(args, inputs, eap_ig)
+        if pruned is not None:
+            scores["edge_pruning"] = pruned.scores
+        if "ensemble" in cfg.methods:
+            scores["ensemble"] = ensemble_scores({"eap": eap, "eap_ig": eap_ig, "edge_pruning": pruned.scores})
         size = min(cfg.circuit_size, len(graph.edges))
         circuit = top_edges(graph, scores[circuit_by], size)
         points_P = inputs.points_BT.sum(1)
@@ -147,6 +167,8 @@ class EdgeAttributionScan(Scan):
         if stability is not None:
             stable |= {k: stability[k] for k in ("mean_overlap", "min_overlap")}
         curve, areas, entry = self.circuit_record(graph, circuit, circuit_by, scores, inputs, metric, stable)
+        if pruned is not None:
+            entry["edge_pruning"] = self.learned_entry(pruned, inputs, metric)
         n = inputs.n_points
         table = pd.DataFrame(
             {
@@ -158,6 +180,12 @@ class EdgeAttributionScan(Scan):
                 "exact": (exact[chosen] / n).numpy(),
             }
         )
+        if pruned is not None:
+            table["edge_pruning"] = pruned.scores[chosen].numpy()
+            table["edge_pruning_log_alpha"] = pruned.log_alpha[chosen].numpy()
+            table["edge_pruning_kept"] = pruned.kept[chosen].numpy()
+        if "ensemble" in scores:
+            table["ensemble"] = scores["ensemble"][chosen].numpy()
         table["rank"] = table["eap"].abs().rank(ascending=False, method="first").astype(int)
         table["verified"] = table["exact"].notna()
         table["in_circuit"] = [i in circuit for i in chosen]
@@ -169,6 +197,33 @@ class EdgeAttributionScan(Scan):
         # The curve, the methods' CPR/CMD and the circuit's entry go through Scan.run with the table: written, hashed,
         # read back as one.
         return ScanResult(table, {FAITHFULNESS: curve, CPR: areas}, {"edge_circuits": {self.name: entry}})
+
+    def learned_masks(self, args: tuple, inputs, eap_ig: torch.Tensor):
+        """Edge pruning's trained masks (ablation/methods/edge_pruning.py) on the scan's prompts, warm-started from
+        EAP-IG where asked; None unless the scan lists edge_pruning."""
+        if "edge_pruning" not in self.cfg.methods:
+            return None
+        key = f"ablation.scans.{self.name}.edge_pruning"
+        warm = eap_ig if self.cfg.edge_pruning.warm_start else None
+        return edge_pruning(
+            *args, self.cfg.edge_pruning, inputs.points_BT, warm, memory_budget=inputs.memory_budget, key=key
+        )
+
+    def learned_entry(self, pruned, inputs, metric) -> dict:
+        """summary.json's record of the learned circuit: its edges (P(mask > 0) > 1/2), their faithfulness measured
+        exactly, and where training ended (the expected density, its target, the task loss)."""
+        kept = set(pruned.kept.nonzero()[:, 0].tolist())
+        args = (self.session.model, inputs.clean_ids_BT, inputs.corrupted, [kept], metric, inputs.points_BT)
+        last = pruned.history[-1]
+        return {
+            "kept_edges": len(kept),
+            "faithfulness": float(faithfulness(*args, inputs.memory_budget)[0]),
+            "target_sparsity": self.cfg.edge_pruning.target_sparsity,
+            "expected_density": last["density"],
+            "task_loss": last["task_loss"],
+            "steps": pruned.steps,
+            "examples_per_step": pruned.examples_per_step,
+        }
 
     def circuit_record(
         self,
@@ -216,6 +271,11 @@ class EdgeAttributionScan(Scan):
             exact_ci_high=pd.to_numeric(table["exact_ci_high"], errors="coerce"),
             verified=table["verified"].astype(str) == "True",
             in_circuit=table["in_circuit"].astype(str) == "True",
+            **(
+                {"edge_pruning_kept": table["edge_pruning_kept"].astype(str) == "True"}
+                if "edge_pruning_kept" in table
+                else {}
+            ),
         )
 
     def use(self, table: pd.DataFrame) -> None:
