@@ -101,6 +101,16 @@ def test_edge_pruning_recovers_the_planted_circuit(dtype, objective):
     assert all(p.requires_grad for p in model.parameters())  # the model's flags are given back
 
 
+def test_the_kl_objective_is_kl_divergence_from_the_full_model():
+    full, circuit = torch.randn(5, 7, dtype=torch.float64), torch.randn(5, 7, dtype=torch.float64)
+    full_logprobs = full.log_softmax(-1)
+    by_torch = torch.nn.functional.kl_div(
+        circuit.log_softmax(-1), full_logprobs, reduction="batchmean", log_target=True
+    )
+    torch.testing.assert_close(pruning_module.kl_from_full(full_logprobs, circuit), by_torch, rtol=1e-12, atol=0)
+    assert float(pruning_module.kl_from_full(full_logprobs, full)) == pytest.approx(0.0, abs=1e-15)
+
+
 def test_the_same_seed_gives_the_same_mask_and_another_seed_another():
     model, (clean, corrupted) = planted_model(torch.float64), planted_prompts()
     run = lambda seed: edge_pruning(  # noqa: E731

@@ -74,7 +74,8 @@ def test_a_misspelt_setting_names_what_the_kind_takes_and_the_closest():
         typed_scan("edges", {"kind": "edge_attribution", "step": 3})
     assert str(error.value) == (
         "ablation.scans.edges.step=3: not a setting of scan kind edge_attribution, which takes steps, verify_top_k, "
-        "exact_all, circuit_size, circuit_sizes, random_sets, receivers; did you mean ablation.scans.edges.steps?"
+        "exact_all, circuit_size, circuit_sizes, random_sets, receivers, methods, edge_pruning; did you mean "
+        "ablation.scans.edges.steps?"
     )
 
 

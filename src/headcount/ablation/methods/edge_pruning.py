@@ -121,6 +121,12 @@ def edge_pruning(
     )
 
 
+def kl_from_full(full_logprobs_PV: Tensor, logits_PV: Tensor) -> Tensor:
+    """The mean over points of KL(full || circuit) = sum_v p_full (log p_full - log p_circuit), in float64."""
+    circuit_PV = F.log_softmax(logits_PV.double(), -1)
+    return (full_logprobs_PV.exp() * (full_logprobs_PV - circuit_PV)).sum(-1).mean()
+
+
 class EdgeMasks(L.LightningModule):
     """The masks' log_alpha (E,) and the Lagrangian; the frozen model is held as a plain attribute (not a submodule:
     Lightning neither moves, saves nor optimises it)."""
@@ -172,8 +178,7 @@ class EdgeMasks(L.LightningModule):
         stream, _ = edge_stream(model, emb, (1 - mask_1E).to(emb.dtype), self.corrupted[batch])
         logits_PV = logits_at(model, stream, self.points_BT[examples])
         if cfg.objective == "kl":
-            target = self.targets[batch]  # the full model's log-probabilities
-            task = (target.exp() * (target - F.log_softmax(logits_PV[0].double(), -1))).sum(-1).mean()
+            task = kl_from_full(self.targets[batch], logits_PV[0])
         else:
             values_P = point_values(logits_PV, metric_at(self.metric, columns))[0]
             task = ((values_P - self.targets[batch]) ** 2).mean()

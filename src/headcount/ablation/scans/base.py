@@ -13,7 +13,7 @@ partial file a resumable scan kept, draw the figures and record the scan in its 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -237,6 +237,9 @@ def typed_scan(name: str, section: Any) -> ScanSettings:
     naming the kind and what it takes (from an experiment file, the command line or `Run.scan`) rather than ignored."""
     if isinstance(section, ScanSettings):  # typed when composed; `+key=...` on the command line adds attributes
         kind = KINDS.get(section.kind, f"ablation.scans.{name}.kind")
+        for key, value, keys in added_attributes(section, ""):  # a nested section's (edge_pruning.stepz)
+            if "." in key:
+                raise unknown_key(f"ablation.scans.{name}.{key}", value, keys)
         if isinstance(section, kind.Settings) and set(vars(section)) <= {f.name for f in fields(kind.Settings)}:
             return section
         section = dict(vars(section))
@@ -256,6 +259,19 @@ def typed_scan(name: str, section: Any) -> ScanSettings:
     except ValidationError as e:
         reason = e.msg.splitlines()[0]
         raise ConfigError(f"ablation.scans.{name}.{e.full_key}", e.value, reason) from None
+
+
+def added_attributes(settings: Any, prefix: str) -> list[tuple[str, Any, list[str]]]:
+    """(dotted key, value, the keys its section takes) of each attribute a typed section and its nested dataclass
+    sections hold beyond their fields: what `+ablation.scans.<name>.<section>.<key>=...` adds."""
+    names = [f.name for f in fields(settings)]
+    found = []
+    for key, value in vars(settings).items():
+        if key not in names:
+            found.append((f"{prefix}{key}", value, names))
+        elif is_dataclass(value):
+            found += added_attributes(value, f"{prefix}{key}.")
+    return found
 
 
 def typed_scans(scans: dict[str, Any]) -> dict[str, ScanSettings]:
