@@ -22,6 +22,13 @@ size, the score that chose it (`circuit_by`), its faithfulness and, under `mib`,
 the draws' mean, lowest and highest) and, under `stability`, the mean and lowest overlap of the resamples' top
 circuit_size edges with the full data's. Figures: the faithfulness curve (each method labelled with its CPR and CMD) and
 the circuit drawn (titled with its score and faithfulness; an edge whose removal helps the metric dashed).
+`methods` adds edge pruning (`edge_pruning`: hard-concrete masks on every edge trained with Lightning to
+`edge_pruning.target_sparsity`, optionally warm-started from EAP-IG; ablation/methods/edge_pruning.py) and the
+`ensemble` (the mean of EAP's, EAP-IG's and edge pruning's rank-normalised |scores|, circuits/ensemble.py): columns
+edge_pruning (log_alpha above the lowest edge's), edge_pruning_log_alpha, edge_pruning_kept (the learned circuit) and
+ensemble, their curves, CPR and CMD beside the others', and under summary.json's edge_circuits.<name>.edge_pruning the
+learned circuit's size and exactly measured faithfulness (no per-prompt score intervals: they are no sums over
+prompts; their circuits' faithfulness, CPR and CMD have intervals as every method's do).
 Passes are sized to `ablation.memory_budget_mb` (circuits/passes.py): examples and weight rows (EAP-IG: steps) split
 so that a pass fits, the sums exact whatever the split. No partial file: a killed scan recomputes its table (one
 backward for EAP and for EAP-IG, one edge-patched forward row per exact edge).
