@@ -63,8 +63,8 @@ def main() -> None:
     per_pass = per_step * len(task) / result.examples_per_step
     print(
         f"edge pruning: {args.steps} steps of {result.examples_per_step} prompts, {result.cpu_seconds:.1f} CPU s in "
-        f"training ({cpu:.1f} s with the setup, {wall:.1f} s wall); per step {per_step:.2f} CPU s; one step's work over "
-        f"all {len(task)} prompts {per_pass / forward:.0f} forward-equivalents; peak memory {peak_gib():.1f} GiB; "
+        f"training ({cpu:.1f} s with the setup, {wall:.1f} s wall); per step {per_step:.2f} CPU s; one step's work "
+        f"over all {len(task)} prompts {per_pass / forward:.0f} forward-equivalents; peak memory {peak_gib():.1f} GiB; "
         f"load average {load_average()}",
         flush=True,
     )

@@ -111,3 +111,12 @@ def test_bench_skip_gives_the_same_patch_scan_with_and_without_skipping():
     assert "positions run per batch: " in proc.stdout and "per batch: all" not in proc.stdout, proc.stdout
     diff = float(proc.stdout.rsplit("largest difference of the per-head values ", 1)[1].split()[0])
     assert diff < 1e-5
+
+
+def test_bench_edge_pruning_smollm2_times_every_method_on_a_tiny_model():
+    script = REPO / "scripts" / "bench_edge_pruning_smollm2.py"
+    command = [sys.executable, str(script), "--model", "tiny", "--prompts", "4", "--steps", "2", "--batch", "2"]
+    proc = subprocess.run(command + ["--repeats", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for label in ("EAP:", "EAP-IG (5 steps):", "edge pruning: 2 steps of 2 prompts"):
+        assert label in proc.stdout, proc.stdout
