@@ -299,3 +299,17 @@ def test_bad_input_on_the_command_line_is_one_line_and_leaves_nothing(run_dir, m
     assert code == 2
     assert message in one_line(capsys.readouterr().err)
     assert sorted(p for p in ablation.rglob("*") if "logs" not in p.parts) == before
+
+
+@pytest.mark.parametrize("kind, section", [("edge_attribution", "edge_pruning"), ("l0_gates", "l0")])
+def test_a_key_added_to_a_typed_nested_section_is_refused(kind, section):
+    """What `+ablation.scans.<name>.<section>.stepz=3` makes: settings typed when composed, holding an attribute
+    the nested section lacks; it was ignored before."""
+    from headcount.config.scans import SETTINGS
+
+    settings = SETTINGS[kind](kind=kind)
+    getattr(settings, section).stepz = 3
+    with pytest.raises(ConfigError) as error:
+        typed_scan("s", settings)
+    assert str(error.value).startswith(f"ablation.scans.s.{section}.stepz=3: not a key of ablation.scans.s.{section}")
+    assert str(error.value).endswith(f"did you mean ablation.scans.s.{section}.steps?")
