@@ -117,31 +117,24 @@ class MultiHeadAttention(nn.Module):
             self.q_norm = RMSNorm(q_width, f.norm_eps, f.qk_norm_plus_one) if q_width else None
             self.k_norm = RMSNorm(k_width, f.norm_eps, f.qk_norm_plus_one) if k_width else None
 
-    def forward(
-        self,
-        x_BTC: Tensor,
-        gate: Tensor | None = None,
-        replacement: Tensor | None = None,
-        cache: dict | None = None,
-    ) -> Tensor:
-        """The layer's output (B, T, C): heads, gated, combined. Arguments as in `heads` and `gate_z`."""
-        return self.combine_heads(self.gate_z(self.heads(x_BTC, cache), gate, replacement))
+    def forward(self, x_BTC: Tensor, gate: Tensor | None = None, replacement: Tensor | None = None) -> Tensor:
+        """The layer's output (B, T, C): heads, gated, combined. Arguments as in `gate_z`."""
+        return self.combine_heads(self.gate_z(self.heads(x_BTC), gate, replacement))
 
-    def heads(self, x_BTC: Tensor, cache: dict | None = None) -> Tensor:
-        """z (B, T, H, D). cache: if given, receives "z"."""
-        return self.attend(*self.project(x_BTC), cache)
+    def heads(self, x_BTC: Tensor) -> Tensor:
+        """z (B, T, H, D) from the layer's normed input."""
+        return self.attend(*self.project(x_BTC))
 
     def attend(
         self,
         q_BHTD: Tensor,
         k_BGTD: Tensor,
         v_BGTD: Tensor,
-        cache: dict | None = None,
         pattern_hook: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
-        """z (B, T, H, D) from q (B, H, T, D) and k, v per key/value head (B, G, T, D), cache as in `heads`;
-        pattern_hook: applied to the attention pattern (B, H, T, T) before it weighs the values (the explicit path;
-        an intervention's read or edit of the pattern, Transformer.forward's need_patterns included)."""
+        """z (B, T, H, D) from q (B, H, T, D) and k, v per key/value head (B, G, T, D); pattern_hook: applied to the
+        attention pattern (B, H, T, T) before it weighs the values (the explicit path; an intervention's read or edit
+        of the attn.pattern site)."""
         k_BHTD, v_BHTD = self.per_query_head(k_BGTD), self.per_query_head(v_BGTD)
         if pattern_hook is not None or (self.features.softcap is not None and self.n_heads > 0):
             z_BHTD, _ = self.reference_attention(q_BHTD, k_BHTD, v_BHTD, pattern_hook)
@@ -159,10 +152,7 @@ class MultiHeadAttention(nn.Module):
                 dropout_p=self.dropout if self.training else 0.0,
                 scale=self.score_scale,
             )
-        z_BTHD = z_BHTD.transpose(1, 2)
-        if cache is not None:
-            cache["z"] = z_BTHD
-        return z_BTHD
+        return z_BHTD.transpose(1, 2)
 
     def project(self, x_BTC: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q (B, H, T, D), and k and v (B, H_kv, T, D) per key/value head, from one fused projection; q and k

@@ -6,7 +6,7 @@ after the last one scored cannot reach a score (attention is causal). `SuffixLay
 sequence run, [p_b, e_b), left-aligned into S slots; `suffix_block` runs one layer there, reading the clean keys and
 values of positions before p_b: the same numbers as the layer on the whole sequence at those positions, up to float
 rounding. Everything per position (the norms, projections, MLP, gates) is the model's own code (`Block.finish`,
-`MultiHeadAttention.gate_z`, `combine_heads`); what depends on position is redone here with absolute positions:
+the `Gates` hook, `combine_heads`); what depends on position is redone here with absolute positions:
 rotary angles (computed for the whole length T, so dynamic scaling sees the same T), shortformer's learned q/k
 positions, the causal and sliding-window mask, soft-capped scores.
 """
@@ -19,6 +19,8 @@ from torch import Tensor
 
 from headcount.model.attention import MultiHeadAttention
 from headcount.model.block import Block
+from headcount.model.intervention import Gates
+from headcount.model.sites import Site
 
 
 @dataclass
@@ -76,20 +78,15 @@ def clean_keys_values(block: Block, resid_BTC: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def suffix_block(
-    block: Block,
-    x_XSC: Tensor,
-    layout: SuffixLayout,
-    clean_kv: tuple[Tensor, Tensor],
-    gate: Tensor | None = None,
-    replacement: Tensor | None = None,
-    gate_where: Tensor | None = None,
+    block: Block, x_XSC: Tensor, layout: SuffixLayout, clean_kv: tuple[Tensor, Tensor], gates: Gates | None = None
 ) -> Tensor:
     """The block's output at the layout's slots, x the stream into it there (X = copies * B rows, mask-major).
-    clean_kv: the clean keys and values (B, G, T, D) (`clean_keys_values`); gate, replacement (at the slots) and
-    gate_where (X, S) as in Block.forward."""
-    attn = block.attn
-    z_XSHD = suffix_heads(attn, block.ln_attn(x_XSC), layout, clean_kv)
-    return block.finish(x_XSC, attn.gate_z(z_XSHD, gate, replacement, gate_where))
+    clean_kv: the clean keys and values (B, G, T, D) (`clean_keys_values`); gates: the head gates' hook at the
+    layer's attn.z site, its replacements and positions given at the slots (X, S, ...), or None."""
+    z_XSHD = suffix_heads(block.attn, block.ln_attn(x_XSC), layout, clean_kv)
+    if gates is not None:
+        z_XSHD = gates(z_XSHD, Site("attn.z", block.layer))
+    return block.finish(x_XSC, z_XSHD)
 
 
 def suffix_heads(attn: MultiHeadAttention, x_XSC: Tensor, layout: SuffixLayout, clean_kv: tuple[Tensor, Tensor]):
