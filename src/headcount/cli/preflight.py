@@ -26,6 +26,7 @@ from headcount.config.data import DataConfig
 from headcount.config.model import ModelConfig
 from headcount.config.train import TrainerConfig
 from headcount.data import validate_data_config
+from headcount.data.essays import essay_files
 from headcount.data.text import text_files
 from headcount.errors import ConfigError
 from headcount.findings import validate_finding
@@ -50,6 +51,8 @@ def validate_job(cfg: DictConfig) -> None:
     validate_data_config(data)
     if data.source == "text":
         text_files(data)
+    if data.source == "essays":
+        essay_files()  # the wheel installed, before anything is written
     model = model_on_meta(typed(cfg.model, ModelConfig), cfg.trainer)
     check_fits_in_memory(model, cfg.trainer)
     if cfg.ablation.scans:
