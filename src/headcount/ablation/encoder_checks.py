@@ -41,3 +41,11 @@ def refuse_decoder_only(settings: AblationConfig, task_source: str | None, causa
         raise ConfigError(
             "ablation.metric", metric, f"needs a task's wrong answers; an encoder's masked-LM points take {allowed}"
         )
+
+
+def refuse_edges(what: str, causal: bool) -> None:
+    """ConfigError for an edge evaluation (edges_removed, circuit, circuit_performance) on an encoder: the circuits
+    core patches a decoder's task prompts."""
+    if not causal:
+        allowed = "edges and circuits are defined on a decoder's task prompts; an encoder (model.causal=false) takes "
+        raise ConfigError(what, "on an encoder", allowed + "head masks (masks=...) scored at masked-LM points")
