@@ -186,3 +186,17 @@ def test_an_encoder_pruned_structurally_equals_it_masked(dtype, tol):
         pruned = model.select_heads(keep)(ids)
     assert model.select_heads(keep).heads_per_layer == [2, 2]
     torch.testing.assert_close(pruned, masked, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_points_early_in_the_sequence_still_read_every_later_position(dtype, tol):
+    """A decoder's evaluator skips the positions after the last score point; an encoder's points read them too."""
+    model = tiny_encoder(dtype)
+    batch = points()
+    batch["score_mask"] = torch.zeros_like(batch["score_mask"])
+    batch["score_mask"][:, :2] = True  # points at positions 0 and 1 of 12 only
+    evaluator = MaskEvaluator(model, to_batches(batch, 6, torch.device("cpu")), masks_per_pass=1)
+    gates = torch.ones(1, 2, 3, dtype=dtype)
+    gates[0, 0, 2] = 0  # layer 0: layer 1 then runs on the changed stream, where a decoder's evaluator would skip
+    expected = loss_by_hand(zeroed_slice(model, 0, 2), batch)
+    assert float(evaluator.evaluate(gates)["loss"][0]) == pytest.approx(expected, abs=tol, rel=tol)
