@@ -145,16 +145,6 @@ def test_token_types_on_a_model_without_them_are_refused():
         model(torch.zeros(1, 4, dtype=torch.long), token_types=torch.zeros(1, 4, dtype=torch.long))
 
 
-def test_an_encoder_config_for_training_or_a_scan_is_refused_in_one_line():
-    from omegaconf import OmegaConf
-
-    from headcount.config.schema import TrainConfig, validate_train_config
-
-    cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), {"model": {"causal": False}})
-    with pytest.raises(ConfigError, match=r"^model.causal=False: training and head scans score next-token"):
-        validate_train_config(cfg)
-
-
 def test_a_bare_encoder_reads_its_hidden_states_through_a_tied_readout():
     hf = hf_model("bert_bare")
     model = convert(hf)

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from headcount import run_lock
 from headcount.ablation.checks import validate_settings
+from headcount.ablation.encoder_checks import refuse_decoder_only, refuse_edges
 from headcount.ablation.engine.evaluation import (
     Evaluation,
     EvaluationSet,
@@ -158,6 +159,9 @@ class Run:
             raise ConfigError("evaluate", what, "give exactly one of masks, edges_removed= or circuit=")
         s = self.mode_settings(mode, metric, **settings)
         checked = validate_settings(s, self.task_settings(task))
+        refuse_decoder_only(s, None if checked.task is None else str(checked.task.source), self.model.cfg.causal)
+        if masks is None:
+            refuse_edges(given[0], self.model.cfg.causal)
         planned = plan(checked, lambda _: self.task(task), self.ablation_dir)
         if masks is None:
             table, data, n_points = evaluate_edges(self, edges_removed, circuit, s, planned)
@@ -198,6 +202,7 @@ class Run:
         mapping edge name -> score (ranked by |score|; an edge left out scores 0), or a mapping name -> either of
         those, one row per name. mode (zero, resample or patch), metric, task and settings as for evaluate."""
         s = self.mode_settings(mode, metric, **settings)
+        refuse_edges("circuit_performance", self.model.cfg.causal)
         planned = plan(validate_settings(s, self.task_settings(task)), lambda _: self.task(task), self.ablation_dir)
         table, data, n_points = score_rankings(self, scores, s, planned, resamples, level)
         return with_record(table, self.evaluation_record(data, planned, n_points))

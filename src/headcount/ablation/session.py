@@ -24,6 +24,7 @@ from torch import Tensor
 
 from headcount.ablation.checks import validate_settings
 from headcount.ablation.data_check import checked_data
+from headcount.ablation.encoder_checks import refuse_decoder_only
 from headcount.ablation.engine.evaluation import counterpart_baseline, evaluation, evaluation_set, run_task, task_config
 from headcount.ablation.engine.evaluator import MaskEvaluator
 from headcount.ablation.engine.metrics import METRICS, resolve_metric
@@ -152,6 +153,7 @@ class AblationSession:
         model_key = model_fingerprint(self.run.model)
         self.model = self.run.model.to(self.device, ScanDtype(s.dtype).torch).eval()
         self.heads_per_layer = self.model.heads_per_layer
+        refuse_decoder_only(s, None if task_cfg is None else str(task_cfg.source), self.model.cfg.causal)
         planned = plan(checked, lambda c: run_task(cfg, self.model, c), RunPaths(run_dir).ablation)
         self.mode, self.metric, self.task, self.address = planned.mode, planned.metric, planned.task, planned.address
         self.positions = planned.positions
@@ -185,9 +187,12 @@ class AblationSession:
             **({} if self.task is None else {"task": self.task.name}),
             **({"patch_positions": "each"} if s.patch_positions == "each" else {}),
             **low_precision(s),
+            **({} if eval_set.masked_lm is None else {"masked_lm": eval_set.masked_lm}),
         }
         self.key = fingerprint(model_key, data["fingerprint"], settings_record)
         eval_settings = {"split": eval_set.split, "n_eval": n_eval, **low_precision(s)}
+        if eval_set.masked_lm is not None:  # what the points are depends on the masks
+            eval_settings["masked_lm"] = eval_set.masked_lm
         self.eval_key = fingerprint(model_key, data["fingerprint"], eval_settings)
         self.files = ResultFiles(self.address, self.key)
         evaluated = evaluation(s, self.mode, self.metric, self.model, eval_set, self.files, self.device)

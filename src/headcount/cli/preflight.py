@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from headcount.ablation.checks import validate_settings
+from headcount.ablation.encoder_checks import refuse_decoder_only
 from headcount.ablation.engine.evaluation import run_task, task_config
 from headcount.ablation.export import check_export
 from headcount.ablation.plan import AblationPlan, plan
@@ -26,6 +27,7 @@ from headcount.config.data import DataConfig
 from headcount.config.model import ModelConfig
 from headcount.config.train import TrainerConfig
 from headcount.data import validate_data_config
+from headcount.data.essays import essay_files
 from headcount.data.text import text_files
 from headcount.errors import ConfigError
 from headcount.findings import validate_finding
@@ -50,6 +52,8 @@ def validate_job(cfg: DictConfig) -> None:
     validate_data_config(data)
     if data.source == "text":
         text_files(data)
+    if data.source == "essays":
+        essay_files()  # the wheel installed, before anything is written
     model = model_on_meta(typed(cfg.model, ModelConfig), cfg.trainer)
     check_fits_in_memory(model, cfg.trainer)
     if cfg.ablation.scans:
@@ -157,6 +161,7 @@ def check_ablation(settings: AblationConfig, model: Transformer, cfg: DictConfig
     the config names: its prompts encoded for the model, every prompt checked, the metric and mode against it."""
     task_cfg = task_config(cfg) if cfg is not None else None
     checked = validate_settings(settings, task_cfg)
+    refuse_decoder_only(settings, None if task_cfg is None else str(task_cfg.source), model.cfg.causal)
     planned = plan(checked, lambda c: run_task(cfg, model, c), Path("ablation"))  # a run not made yet
     shape = ModelShape(planned, model)
     for name, scan in settings.scans.items():

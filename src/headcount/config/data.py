@@ -16,6 +16,7 @@ class Source(Choice):
     copy = "copy"
     text = "text"
     pystdlib = "pystdlib"
+    essays = "essays"
     hub = "hub"
 
 
@@ -26,7 +27,7 @@ class Tokenizer(Choice):
 
 
 SYNTHETIC_SOURCES = ("induction", "assoc_recall", "offset_diff", "copy")
-TEXT_SOURCES = ("text", "pystdlib", "hub")
+TEXT_SOURCES = ("text", "pystdlib", "essays", "hub")
 SOURCES = tuple(source.value for source in Source)
 BYTE_VOCAB = 256  # text sources are byte-level
 
@@ -54,9 +55,9 @@ class DataConfig:
     # offset_diff: token t predicts (x[t - offset_a] - x[t - offset_b]) mod vocab_size
     offset_a: int = 1
     offset_b: int = 3
-    # text: a file or a folder of .txt files; pystdlib ignores it
+    # text: a file or a folder of .txt files; pystdlib and essays ignore it
     path: str | None = None
-    # text and pystdlib: share of files (pystdlib) or of chunks (text) held out for val and test
+    # text, essays and pystdlib: share of files (pystdlib) or of chunks (text, essays) held out for val and test
     val_fraction: float = 0.05
     test_fraction: float = 0.05
     # hub: a Hugging Face dataset by name (needs network once; cached after)

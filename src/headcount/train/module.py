@@ -1,4 +1,5 @@
-"""The LightningModule: next-token training of a Transformer on the positions loss_mask marks."""
+"""The LightningModule: next-token training of a Transformer on the positions loss_mask marks, or, for an encoder
+(model.causal=false), the masked-LM objective (train/masking.py: BERT's 15%, 80/10/10 corruption)."""
 
 import math
 import time
@@ -9,6 +10,7 @@ import torch
 
 from headcount.metrics import masked_loss_and_accuracy, masked_token_sums, per_token
 from headcount.run_dir import model_config_from_dict
+from headcount.train.masking import Masking, masked_lm_loss_and_accuracy, masked_lm_sums
 
 
 class NonFiniteLossError(RuntimeError):
@@ -23,7 +25,8 @@ class HeadcountModule(L.LightningModule):
     that a step's row is on disk before that step's checkpoint. Validation and test log per-token numbers over the
     whole split (metrics.py), summed across processes under DDP, each example once (data/datamodule.py)."""
 
-    def __init__(self, model: dict, optim: dict, max_steps: int, compile: bool = False):
+    def __init__(self, model: dict, optim: dict, max_steps: int, compile: bool = False, masking: dict | None = None):
+        """masking: an encoder's corruption (train/masking.py's Masking, as a dict); None for a decoder."""
         super().__init__()
         self.save_hyperparameters()
         from headcount.model import Transformer
@@ -31,6 +34,7 @@ class HeadcountModule(L.LightningModule):
         self.model = Transformer(model_config_from_dict(model))
         if compile:
             self.model.compile()
+        self.masking = None if masking is None else Masking(**masking)
         self._split_sums: torch.Tensor | None = None
         # Training seconds of the processes before this one (from the checkpoint resumed), and when this one began.
         self.seconds_before, self._started = 0.0, None
@@ -52,17 +56,26 @@ class HeadcountModule(L.LightningModule):
         return self.model(input_ids_BT)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        logits_BTV = self.model(batch["input_ids"])
-        loss, acc = masked_loss_and_accuracy(logits_BTV, batch["input_ids"], batch["loss_mask"])
+        if self.masking is None:
+            logits_BTV = self.model(batch["input_ids"])
+            loss, acc = masked_loss_and_accuracy(logits_BTV, batch["input_ids"], batch["loss_mask"])
+        else:  # fresh masks every step from the seeded global generator (seed_everything)
+            inputs_BT, labels_BT = self.masking.corrupt(batch["input_ids"])
+            loss, acc = masked_lm_loss_and_accuracy(self.model(inputs_BT), labels_BT)
         if not torch.isfinite(loss):
             raise NonFiniteLossError(f"training loss is {loss.item()} at step {self.global_step}; stopping")
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
         self.log("train/acc", acc, on_step=True, on_epoch=False, logger=False)
         return loss
 
-    def _add_batch(self, batch: dict) -> None:
-        logits_BTV = self.model(batch["input_ids"])
-        sums = masked_token_sums(logits_BTV, batch["input_ids"], batch["loss_mask"])
+    def _add_batch(self, batch: dict, batch_idx: int) -> None:
+        if self.masking is None:
+            logits_BTV = self.model(batch["input_ids"])
+            sums = masked_token_sums(logits_BTV, batch["input_ids"], batch["loss_mask"])
+        else:  # the same masks at every evaluation: a generator seeded by the batch's index
+            generator = torch.Generator(batch["input_ids"].device).manual_seed(batch_idx)
+            inputs_BT, labels_BT = self.masking.corrupt(batch["input_ids"], generator)
+            sums = masked_lm_sums(self.model(inputs_BT), labels_BT)
         self._split_sums = sums if self._split_sums is None else self._split_sums + sums
 
     def _log_split(self, split: str) -> None:
@@ -81,13 +94,13 @@ class HeadcountModule(L.LightningModule):
         self._split_sums = None
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._add_batch(batch)
+        self._add_batch(batch, batch_idx)
 
     def on_validation_epoch_end(self) -> None:
         self._log_split("val")
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._add_batch(batch)
+        self._add_batch(batch, batch_idx)
 
     def on_test_epoch_end(self) -> None:
         self._log_split("test")

@@ -2,8 +2,9 @@
 API's `Run.evaluate` both build, the same way, so that masks evaluated either way give the same numbers.
 
 The evaluation set is the run's own data (the first n_eval examples of ablation.split, next-token loss over its
-targets) or a task's prompts (task.*: scored at their answers' positions), with the reference set the mode draws on
-(mean, resample) and, for a task with corrupted prompts, the counterparts: the other end of its clean-to-corrupted gap.
+targets; an encoder's masked-LM points instead, train/masking.py) or a task's prompts (task.*: scored at their
+answers' positions), with the reference set the mode draws on (mean, resample) and, for a task with corrupted
+prompts, the counterparts: the other end of its clean-to-corrupted gap.
 """
 
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 from headcount.run_dir import FinishedRun
 from headcount.tasks import ByteTokens, HFTokens, IdsOnly, TaskSet, TaskTokenizer, build_task
+from headcount.train.masking import masked_points, masking_for
 
 TASK_REFERENCES = ("prompts", "corrupted")
 
@@ -36,6 +38,7 @@ class EvaluationSet:
     reference_split: str | None
     task: TaskSet | None = None
     counterpart: dict[str, Tensor] | None = None  # a task's other end of the gap: corrupted prompts (clean: denoise)
+    masked_lm: dict | None = None  # an encoder's: the masking its score points come from (train/masking.py)
 
     @property
     def positions(self) -> list[str]:
@@ -70,7 +73,16 @@ def evaluation_set(run: FinishedRun, s: AblationConfig, mode: AblationMode, task
     reference = None
     if mode.uses_reference:
         reference = run.examples(reference_name, s.n_reference, "ablation.reference_split")
-    return EvaluationSet(examples, reference, s.split, reference_name if mode.uses_reference else None)
+    masked_lm = None
+    if not run.model.cfg.causal:  # an encoder is scored on masked-LM points, the same masks for the same seed
+        masking = masking_for(run.config, run.model.cfg.vocab_size)
+        examples = masked_points(examples, masking, s.seed)
+        if reference is not None:  # what mean and resample draw on is corrupted the same way, by its own draw
+            reference = {**reference, "input_ids": masked_points(reference, masking, s.seed + 1)["input_ids"]}
+        masked_lm = {**masking.record(), "seed": s.seed}
+    return EvaluationSet(
+        examples, reference, s.split, reference_name if mode.uses_reference else None, masked_lm=masked_lm
+    )
 
 
 def task_evaluation_set(task: TaskSet, s: AblationConfig, mode: AblationMode) -> EvaluationSet:

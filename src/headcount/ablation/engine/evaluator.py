@@ -236,7 +236,7 @@ class MaskEvaluator:
     def layout(self, batch: dict[str, Tensor]) -> SuffixLayout | None:
         """The positions a masked pass of this batch runs (module docstring), None: all of them, when skipping would
         save less than a quarter of the positions."""
-        if not self.skip_unchanged:
+        if not self.skip_unchanged or not self.model.cfg.causal:  # an encoder's every position reads every other
             return None
         ids_BT = batch["input_ids"]
         B, T = ids_BT.shape
