@@ -17,6 +17,7 @@ from headcount.config.model import ModelConfig
 from headcount.findings import check_finding
 from headcount.findings.claims import VERDICTS
 from headcount.findings.clark_attention import HeadMaps, bert_pairs, claims, head_maps, sentence_embedding
+from headcount.model.intervention import reads
 from headcount.model.transformer import Transformer
 from headcount.run_dir import RunPaths
 
@@ -106,14 +107,12 @@ def test_the_maps_equal_patterns_and_zeroed_slices_computed_one_example_at_a_tim
     T, L, H, D = 12, 2, 3, model.head_dim
     expected = {name: np.zeros((L, H)) for name in got}
     for n in range(5):
-        cache: dict = {}
+        read = reads(["attn.pattern"], range(L))
         with torch.no_grad():
-            final = model.forward_layers(
-                model.embed(inputs[n : n + 1], types[n : n + 1]), 0, cache=cache, need_patterns=True
-            )
+            final = model.forward_layers(model.embed(inputs[n : n + 1], types[n : n + 1]), 0, read)
         clean = sentence_embedding(model, final)
         for layer in range(L):
-            p = cache["pattern", layer][0].double()
+            p = read.read("attn.pattern", layer)[0].double()
             for h in range(H):
                 rows = p[h]
                 expected["cls"][layer, h] += rows[:, 0].mean() / 5

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from headcount.captions import describe_run
 from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
+from headcount.model.intervention import gated, reads
 from headcount.model.transformer import Transformer
 from headcount.plotting import head_heatmap
 from headcount.run_dir import load_run
@@ -82,11 +83,11 @@ def head_maps(model: Transformer, inputs_NT: Tensor, types_NT: Tensor, batch_siz
     sep_a = (T - 3) // 2 + 1  # the first [SEP]'s position; the second is the last
     for start in range(0, len(inputs_NT), batch_size):
         ids_BT, types_BT = inputs_NT[start : start + batch_size], types_NT[start : start + batch_size]
-        cache: dict = {}
-        final_BTC = model.forward_layers(model.embed(ids_BT, types_BT), 0, cache=cache, need_patterns=True)
+        read = reads(["resid_pre", "attn.pattern"], range(L))
+        final_BTC = model.forward_layers(model.embed(ids_BT, types_BT), 0, read)
         clean_BE = sentence_embedding(model, final_BTC)
         for layer in range(L):
-            p_BHTT = cache["pattern", layer].double()
+            p_BHTT = read.read("attn.pattern", layer).double()
             h = p_BHTT.shape[1]
             sums["cls"][layer, :h] += p_BHTT[..., 0].mean(2).sum(0)
             sums["sep"][layer, :h] += (p_BHTT[..., sep_a] + p_BHTT[..., T - 1]).mean(2).sum(0)
@@ -97,7 +98,7 @@ def head_maps(model: Transformer, inputs_NT: Tensor, types_NT: Tensor, batch_siz
             for head in range(h):  # zeroed alone, from the stream before its layer
                 gates = torch.ones(L, H, dtype=final_BTC.dtype)
                 gates[layer, head] = 0
-                final = model.forward_layers(cache["resid_pre", layer], layer, gates)
+                final = model.forward_layers(read.read("resid_pre", layer), layer, gated(gates, start=layer))
                 cos_B = torch.nn.functional.cosine_similarity(sentence_embedding(model, final), clean_BE, dim=1)
                 sums["cost"][layer, head] += (1 - cos_B).sum()
     return HeadMaps({name: (total / len(inputs_NT)).numpy() for name, total in sums.items()}, T)
