@@ -342,3 +342,15 @@ def test_a_path_patching_rerun_with_other_senders_says_it_replaces_the_table(run
     capsys.readouterr()
     run.scan("path_patching", mode="zero", senders=["L0H1"], receivers=["L1H0.q"])  # up to date: nothing replaced
     assert "is replaced" not in capsys.readouterr().err
+
+
+def test_edge_attribution_into_a_ranking_s_top_heads_runs_the_ranking_first(run_dir):
+    """receivers: [top2:single_head.q] crashed (`'AblationSession' object has no attribute 'shared'`: the ranking was
+    asked for while the session was still being set up). The ranking is a declared dependency (Scan.needs), run
+    before the scan that reads it; the table holds exactly the edges into the two most damaging heads' queries."""
+    run = headcount.load_run(run_dir)
+    table = run.scan("edge_attribution", mode="zero", receivers=["top2:single_head.q"], steps=1, random_sets=0)
+    single = run.results("single_head", mode="zero")
+    single = single[single["n_heads_off"] == 1]
+    top2 = single.sort_values("delta_loss", ascending=False, kind="stable")["mask"].head(2).tolist()
+    assert sorted(set(table["receiver"])) == sorted(f"{head}.q" for head in top2)

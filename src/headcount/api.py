@@ -48,7 +48,7 @@ from headcount.ablation.scans.mask_scan import scan_table
 from headcount.ablation.session import AblationSession, resolve_device, typed_ablation
 from headcount.api_edges import EdgeSets, Rankings, evaluate_edges, score_rankings
 from headcount.config import typed
-from headcount.config.ablation import AblationConfig
+from headcount.config.ablation import AblationConfig, mode_setting_keys
 from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
@@ -225,7 +225,7 @@ class Run:
         run_lock.acquire_if_writable(self.path, "headcount.load_run(...).scan")  # read-only storage: read back only
         try:
             session = AblationSession(config, self.path)
-            return session.scans[name].run()
+            return session.run_scans()[name]
         finally:
             if not already_held:
                 run_lock.release(self.path)
@@ -319,6 +319,11 @@ class Run:
         """A copy of the run's ablation settings in `mode` and `metric` (default: the run's own), with other keys."""
         merged = OmegaConf.merge(OmegaConf.structured(self.settings), settings)
         s = typed_ablation(merged)
+        if mode is not None and mode != s.mode:  # the run's own mode's keys stay with it (another mode refuses them)
+            defaults = AblationConfig()
+            for key in mode_setting_keys():
+                if key not in settings:
+                    setattr(s, key, getattr(defaults, key))
         if mode is not None:
             s.mode = mode
         if metric is not None:

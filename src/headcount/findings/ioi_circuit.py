@@ -22,8 +22,8 @@ import pandas as pd
 
 from headcount.ablation.engine.heads import head_name
 from headcount.ablation.records.results import read_checked
+from headcount.ablation.scans.circuit_inputs import top_sender_heads
 from headcount.ablation.scans.head_circuit import circuit_and_random
-from headcount.ablation.scans.path_patching import top_sender_heads
 from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.ioi_heads import PAPER, task_claim
 from headcount.findings.run_data import scan_file, scan_results

@@ -102,7 +102,7 @@ class AttributionScan(Scan):
         table = self.handed_back(table)  # the summary reads every exact change there is
         if "position" not in table:  # per head: how much switching it off is estimated to worsen the metric
             damage = table.assign(damage=self.session.metric.damage(table["attribution"], 0.0))
-            self.session.shared[self.kind] = self.session.layer_head_tensor(damage, "damage")
+            self.session.hand(self.kind, self.session.layer_head_tensor(damage, "damage"))
         summary = attribution_summary(table, self.cfg.verify_top_k)
         self.session.files.update_summary({"attribution": {self.name: summary}})
 

@@ -104,7 +104,7 @@ class DirectEffectScan(Scan):
         return after_LH, record
 
     def use(self, table: pd.DataFrame) -> None:
-        self.session.shared[self.kind] = self.session.layer_head_tensor(table, "direct_effect")
+        self.session.hand(self.kind, self.session.layer_head_tensor(table, "direct_effect"))
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         metric = self.session.metric

@@ -53,7 +53,7 @@ class ImportanceScan(Scan):
         return table
 
     def use(self, table: pd.DataFrame) -> None:
-        self.session.shared[self.kind] = self.session.layer_head_tensor(table, "grad_importance_raw")
+        self.session.hand(self.kind, self.session.layer_head_tensor(table, "grad_importance_raw"))
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         metric = self.session.metric

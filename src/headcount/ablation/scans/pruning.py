@@ -14,7 +14,7 @@ from headcount.ablation.engine.masks import gates_to_masks
 from headcount.ablation.engine.metrics import Loss, Metric, require_differentiable
 from headcount.ablation.methods.pruning import PRUNING_ORDERS, prunable_fractions, pruning_curves
 from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
-from headcount.ablation.scans.single_head import single_head_delta
+from headcount.ablation.scans.single_head import SingleHeadScan, single_head_delta
 from headcount.config.ablation import AblationConfig, validate_pruning_config
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
@@ -31,6 +31,9 @@ class PruningScan(Scan):
         validate_pruning_config(settings.pruning)
         if any(PRUNING_ORDERS.get(str(order)).follows_gradient for order in settings.pruning.orders):
             require_differentiable(settings.metric, "the gradient pruning orders (ablation.pruning.orders)")
+
+    def needs(self) -> list[str]:
+        return [SingleHeadScan.kind] if "single_head" in self.session.settings.pruning.orders else []
 
     def fingerprint_parts(self) -> tuple:
         s = self.session.settings
@@ -59,7 +62,7 @@ class PruningScan(Scan):
         baseline, tolerance = self.session.baseline[metric.primary], self.session.settings.pruning.tolerance
         prunable = prunable_fractions(table, baseline, tolerance, metric)
         arbitrary = arbitrary_orders(table)
-        self.session.shared[self.kind] = prunable
+        self.session.hand(self.kind, prunable)
         self.session.files.update_summary({"prunable_fraction": prunable, "arbitrary_orders": arbitrary})
 
 

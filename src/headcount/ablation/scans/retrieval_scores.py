@@ -57,7 +57,7 @@ class RetrievalScoresScan(Scan):
         return pd.DataFrame({"layer": layers, "head": heads, "retrieval_score": scores[layers, heads].numpy()})
 
     def use(self, table: pd.DataFrame) -> None:
-        self.session.shared[self.kind] = self.session.layer_head_tensor(table, "retrieval_score")
+        self.session.hand(self.kind, self.session.layer_head_tensor(table, "retrieval_score"))
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         title = self.title("retrieval score (share of copied tokens a head copies and pastes)")

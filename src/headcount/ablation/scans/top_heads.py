@@ -50,6 +50,9 @@ class TopHeadsScan(MaskScan):
             key = f"ablation.scans.{self.name}.rank_by"
             raise ConfigError(key, self.cfg.rank_by, f"cannot rank these heads: {error.allowed}") from None
 
+    def needs(self) -> list[str]:
+        return [self.cfg.rank_by]
+
     def fingerprint_parts(self) -> tuple:
         return (*super().fingerprint_parts(), self.cfg.rank_by)
 
