@@ -46,7 +46,14 @@ from headcount.ablation.records.summary import read_summary
 from headcount.ablation.scans.base import ScanSettings, typed_scan, typed_scans
 from headcount.ablation.scans.mask_scan import scan_table
 from headcount.ablation.session import AblationSession, resolve_device, typed_ablation
-from headcount.api_edges import EdgeSets, Rankings, evaluate_edges, score_rankings
+from headcount.api_edges import (
+    EdgeSets,
+    Rankings,
+    checked_rankings,
+    evaluate_edges,
+    requested_edge_sets,
+    score_rankings,
+)
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, mode_setting_keys
 from headcount.config.task import TaskConfig
@@ -160,7 +167,9 @@ class Run:
         checked = validate_settings(s, self.task_settings(task))
         planned = plan(checked, lambda _: self.task(task), self.ablation_dir)
         if masks is None:
-            table, data, n_points = evaluate_edges(self, edges_removed, circuit, s, planned)
+            sets = requested_edge_sets(self.model, edges_removed, circuit, s)
+            data, evaluated = self.evaluation(s, planned.mode, planned.metric, planned.task)
+            table, n_points = evaluate_edges(self.model, sets, edges_removed is not None, s, planned, data, evaluated)
             return with_record(table, self.evaluation_record(data, planned, n_points))
         mode_object, chosen_metric, task_set, positions = planned.mode, planned.metric, planned.task, planned.positions
         head_masks = requested_masks(masks, self.model.heads_per_layer, positions=positions)
@@ -199,7 +208,9 @@ class Run:
         those, one row per name. mode (zero, resample or patch), metric, task and settings as for evaluate."""
         s = self.mode_settings(mode, metric, **settings)
         planned = plan(validate_settings(s, self.task_settings(task)), lambda _: self.task(task), self.ablation_dir)
-        table, data, n_points = score_rankings(self, scores, s, planned, resamples, level)
+        ranked = checked_rankings(self.model, scores, s, resamples)
+        data, evaluated = self.evaluation(s, planned.mode, planned.metric, planned.task)
+        table, n_points = score_rankings(self.model, ranked, s, planned, evaluated, resamples, level)
         return with_record(table, self.evaluation_record(data, planned, n_points))
 
     def scan(

@@ -39,7 +39,7 @@ from headcount.config.ablation import AblationConfig
 from headcount.config.scans import PathPatchingSettings
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
-from headcount.labels import join_names, split_names
+from headcount.labels import edge_label, join_names, split_names
 from headcount.plotting import new_figure, set_title
 
 
@@ -133,7 +133,7 @@ class PathPatchingScan(Scan):
         weights = torch.zeros(len(graph.edges), dtype=torch.float64)
         for row in table.itertuples():
             for receiver in split_names(row.receivers):
-                weights[graph.edge_index[f"{row.sender} -> {receiver}"]] += abs(row.effect)
+                weights[graph.edge_index[edge_label(row.sender, receiver)]] += abs(row.effect)
         edges = set(weights.nonzero()[:, 0].tolist())
         fig = draw_circuit(graph, edges, weights, self.title("paths patched, arrows as wide as |effect|"))
         circuit = self.path(".png", "_circuit")
