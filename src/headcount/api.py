@@ -147,13 +147,13 @@ class Run:
 
         masks: a mapping name -> heads off, or a list of masks; a mask is a list of (layer, head) pairs or "L1H3"
         names, a name such as "L0H3+L1H2" (on a task, "L1H3@S2" at one named position), or a HeadMask.
-        mode: zero, mean, resample or patch (default: the run's ablation.mode). metric: a metric name or
+        mode: a mode's name (headcount-ablate --list; default: the run's ablation.mode). metric: a metric name or
         {"_target_": ...} (default: the run's, else loss on the data, logit_diff on a task with wrong answers).
         task: as on the command line (a source such as "ioi", a prompts file, a mapping of task.* keys); default:
         the run's own task, else its data. settings: other ablation.* keys (patch_direction="denoise", ...).
 
-        Instead of masks, edges (named as the edge scans name them, "L0H3 -> L1H2.k", "L1.mlp -> logits"), in mode
-        zero, resample or patch: edges_removed=[...] removes those edges, each receiver reading the mode's
+        Instead of masks, edges (named as the edge scans name them, "L0H3 -> L1H2.k", "L1.mlp -> logits"), in a mode
+        that corrupts every sender: edges_removed=[...] removes those edges, each receiver reading the mode's
         replacement from them and clean outputs from every other edge; circuit=[...] keeps only those, every other
         edge removed. A list is one set (a row named "edges_removed" or "circuit"), a mapping name -> list one row
         per set. The row has n_edges_removed in place of n_heads_off and `faithfulness`, the share of the clean-to-
@@ -205,7 +205,8 @@ class Run:
 
         scores: a list of edge names, most important first ("L0H3 -> L1H2.k", as the edge scans name them), or a
         mapping edge name -> score (ranked by |score|; an edge left out scores 0), or a mapping name -> either of
-        those, one row per name. mode (zero, resample or patch), metric, task and settings as for evaluate."""
+        those, one row per name. mode (one that corrupts every sender, as for edges), metric, task and settings as
+        for evaluate."""
         s = self.mode_settings(mode, metric, **settings)
         planned = plan(validate_settings(s, self.task_settings(task)), lambda _: self.task(task), self.ablation_dir)
         ranked = checked_rankings(self.model, scores, s, resamples)

@@ -1,5 +1,5 @@
 """`Run.evaluate` with edges: the metric of the model with a set of edges corrupted, exactly, on the run's data or a
-task, in any metric and any mode that corrupts every sender (zero, resample, patch).
+task, in any metric and any mode that corrupts every sender (mean does not).
 
 Each receiver input reads the clean output of every sender whose edge into it is kept and the mode's replacement from
 every sender whose edge is removed (the edge-patched forward, headcount/circuits/forward.py; docs/DESIGN.md,

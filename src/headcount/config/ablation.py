@@ -107,7 +107,7 @@ MODE_SETTING = {"mode_setting": True}
 
 @dataclass
 class AblationConfig:
-    # What an ablated head's z becomes: zero, mean, resample or patch (ablation/engine/modes.py, where each is defined)
+    # What an ablated head's z becomes: a mode's name (ablation/engine/modes.py defines them; headcount-ablate --list)
     mode: str = "zero"
     mean_per_position: bool = field(default=False, metadata=MODE_SETTING)  # mean: z averaged per position
     # What a mask is measured by: a metric name (loss, accuracy, logit_diff, answer_logprob, answer_prob, top1), or

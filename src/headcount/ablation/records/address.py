@@ -3,7 +3,7 @@ derived. A session writes its address into its section of summary.json (`"addres
 API, findings, reports, W&B, resume) reads it back instead of rebuilding it from strings.
 
     run + task       -> folder   <run>/ablation/ (the run's data) or <run>/ablation/tasks/<task>/
-    mode + metric    -> section  "zero", "mean", "patch.logit_diff" (the mode alone for loss)
+    mode + metric    -> section  "zero", "patch.logit_diff" (the mode alone for loss)
     section + scan   -> files    single_head.csv (zero, loss), single_head.mean.csv, single_head.patch.logit_diff.csv
 
 Zero ablation measured by loss keeps the plain names, as results were named before other modes and metrics; results

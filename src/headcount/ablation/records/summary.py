@@ -1,4 +1,4 @@
-"""summary.json: the headline numbers of <run>/ablation/, one section per ablation mode, so that zero, mean and resample
+"""summary.json: the headline numbers of <run>/ablation/, one section per ablation mode, so that every mode's
 results coexist and nothing a command recorded vanishes when another runs.
 
     {"format": 2,
