@@ -279,8 +279,8 @@ class Run:
         neither changes it), variant (the scan's own setting that gave it files apart, top_heads' by_<rank_by>; ""
         at its default), rows, csv (the file's name in its folder)."""
         rows = []
-        for task, folder in result_folders(self.ablation_dir):
-            summary = read_summary(folder / "summary.json")
+        for folder in result_folders(self.ablation_dir):
+            task, summary = folder.task, read_summary(folder.summary_path)
             sections = [
                 (ResultAddress.of_section(self.ablation_dir, section, name, task).record(), section)
                 for name, section in summary["modes"].items()
@@ -315,7 +315,7 @@ class Run:
             return ""
         if Path(task).suffix.lower() in (".jsonl", ".json", ".csv", ".parquet"):
             task = task_name(TaskConfig(source="file", path=task))
-        folders = [name for name, _ in result_folders(self.ablation_dir) if name]
+        folders = [folder.task for folder in result_folders(self.ablation_dir) if folder.task]
         if task not in folders:
             raise ConfigError(
                 "task",

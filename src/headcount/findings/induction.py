@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from headcount.ablation.engine.heads import head_name
+from headcount.ablation.engine.masks import HeadMask, joined_name, masks_to_gates
 from headcount.ablation.records.address import ResultAddress
 from headcount.ablation.records.results import read_checked
 from headcount.ablation.scans.head_scores import SCORES
@@ -74,9 +74,7 @@ def zeroing_together(run: FinishedRun, repeated: float) -> Callable[[Heads], flo
     def increase(zeroed: Heads) -> float:
         if not zeroed:
             return 0.0
-        gates_1LH = torch.ones(1, run.model.n_layers, run.model.max_heads)
-        for layer, head in zeroed:
-            gates_1LH[0, layer, head] = 0
+        gates_1LH = masks_to_gates([HeadMask(joined_name(tuple(zeroed)), tuple(zeroed))], run.model.heads_per_layer)
         return float(evaluator.evaluate(gates_1LH)["loss"][0]) - repeated
 
     return increase

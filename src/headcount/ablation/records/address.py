@@ -172,9 +172,10 @@ def run_address(run_dir: str | Path, config: DictConfig | None = None) -> Result
     return address
 
 
-def result_folders(ablation_dir: Path) -> list[tuple[str, Path]]:
-    """Every folder of a run's results: ("", <run>/ablation) and (task, <run>/ablation/tasks/<task>) for each task."""
+def result_folders(ablation_dir: Path) -> list[ResultAddress]:
+    """The address of every folder of a run's results (its folder and summary_path; no mode): the run's data's,
+    <run>/ablation, then each task's, <run>/ablation/tasks/<task>."""
     ablation_dir = Path(ablation_dir)
-    tasks = ablation_dir / "tasks"
-    folders = sorted(f for f in tasks.iterdir() if f.is_dir()) if tasks.is_dir() else []
-    return [("", ablation_dir)] + [(f.name, f) for f in folders]
+    tasks = ResultAddress(ablation_dir, task="_").folder.parent
+    names = sorted(f.name for f in tasks.iterdir() if f.is_dir()) if tasks.is_dir() else []
+    return [ResultAddress(ablation_dir, task=name) for name in ["", *names]]
