@@ -67,7 +67,9 @@ class ResultAddress:
 
     @property
     def summary_path(self) -> Path:
-        return self.folder / "summary.json"
+        from headcount.ablation.records.summary import summary_in
+
+        return summary_in(self.folder)
 
     def file(self, stem: str, ext: str, mode_independent: bool = False, scan_variant: tuple[str, ...] = ()) -> Path:
         """<folder>/<stem><tag><ext>: single_head.csv, single_head.mean.csv, single_head.mean.partial.csv; a
