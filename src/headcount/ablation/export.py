@@ -64,7 +64,7 @@ def export_needs(prune: PruneExportConfig) -> list[str]:
 def export_pruned_model(session: ScanContext) -> None:
     """Write ablation/pruned[.<mode>].ckpt without the heads the settings choose, print what went and how much faster
     the model got, and record it in summary.json. ConfigError, before anything is written, when no head would go."""
-    s, prune, hpl = session.settings, session.settings.prune, session.heads_per_layer
+    s, prune, hpl = session.settings, session.settings.prune, session.model.heads_per_layer
     if prune.heads is not None:
         chosen = HeadMask("ablation.prune.heads", tuple(tuple(pair) for pair in prune.heads))
         keep_LH = masks_to_gates([chosen], hpl)[0]

@@ -48,7 +48,7 @@ class AttributionScan(Scan):
 
     def compute(self, key: str) -> pd.DataFrame:
         session = self.session
-        masks = single_head_masks(session.heads_per_layer, session.positions if self.per_position() else None)
+        masks = single_head_masks(session.model.heads_per_layer, session.positions if self.per_position() else None)
         attribution = attribute(
             session.model, session.batches, session.replacements, session.metric, per_position=self.per_position()
         )

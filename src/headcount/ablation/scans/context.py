@@ -30,7 +30,6 @@ class ScanContext(Protocol):
     positions: list[str]  # the task's named positions (the columns of a batch's named_pos)
     device: torch.device
     model: Transformer  # on `device`, in eval mode
-    heads_per_layer: list[int]
     key: str  # the fingerprint of the model's weights, the data and the ablation settings every result depends on
     eval_key: str  # the same without the mode's settings: what a mode-independent result depends on
     subject: str  # the model and the data, for figure titles

@@ -64,7 +64,7 @@ class HeadCircuitScan(MaskScan):
         return tuple(sorted(heads))
 
     def masks(self) -> list[HeadMask]:
-        session, everything = self.session, all_heads(self.session.heads_per_layer)
+        session, everything = self.session, all_heads(self.session.model.heads_per_layer)
         kept = self.kept()
         off = lambda keep: tuple(h for h in everything if h not in set(keep))  # noqa: E731
         masks = [HeadMask(f"{CIRCUIT}: {joined_name(kept)}", off(kept)), HeadMask(NONE_KEPT, tuple(everything))]
@@ -77,7 +77,7 @@ class HeadCircuitScan(MaskScan):
 
     def compute(self, key: str) -> pd.DataFrame:
         table = super().compute(key)
-        everything = all_heads(self.session.heads_per_layer)
+        everything = all_heads(self.session.model.heads_per_layer)
         kept = [[h for h in everything if h not in set(m.heads_off)] for m in self.head_masks]
         table["kept"] = [join_heads(list(k)) for k in kept]
         return with_faithfulness(table, self.session.baseline[self.session.metric.primary], self.session.metric.primary)

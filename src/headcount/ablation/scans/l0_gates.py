@@ -30,7 +30,7 @@ class L0GatesScan(Scan):
         require_differentiable(settings.metric, f"the {name} scan (L0 gates trained on the metric)")
 
     def prepare(self) -> None:
-        validate_l0_config(self.cfg.l0, sum(self.session.heads_per_layer), f"ablation.scans.{self.name}.l0")
+        validate_l0_config(self.cfg.l0, sum(self.session.model.heads_per_layer), f"ablation.scans.{self.name}.l0")
 
     def fingerprint_parts(self) -> tuple:
         s = self.session.settings

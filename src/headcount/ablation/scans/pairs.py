@@ -35,7 +35,7 @@ class PairsScan(MaskScan):
         return [] if self.cfg.top_k is None else [SingleHeadScan.kind]
 
     def masks(self) -> list[HeadMask]:
-        hpl = self.session.heads_per_layer
+        hpl = self.session.model.heads_per_layer
         if self.cfg.top_k is None:
             return pair_masks(all_heads(hpl))
         return pair_masks(most_important_heads(single_head_delta(self.session), hpl, self.cfg.top_k))

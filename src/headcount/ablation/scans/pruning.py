@@ -43,10 +43,10 @@ class PruningScan(Scan):
         session, s = self.session, self.session.settings
 
         def evaluate(gates_MLH: Tensor) -> dict[str, Tensor]:
-            return self.evaluate(gates_to_masks(gates_MLH, session.heads_per_layer), key).values()
+            return self.evaluate(gates_to_masks(gates_MLH, session.model.heads_per_layer), key).values()
 
         delta_LH = single_head_delta(session) if "single_head" in s.pruning.orders else None
-        hpl, baseline = session.heads_per_layer, session.baseline
+        hpl, baseline = session.model.heads_per_layer, session.baseline
         return pruning_curves(evaluate, session.importance, delta_LH, hpl, s.pruning, s.seed, baseline, session.metric)
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:

@@ -52,7 +52,7 @@ class RetrievalScoresScan(Scan):
                 strongest_NH = pattern_BHTT[b, :, t].argmax(-1)
                 h = pattern_BHTT.shape[1]
                 hits[layer, :h] += ((strongest_NH == source[:, None]) & copied[:, None]).double().sum(0).cpu()
-        layers, heads = (list(x) for x in zip(*all_heads(session.heads_per_layer)))
+        layers, heads = (list(x) for x in zip(*all_heads(session.model.heads_per_layer)))
         scores = hits / max(n_copied, 1)
         return pd.DataFrame({"layer": layers, "head": heads, "retrieval_score": scores[layers, heads].numpy()})
 

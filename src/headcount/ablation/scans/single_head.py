@@ -21,7 +21,7 @@ class SingleHeadScan(MaskScan):
 
     def masks(self) -> list[HeadMask]:
         positions = self.session.positions if self.session.settings.patch_positions == "each" else None
-        return single_head_masks(self.session.heads_per_layer, positions)
+        return single_head_masks(self.session.model.heads_per_layer, positions)
 
     @classmethod
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:

@@ -57,7 +57,7 @@ class TopHeadsScan(MaskScan):
         return (*super().fingerprint_parts(), self.cfg.rank_by)
 
     def masks(self) -> list[HeadMask]:
-        session, hpl = self.session, self.session.heads_per_layer
+        session, hpl = self.session, self.session.model.heads_per_layer
         heads = all_heads(hpl)
         k = max(1, round(self.cfg.top_fraction * len(heads)))
         score_LH = session.provided(self.cfg.rank_by)
