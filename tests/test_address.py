@@ -56,8 +56,10 @@ def test_a_runs_address_follows_its_config(tmp_path):
 def test_result_folders_are_the_runs_and_each_tasks(tmp_path):
     (tmp_path / "tasks" / "b").mkdir(parents=True)
     (tmp_path / "tasks" / "a").mkdir()
-    assert result_folders(tmp_path) == [
+    folders = result_folders(tmp_path)
+    assert [(f.task, f.folder) for f in folders] == [
         ("", tmp_path),
         ("a", tmp_path / "tasks" / "a"),
         ("b", tmp_path / "tasks" / "b"),
     ]
+    assert [f.summary_path for f in folders] == [f.folder / "summary.json" for f in folders]  # the address's own

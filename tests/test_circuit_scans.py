@@ -342,3 +342,44 @@ def test_a_path_patching_rerun_with_other_senders_says_it_replaces_the_table(run
     capsys.readouterr()
     run.scan("path_patching", mode="zero", senders=["L0H1"], receivers=["L1H0.q"])  # up to date: nothing replaced
     assert "is replaced" not in capsys.readouterr().err
+
+
+def test_edge_attribution_into_a_ranking_s_top_heads_runs_the_ranking_first(run_dir):
+    """receivers: [top2:single_head.q] crashed (`'AblationSession' object has no attribute 'shared'`: the ranking was
+    asked for while the session was still being set up). The ranking is a declared dependency (Scan.needs), run
+    before the scan that reads it; the table holds exactly the edges into the two most damaging heads' queries."""
+    run = headcount.load_run(run_dir)
+    table = run.scan("edge_attribution", mode="zero", receivers=["top2:single_head.q"], steps=1, random_sets=0)
+    single = run.results("single_head", mode="zero")
+    single = single[single["n_heads_off"] == 1]
+    top2 = single.sort_values("delta_loss", ascending=False, kind="stable")["mask"].head(2).tolist()
+    assert sorted(set(table["receiver"])) == sorted(f"{head}.q" for head in top2)
+
+
+def test_reading_a_result_never_changes_it(run_dir, monkeypatch):
+    """records/results.py's reader changed the returned table in place; Scan.run hands `typed_table` (a new frame) to
+    `use`, and neither changes the table it is given, computed or read back (every kind's own methods guarded)."""
+    from headcount.ablation.scans import KINDS
+
+    guarded = []
+
+    def unchanged(method):
+        def guard(self, table):
+            before = table.copy(deep=True)
+            out = method(self, table)
+            pd.testing.assert_frame_equal(table, before)
+            guarded.append(self.kind)
+            return out
+
+        return guard
+
+    for kind in KINDS:
+        for name in ("typed_table", "use", "handed_back"):
+            if name in vars(KINDS[kind]):
+                monkeypatch.setattr(KINDS[kind], name, unchanged(vars(KINDS[kind])[name]))
+    run = headcount.load_run(run_dir)
+    for _ in range(2):  # computed, then read back
+        run.scan("edge_attribution", mode="resample", verify_top_k=2, steps=1, circuit_size=2, random_sets=0)
+        run.scan("path_patching", mode="resample", **PATHS)
+        run.scan("pairs", mode="resample", top_k=2)
+    assert {"edge_attribution", "path_patching", "single_head"} <= set(guarded)

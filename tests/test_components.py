@@ -139,6 +139,46 @@ def test_nothing_else_lists_the_components():
     assert found == []
 
 
+MODE_LIST_SPAN = 40  # characters: mode names this close together are a list, not prose about modes
+
+
+def modes_listed(text: str, names: list[str]) -> list[str]:
+    """The mode names (short ones too: zero and mean are ordinary words, but not four of them in a row) that a text
+    names within MODE_LIST_SPAN characters of each other, when they are at least lists_at("ablation mode")."""
+    found = sorted((m.start(), name) for name in names for m in re.finditer(rf"\b{name}\b", text))
+    for i, (start, _) in enumerate(found):
+        near = {name for at, name in found[i:] if at - start <= MODE_LIST_SPAN}
+        if len(near) >= lists_at("ablation mode"):
+            return sorted(near)
+    return []
+
+
+def test_nothing_else_lists_the_modes():
+    """config/ablation.py, api.py, methods/attribution.py and methods/importance.py listed the modes ("zero, mean,
+    resample or patch"), which the check above, counting names longer than 4 characters, could not see. A comment
+    counts too."""
+    import io
+    import tokenize
+
+    from headcount.ablation.engine.modes import MODES
+
+    names, defining = MODES.names(), defining_modules()["ablation mode"]
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where, source = str(path.relative_to(PACKAGE)), path.read_text()
+        comments = [
+            (token.start[0], token.string)
+            for token in tokenize.generate_tokens(io.StringIO(source).readline)
+            if token.type == tokenize.COMMENT
+        ]
+        for line, text in [*texts(ast.parse(source)), *comments]:
+            if where not in defining and (hits := modes_listed(text, names)):
+                found.append(f"{where}:{line} lists modes {hits}")
+    assert found == []
+    assert modes_listed("mode: zero, mean, resample or patch", names) and modes_listed("zero, resample or patch", names)
+    assert not modes_listed("patch and resample run the model on each example's source", names)
+
+
 def test_the_listing_check_finds_a_list():
     """The check above can fail: a docstring naming the scan kinds is a list."""
     kinds = registry_names()

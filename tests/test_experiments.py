@@ -45,8 +45,8 @@ def assert_results_agree_with_their_records(ablation: Path) -> None:
     each mask's delta is its value minus the baseline that section recorded: a wrong delta, a wrong baseline or a
     table written elsewhere fails."""
     checked = 0
-    for _, folder in result_folders(ablation):
-        summary = read_summary(folder / "summary.json")
+    for results in result_folders(ablation):
+        folder, summary = results.folder, read_summary(results.summary_path)
         for name, section in summary["modes"].items():
             address = ResultAddress.from_record(ablation, section["address"])
             assert address.section == name and address.folder == folder

@@ -92,7 +92,7 @@ GPU_TRAINING = ["trainer.accelerator=gpu", "trainer.devices=1", "trainer.precisi
 
 def tables(run_dir: Path) -> dict[str, pd.DataFrame]:
     found = {}
-    for _, folder in result_folders(run_dir / "ablation"):
+    for folder in (results.folder for results in result_folders(run_dir / "ablation")):
         for csv in sorted(folder.glob("*.csv")):
             found[str(csv.relative_to(run_dir))] = pd.read_csv(csv)
     return found

@@ -11,7 +11,7 @@ import pytest
 import torch
 from sweep_helpers import command_in_process, one_line, train_in_process
 
-from headcount.ablation.scans.path_patching import top_sender_heads
+from headcount.ablation.scans.circuit_inputs import top_sender_heads
 from headcount.circuits import Graph, edge_metric, node_outputs
 from headcount.cli import ablate as ablating
 from headcount.config.model import AttentionConfig, ModelConfig

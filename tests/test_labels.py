@@ -12,7 +12,22 @@ from headcount.ablation.engine.masks import parsed_head, requested_masks
 from headcount.circuits.graph import Graph
 from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
-from headcount.labels import head_label, heads_in, input_label, join_names, parse_head, split_input, split_names
+from headcount.labels import (
+    MASK_SEPARATOR,
+    edge_label,
+    head_label,
+    heads_in,
+    input_label,
+    join_heads,
+    join_names,
+    parse_head,
+    receiver_head,
+    split_edge,
+    split_heads,
+    split_input,
+    split_mask,
+    split_names,
+)
 from headcount.model.transformer import Transformer
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "headcount"
@@ -58,3 +73,25 @@ def test_the_graph_the_masks_and_the_labels_agree_on_every_head():
     assert masks[0].heads_off == ((0, 1), (1, 0))
     with pytest.raises(ConfigError, match="suffix must be .q, .k or .v, not .x"):
         graph.receiver("L1H0.x")
+
+
+# An edge label built or split by hand (f"{s} -> {r}", .split("->")), a table cell of heads split by hand.
+EDGE_BUILT = re.compile(r'f"\{[^}]*\} -> \{[^}]*\}"')
+EDGE_OR_CELL_SPLIT = re.compile(r'split\("->"\)|\["kept"\]\)\.split\(\)|\.str\.split\("\."\)')
+
+
+def test_edges_and_cells_of_heads_are_built_and_split_in_labels_alone():
+    """graph.py built and split edge labels, path_patching's figure built them again, head_circuit and ioi_circuit
+    split the kept heads' cell with str.split and the induction finding a receiver label with .str.split(".")."""
+    offenders = [
+        str(path.relative_to(SRC))
+        for path in SRC.rglob("*.py")
+        if path.name != "labels.py" and (EDGE_BUILT.search(text := path.read_text()) or EDGE_OR_CELL_SPLIT.search(text))
+    ]
+    assert offenders == []
+    assert EDGE_BUILT.search('f"{row.sender} -> {receiver}"') and EDGE_OR_CELL_SPLIT.search('str(row["kept"]).split()')
+    assert edge_label("L0H1", "L1H0.k") == "L0H1 -> L1H0.k" and split_edge(" L0H1 ->L1H0.k ") == ("L0H1", "L1H0.k")
+    assert split_edge("L0H1 L1H0.k") is None and split_edge("a -> b -> c") is None
+    assert split_heads(join_heads([(0, 1), (1, 2)])) == ["L0H1", "L1H2"]
+    assert split_mask(join_heads([(0, 1), (1, 2)], MASK_SEPARATOR)) == ["L0H1", "L1H2"]
+    assert receiver_head("L1H3.q") == "L1H3" and receiver_head("L0.mlp") is None and receiver_head("logits") is None

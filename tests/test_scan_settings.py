@@ -146,3 +146,41 @@ def test_a_session_checks_each_scan_once(finished_run, tmp_path, monkeypatch, ca
     with pytest.MonkeyPatch.context() as mp:
         assert command_in_process(ablating.main, mp, tmp_path, args) == 0
     assert len(calls) == 1
+
+
+MEAN_KEY_REFUSAL = (
+    "ablation.mean_per_position=True: is read by mode=mean only, and ablation.mode is zero: leave it out, or set "
+    "ablation.mode=mean"
+)
+
+
+def test_a_key_of_another_mode_is_one_line_on_the_command_line(finished_run, tmp_path, capsys):
+    """`ablation.mean_per_position=true` under mode=zero exited 0 with zero ablation's table, as if it applied."""
+    run = Path(shutil.copytree(finished_run, tmp_path / "run"))
+    before = files_of(run)
+    args = [f"run_dir={run}", "ablation=single_head", "ablation.mode=zero", "ablation.mean_per_position=true"]
+    with pytest.MonkeyPatch.context() as mp:
+        assert command_in_process(ablating.main, mp, tmp_path, args) == 2
+    assert one_line(capsys.readouterr().err) == f"error: {MEAN_KEY_REFUSAL}"
+    assert files_of(run) == before
+    args = [f"run_dir={run}", "ablation=single_head", "ablation.mode=resample", "ablation.patch_direction=denoise"]
+    with pytest.MonkeyPatch.context() as mp:
+        assert command_in_process(ablating.main, mp, tmp_path, args) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("error: ablation.patch_direction='denoise': is read by mode=patch only, and ablation.mode")
+
+
+def test_the_api_refuses_a_key_of_another_mode_and_keeps_the_runs_own_with_its_mode(finished_run, tmp_path):
+    run_dir = Path(shutil.copytree(finished_run, tmp_path / "run"))
+    before = files_of(run_dir)
+    run = headcount.load_run(run_dir, device="cpu")
+    with pytest.raises(ConfigError) as error:
+        run.evaluate({"one": ["L0H0"]}, mode="zero", mean_per_position=True)
+    assert str(error.value) == MEAN_KEY_REFUSAL
+    with pytest.raises(ConfigError, match="^ablation.patch_direction='denoise': is read by mode=patch only"):
+        run.evaluate({"one": ["L0H0"]}, mode="resample", patch_direction="denoise")
+    assert files_of(run_dir) == before
+    # a run whose own settings are mean per position: another mode asked for leaves that key behind, unrefused
+    run.settings.mode, run.settings.mean_per_position = "mean", True
+    assert run.mode_settings("zero").mean_per_position is False
+    assert run.mode_settings(None).mean_per_position is True

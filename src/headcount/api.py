@@ -47,9 +47,16 @@ from headcount.ablation.records.summary import read_summary
 from headcount.ablation.scans.base import ScanSettings, typed_scan, typed_scans
 from headcount.ablation.scans.mask_scan import scan_table
 from headcount.ablation.session import AblationSession, resolve_device, typed_ablation
-from headcount.api_edges import EdgeSets, Rankings, evaluate_edges, score_rankings
+from headcount.api_edges import (
+    EdgeSets,
+    Rankings,
+    checked_rankings,
+    evaluate_edges,
+    requested_edge_sets,
+    score_rankings,
+)
 from headcount.config import typed
-from headcount.config.ablation import AblationConfig
+from headcount.config.ablation import AblationConfig, mode_setting_keys
 from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
@@ -141,13 +148,13 @@ class Run:
 
         masks: a mapping name -> heads off, or a list of masks; a mask is a list of (layer, head) pairs or "L1H3"
         names, a name such as "L0H3+L1H2" (on a task, "L1H3@S2" at one named position), or a HeadMask.
-        mode: zero, mean, resample or patch (default: the run's ablation.mode). metric: a metric name or
+        mode: a mode's name (headcount-ablate --list; default: the run's ablation.mode). metric: a metric name or
         {"_target_": ...} (default: the run's, else loss on the data, logit_diff on a task with wrong answers).
         task: as on the command line (a source such as "ioi", a prompts file, a mapping of task.* keys); default:
         the run's own task, else its data. settings: other ablation.* keys (patch_direction="denoise", ...).
 
-        Instead of masks, edges (named as the edge scans name them, "L0H3 -> L1H2.k", "L1.mlp -> logits"), in mode
-        zero, resample or patch: edges_removed=[...] removes those edges, each receiver reading the mode's
+        Instead of masks, edges (named as the edge scans name them, "L0H3 -> L1H2.k", "L1.mlp -> logits"), in a mode
+        that corrupts every sender: edges_removed=[...] removes those edges, each receiver reading the mode's
         replacement from them and clean outputs from every other edge; circuit=[...] keeps only those, every other
         edge removed. A list is one set (a row named "edges_removed" or "circuit"), a mapping name -> list one row
         per set. The row has n_edges_removed in place of n_heads_off and `faithfulness`, the share of the clean-to-
@@ -164,7 +171,9 @@ class Run:
             refuse_edges(given[0], self.model.cfg.causal)
         planned = plan(checked, lambda _: self.task(task), self.ablation_dir)
         if masks is None:
-            table, data, n_points = evaluate_edges(self, edges_removed, circuit, s, planned)
+            sets = requested_edge_sets(self.model, edges_removed, circuit, s)
+            data, evaluated = self.evaluation(s, planned.mode, planned.metric, planned.task)
+            table, n_points = evaluate_edges(self.model, sets, edges_removed is not None, s, planned, data, evaluated)
             return with_record(table, self.evaluation_record(data, planned, n_points))
         mode_object, chosen_metric, task_set, positions = planned.mode, planned.metric, planned.task, planned.positions
         head_masks = requested_masks(masks, self.model.heads_per_layer, positions=positions)
@@ -200,11 +209,14 @@ class Run:
 
         scores: a list of edge names, most important first ("L0H3 -> L1H2.k", as the edge scans name them), or a
         mapping edge name -> score (ranked by |score|; an edge left out scores 0), or a mapping name -> either of
-        those, one row per name. mode (zero, resample or patch), metric, task and settings as for evaluate."""
+        those, one row per name. mode (one that corrupts every sender, as for edges), metric, task and settings as
+        for evaluate."""
         s = self.mode_settings(mode, metric, **settings)
         refuse_edges("circuit_performance", self.model.cfg.causal)
         planned = plan(validate_settings(s, self.task_settings(task)), lambda _: self.task(task), self.ablation_dir)
-        table, data, n_points = score_rankings(self, scores, s, planned, resamples, level)
+        ranked = checked_rankings(self.model, scores, s, resamples)
+        data, evaluated = self.evaluation(s, planned.mode, planned.metric, planned.task)
+        table, n_points = score_rankings(self.model, ranked, s, planned, evaluated, resamples, level)
         return with_record(table, self.evaluation_record(data, planned, n_points))
 
     def scan(
@@ -230,7 +242,7 @@ class Run:
         run_lock.acquire_if_writable(self.path, "headcount.load_run(...).scan")  # read-only storage: read back only
         try:
             session = AblationSession(config, self.path)
-            return session.scans[name].run()
+            return session.run_scans()[name]
         finally:
             if not already_held:
                 run_lock.release(self.path)
@@ -272,8 +284,8 @@ class Run:
         neither changes it), variant (the scan's own setting that gave it files apart, top_heads' by_<rank_by>; ""
         at its default), rows, csv (the file's name in its folder)."""
         rows = []
-        for task, folder in result_folders(self.ablation_dir):
-            summary = read_summary(folder / "summary.json")
+        for folder in result_folders(self.ablation_dir):
+            task, summary = folder.task, read_summary(folder.summary_path)
             sections = [
                 (ResultAddress.of_section(self.ablation_dir, section, name, task).record(), section)
                 for name, section in summary["modes"].items()
@@ -308,7 +320,7 @@ class Run:
             return ""
         if Path(task).suffix.lower() in (".jsonl", ".json", ".csv", ".parquet"):
             task = task_name(TaskConfig(source="file", path=task))
-        folders = [name for name, _ in result_folders(self.ablation_dir) if name]
+        folders = [folder.task for folder in result_folders(self.ablation_dir) if folder.task]
         if task not in folders:
             raise ConfigError(
                 "task",
@@ -324,6 +336,11 @@ class Run:
         """A copy of the run's ablation settings in `mode` and `metric` (default: the run's own), with other keys."""
         merged = OmegaConf.merge(OmegaConf.structured(self.settings), settings)
         s = typed_ablation(merged)
+        if mode is not None and mode != s.mode:  # the run's own mode's keys stay with it (another mode refuses them)
+            defaults = AblationConfig()
+            for key in mode_setting_keys():
+                if key not in settings:
+                    setattr(s, key, getattr(defaults, key))
         if mode is not None:
             s.mode = mode
         if metric is not None:

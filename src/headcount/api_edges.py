@@ -1,5 +1,5 @@
 """`Run.evaluate` with edges: the metric of the model with a set of edges corrupted, exactly, on the run's data or a
-task, in any metric and any mode that corrupts every sender (zero, resample, patch).
+task, in any metric and any mode that corrupts every sender (mean does not).
 
 Each receiver input reads the clean output of every sender whose edge into it is kept and the mode's replacement from
 every sender whose edge is removed (the edge-patched forward, headcount/circuits/forward.py; docs/DESIGN.md,
@@ -67,22 +67,28 @@ def edge_index(graph: Graph, edge: str, key: str) -> int:
         raise ConfigError(key, edge, f"{error.value}: {error.allowed}") from None
 
 
-def evaluate_edges(
-    run, removed: EdgeSets | None, kept: EdgeSets | None, s: AblationConfig, planned
-) -> tuple[pd.DataFrame, EvaluationSet, int]:
-    """Run.evaluate's table for edge sets removed (`removed`) or circuits kept (`kept`), under settings `s` and the
-    plan (mode, metric, task) Run.evaluate made from them, before its record columns; the evaluation set and its
-    number of score points, which those columns report."""
+def requested_edge_sets(
+    model, removed: EdgeSets | None, kept: EdgeSets | None, s: AblationConfig
+) -> list[tuple[str, list[int]]]:
+    """The edge sets Run.evaluate was given (removed, or kept), checked before any work: a mode that corrupts every
+    sender, and every edge's name."""
     key = "edges_removed" if removed is not None else "circuit"
     check_edge_mode(s.mode, "mode", f"evaluating {key}")
-    model, graph = run.model, Graph.of(run.model)
-    sets = edge_sets(graph, removed if removed is not None else kept, key)
-    data, evaluated = run.evaluation(s, planned.mode, planned.metric, planned.task)
+    return edge_sets(Graph.of(model), removed if removed is not None else kept, key)
+
+
+def evaluate_edges(
+    model, sets: list[tuple[str, list[int]]], removed: bool, s: AblationConfig, planned, data: EvaluationSet, evaluated
+) -> tuple[pd.DataFrame, int]:
+    """Run.evaluate's table for the edge sets `sets` removed (`removed`) or kept, under settings `s` and the plan
+    (mode, metric, task) Run.evaluate made from them, on the evaluation set `data` and its batches as the mode
+    prepared them (`evaluated`), before its record columns; and the number of score points those columns report."""
+    graph, device = Graph.of(model), next(model.parameters()).device
     inputs, targets = edge_inputs(evaluated.batches, planned.mode, model, s.memory_budget_mb, "task")
     weights = torch.zeros(len(sets) + 2, len(graph.edges), dtype=torch.float64)
     weights[1] = 1.0  # row 0: the clean model; row 1: every edge removed (the corrupted run)
     for row, (_, edges) in enumerate(sets, start=2):
-        if removed is not None:
+        if removed:
             weights[row, edges] = 1.0
         else:
             weights[row] = 1.0
@@ -107,14 +113,14 @@ def evaluate_edges(
     for column, value in values.items():
         table[f"delta_{column}"] = (value[2:] - value[0]).numpy()
     primary = values[metric.primary]
-    counterpart = counterpart_baseline(s, metric, model, data, run.device)
+    counterpart = counterpart_baseline(s, metric, model, data, device)
     if counterpart is not None:
         gap = counterpart[metric.primary] - float(primary[0])
         table["gap_fraction"] = (primary[2:] - primary[0]).numpy() / gap if gap != 0 else float("nan")
     table["n_edges_removed"] = weights[2:].sum(1).long().numpy()
     span = float(primary[0] - primary[1])
     table["faithfulness"] = ((primary[2:] - primary[1]) / span).numpy() if span != 0 else float("nan")
-    return table, data, inputs.n_points
+    return table, inputs.n_points
 
 
 def rankings(graph: Graph, spec: Rankings, key: str = "scores") -> dict[str, torch.Tensor]:
@@ -142,20 +148,29 @@ def rankings(graph: Graph, spec: Rankings, key: str = "scores") -> dict[str, tor
     return scores
 
 
+def checked_rankings(model, spec: Rankings, s: AblationConfig, resamples: int) -> dict[str, torch.Tensor]:
+    """The rankings Run.circuit_performance was given, checked before any work (the resamples, the mode, every edge
+    name), as scores per edge."""
+    if not isinstance(resamples, int) or resamples < 0:
+        raise ConfigError("resamples", resamples, "an integer >= 0 (0: no intervals)")
+    check_edge_mode(s.mode, "mode", "scoring edge rankings")
+    return rankings(Graph.of(model), spec)
+
+
 def score_rankings(
-    run, spec: Rankings, s: AblationConfig, planned, resamples: int = 1000, level: float = 0.95
-) -> tuple[pd.DataFrame, EvaluationSet, int]:
+    model,
+    scores: dict[str, torch.Tensor],
+    s: AblationConfig,
+    planned,
+    evaluated,
+    resamples: int = 1000,
+    level: float = 0.95,
+) -> tuple[pd.DataFrame, int]:
     """Run.circuit_performance's table: per ranking, MIB's CPR and CMD with their percentile intervals over
     `resamples` resamples of the prompts (seeded by ablation.seed; none with 0) and the faithfulness of its top-n
     circuit (pruned) at each of MIB's sizes (columns f_0.1% .. f_100%, and edges_0.1% .. the pruned circuits'
     sizes), every circuit evaluated exactly on the metric's primary column; the evaluation set and its number of
     score points."""
-    if not isinstance(resamples, int) or resamples < 0:
-        raise ConfigError("resamples", resamples, "an integer >= 0 (0: no intervals)")
-    check_edge_mode(s.mode, "mode", "scoring edge rankings")
-    model, graph = run.model, Graph.of(run.model)
-    scores = rankings(graph, spec)
-    data, evaluated = run.evaluation(s, planned.mode, planned.metric, planned.task)
     inputs, targets = edge_inputs(evaluated.batches, planned.mode, model, s.memory_budget_mb, "task")
     metric = inputs.metric(planned.metric, targets, planned.metric.columns.index(planned.metric.primary))
     args = (model, inputs.clean_ids_BT, inputs.corrupted, scores, metric, inputs.points_BT, inputs.memory_budget)
@@ -166,4 +181,4 @@ def score_rankings(
         wide.columns = [f"{column}_{fraction * 100:g}%" for fraction in wide.columns]
         table = table.join(wide, on="method")
     table.insert(1, "mode", s.mode)
-    return table, data, inputs.n_points
+    return table, inputs.n_points

@@ -1,6 +1,7 @@
 """Head labels, built and parsed here alone: a head is `L1H3` (layer 1, head 3) in masks, tables, figures, findings
-and the circuits graph; a head's input is `L1H3.q` (.k, .v); a set of names in one table cell (path_patching's
-receivers) is joined by ", ". Every reader of a table parses its names with the functions that wrote them."""
+and the circuits graph; a head's input is `L1H3.q` (.k, .v); an edge is `L0H1 -> L1H3.q`; a set of names in one
+table cell (path_patching's receivers) is joined by ", ", a set of heads (head_circuit's kept heads) by " " and a
+mask's heads by "+". Every reader of a table parses its names with the functions that wrote them."""
 
 import re
 
@@ -8,6 +9,9 @@ Head = tuple[int, int]  # (layer, head)
 
 HEAD = re.compile(r"L(\d+)H(\d+)")
 NAMES_SEPARATOR = ", "  # between the names of one table cell
+HEADS_SEPARATOR = " "  # between the heads of one table cell (head_circuit's kept heads)
+MASK_SEPARATOR = "+"  # between the heads of a mask's name (L0H1+L1H2)
+EDGE_ARROW = "->"  # between an edge's sender and receiver
 
 
 def head_label(layer: int, head: int) -> str:
@@ -47,3 +51,35 @@ def join_names(names: list[str]) -> str:
 def split_names(cell: str) -> list[str]:
     """The names join_names wrote into one table cell."""
     return str(cell).split(NAMES_SEPARATOR)
+
+
+def edge_label(sender: str, receiver: str) -> str:
+    """An edge's label: "L0H1 -> L1H3.q"."""
+    return f"{sender} {EDGE_ARROW} {receiver}"
+
+
+def split_edge(label: str) -> tuple[str, str] | None:
+    """(sender, receiver) of an edge's label, stripped; None for text with no single arrow."""
+    parts = str(label).split(EDGE_ARROW)
+    return (parts[0].strip(), parts[1].strip()) if len(parts) == 2 else None
+
+
+def join_heads(heads: list[Head], separator: str = HEADS_SEPARATOR) -> str:
+    """Heads as one table cell ("L0H1 L1H2"), or with MASK_SEPARATOR as a mask's name ("L0H1+L1H2")."""
+    return separator.join(head_label(*head) for head in heads)
+
+
+def split_heads(cell: str) -> list[str]:
+    """The head labels join_heads wrote into one table cell."""
+    return str(cell).split()
+
+
+def split_mask(spec: str) -> list[str]:
+    """The items of a mask's name or spec joined by "+" (L0H1+L1H2), as written (checked by the caller)."""
+    return spec.split(MASK_SEPARATOR)
+
+
+def receiver_head(label: str) -> str | None:
+    """The head whose input a receiver label names (L1H3.q: L1H3); None for another receiver (L0.mlp, logits)."""
+    parsed = split_input(label)
+    return head_label(*parsed[0]) if parsed is not None else None

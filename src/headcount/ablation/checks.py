@@ -4,11 +4,12 @@ any work, so a mistake is one line; they run once per settings: `plan` (ablation
 `CheckedSettings`, and checks nothing again."""
 
 from dataclasses import dataclass
+from enum import Enum
 
 from headcount.ablation.engine.metrics import resolve_metric
 from headcount.ablation.engine.modes import MODES, AblationMode
 from headcount.ablation.scans import validate_scans
-from headcount.config.ablation import AblationConfig, validate_ablation_config
+from headcount.config.ablation import AblationConfig, mode_setting_keys, validate_ablation_config
 from headcount.config.task import TaskConfig, validate_task_config
 from headcount.errors import ConfigError
 from headcount.tasks import SOURCES
@@ -55,5 +56,24 @@ def validate_settings(s: AblationConfig, task: TaskConfig | None) -> CheckedSett
             f"a smaller model can fold only zero or position-averaged mean ablation; {mode.described(s)} varies with "
             "the input",
         )
+    refuse_other_modes_keys(s, mode)
     validate_scans(s)
     return CheckedSettings(s, task, mode)
+
+
+def refuse_other_modes_keys(s: AblationConfig, mode: AblationMode) -> None:
+    """A one-line ConfigError for a key another mode alone reads set away from its default (mean_per_position under
+    mode=zero): it was ignored, and the result looked like the setting's."""
+    defaults = AblationConfig()
+    for key in mode_setting_keys():
+        value = getattr(s, key)
+        if key in mode.own_keys or value == getattr(defaults, key):
+            continue
+        owners = [name for name in MODES.names() if key in MODES[name].own_keys]
+        shown = value.value if isinstance(value, Enum) else value
+        raise ConfigError(
+            f"ablation.{key}",
+            shown,
+            f"is read by mode={' or '.join(owners)} only, and ablation.mode is {mode.name}: leave it out, or set "
+            f"ablation.mode={owners[0]}",
+        )

@@ -48,10 +48,23 @@ def check_export(prune: PruneExportConfig, heads_per_layer: list[int]) -> None:
         raise ConfigError("ablation.prune.fraction", prune.fraction, f"{removes}: {NOTHING_TO_EXPORT}")
 
 
+def export_needs(prune: PruneExportConfig) -> list[str]:
+    """The scans an export reads (the session runs them first): the l0_gates scan for its learned mask, the pruning
+    scan for a prunable fraction, single_head for its order."""
+    if not prune.export or prune.heads is not None:
+        return []
+    if prune.order == "l0_gates":
+        return ["l0_gates"]
+    return [
+        *(["pruning"] if prune.fraction is None else []),
+        *(["single_head"] if prune.order == "single_head" else []),
+    ]
+
+
 def export_pruned_model(session: ScanContext) -> None:
     """Write ablation/pruned[.<mode>].ckpt without the heads the settings choose, print what went and how much faster
     the model got, and record it in summary.json. ConfigError, before anything is written, when no head would go."""
-    s, prune, hpl = session.settings, session.settings.prune, session.heads_per_layer
+    s, prune, hpl = session.settings, session.settings.prune, session.model.heads_per_layer
     if prune.heads is not None:
         chosen = HeadMask("ablation.prune.heads", tuple(tuple(pair) for pair in prune.heads))
         keep_LH = masks_to_gates([chosen], hpl)[0]

@@ -3,9 +3,10 @@
 A session opens the run once (headcount.run_dir.load_run), checks the settings and what they name against the model
 before any work, builds the evaluation set (the run's data, or the task the config names, encoded for the model),
 prepares the mode's replacements, the evaluator and the baseline, then runs the scans in the order given through
-their kinds (ablation/scans/), and finally the structural export if asked. Scans that others need (single_head for
-pairs' top_k and the single_head pruning order, pruning for a prunable-fraction export) run on demand under their
-kind's name. Before any work, the data is checked against what the run trained on (ablation/data_check.py).
+their kinds (ablation/scans/), each after the scans it declares it needs (`Scan.needs`: single_head for pairs' top_k
+and the single_head pruning order, a ranking for top-k heads, pruning for a prunable-fraction export; a needed scan
+the list lacks is added under its kind's name), and finally the structural export if asked. Before any work, the
+data is checked against what the run trained on (ablation/data_check.py).
 Every result carries a fingerprint of what it depends on (the model's weights, the data's or the task's content, the
 ablation settings, the masks): a scan whose CSV is up to date is read back rather than rerun, and an interrupted one
 resumes from its partial file. Each mode and metric keeps its own files and its own section of summary.json
@@ -22,13 +23,20 @@ from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 from torch import Tensor
 
-from headcount.ablation.checks import validate_settings
+from headcount.ablation.checks import CheckedSettings, validate_settings
 from headcount.ablation.data_check import checked_data
 from headcount.ablation.encoder_checks import refuse_decoder_only
-from headcount.ablation.engine.evaluation import counterpart_baseline, evaluation, evaluation_set, run_task, task_config
+from headcount.ablation.engine.evaluation import (
+    EvaluationSet,
+    counterpart_baseline,
+    evaluation,
+    evaluation_set,
+    run_task,
+    task_config,
+)
 from headcount.ablation.engine.evaluator import MaskEvaluator
 from headcount.ablation.engine.metrics import METRICS, resolve_metric
-from headcount.ablation.export import check_export, export_pruned_model
+from headcount.ablation.export import check_export, export_needs, export_pruned_model
 from headcount.ablation.methods.importance import Importance, importance_under
 from headcount.ablation.plan import plan
 from headcount.ablation.precision import note_slow_precision
@@ -52,8 +60,7 @@ def run_ablations(cfg: DictConfig, run_dir: str | Path) -> list[Path]:
     """Run cfg.ablation's scans (and the pruned export, if asked) on the finished run in run_dir; cfg is a train
     config (model, data, seed, ablation, task). Returns the files written."""
     session = AblationSession(cfg, Path(run_dir))
-    for scan in session.scans.values():
-        scan.run()
+    session.run_scans()
     if session.settings.prune.export:
         export_pruned_model(session)
     return session.files.written
@@ -137,46 +144,84 @@ def refuse_overflow(s: AblationConfig, baseline: float) -> None:
 
 class AblationSession:
     """What every scan of one run shares: the settings, the mode and the metric, the model and its evaluator on the
-    eval batches, the replacements, the baseline, the result files, what scans have handed to others (`shared`), and
-    the processes the scans' mask evaluations are shared out over (`world`: None for this process alone)."""
+    eval batches, the replacements, the baseline, the result files, what scans have handed to the scans that declared
+    they need them (`provided`), and the processes the scans' mask evaluations are shared out over (`world`: None for
+    this process alone).
+
+    Setting up is a sequence of named steps, each the one place its part is done: check the settings, open the run,
+    plan the results, check the scans (and add the scans they need), fingerprint the data, evaluate the baselines,
+    open the result files. `order` is then every scan after the scans it needs (`Scan.needs`)."""
 
     def __init__(self, cfg: DictConfig, run_dir: Path):
-        self.settings = s = typed_ablation(cfg.ablation)
-        task_cfg = task_config(cfg)
-        checked = validate_settings(s, task_cfg)  # before anything is read or written; plan() below goes on from here
-        # The processes the trainer section asks for (one: none), before anything is read or written
+        self.settings, self.task_cfg = typed_ablation(cfg.ablation), task_config(cfg)
+        checked = validate_settings(self.settings, self.task_cfg)  # before anything is read or written
+        self.open_run(cfg, run_dir)
+        self.plan_results(cfg, checked, run_dir)
+        self.check_scans()  # everything a file or a head list can get wrong, before any work starts
+        data = self.data_fingerprint(run_dir)
+        eval_set = evaluation_set(self.run, self.settings, self.mode, self.task)
+        self.evaluate_baselines(eval_set, data)
+        self.open_results(eval_set, data, run_dir)
+
+    # --- the steps of setting up, in order ------------------------------------------------------------------------
+
+    def open_run(self, cfg: DictConfig, run_dir: Path) -> None:
+        """The processes the trainer section asks for (one: none), then the finished run, its model on the device in
+        the scan's precision, and the fingerprint of its weights (taken in float32, before the precision changes)."""
+        s = self.settings
         self.world = scan_world(typed(cfg.trainer, TrainerConfig), s.device) if "trainer" in cfg else None
         set_first_process(self.world is None or self.world.rank == 0)
         self.run = load_run(run_dir, cfg)
         self.device = resolve_device(s.device) if self.world is None else self.world.device
         note_slow_precision(s, self.device)  # a CPU that emulates the precision: said now, not after the first pass
-        model_key = model_fingerprint(self.run.model)
+        self.model_key = model_fingerprint(self.run.model)
         self.model = self.run.model.to(self.device, ScanDtype(s.dtype).torch).eval()
         self.heads_per_layer = self.model.heads_per_layer
-        refuse_decoder_only(s, None if task_cfg is None else str(task_cfg.source), self.model.cfg.causal)
+        source = None if self.task_cfg is None else str(self.task_cfg.source)
+        refuse_decoder_only(s, source, self.model.cfg.causal)
+
+    def plan_results(self, cfg: DictConfig, checked: CheckedSettings, run_dir: Path) -> None:
+        """The task, the metric, the mode against the task and the results' address (ablation/plan.py), the task's
+        folder checked against its source, and the subject figures name."""
         planned = plan(checked, lambda c: run_task(cfg, self.model, c), RunPaths(run_dir).ablation)
         self.mode, self.metric, self.task, self.address = planned.mode, planned.metric, planned.task, planned.address
         self.positions = planned.positions
-        self.section, self.out = self.address.section, self.address.folder
         if self.task is not None:
-            check_task_folder(task_cfg, self.address, self.task.fingerprint()["tokens"])
+            check_task_folder(self.task_cfg, self.address, self.task.fingerprint()["tokens"])
         self.subject = describe_run(self.run.config, run_dir)
         if self.task is not None:
             self.subject += f", task {self.task.name}"
-        # Everything a file or a head list can get wrong is checked before any work starts.
-        self.scans = {name: self.new_scan(name, scan) for name, scan in s.scans.items()}
-        for scan in self.scans.values():
-            scan.prepare()
-        check_export(s.prune, self.heads_per_layer)
-        if self.task is None:
-            data = checked_data(run_dir, self.run, s.allow_data_change)
-        else:
-            data = {"fingerprint": self.task.fingerprint()}
 
-        eval_set = evaluation_set(self.run, s, self.mode, self.task)
+    def check_scans(self) -> None:
+        """The listed scans, each checked against the model (`prepare`), with the scans they need added under their
+        kinds' names where the list has none of that name; `order` runs each after what it needs. Then the export's
+        settings."""
+        self.handed: dict[str, Any] = {}  # a needed scan's kind (or name) -> what its run handed to the others
+        self.scans = {name: self.new_scan(name, scan) for name, scan in self.settings.scans.items()}
+        self.order: list[Scan] = []
+        for scan in list(self.scans.values()):
+            self.place(scan, ())
+        for need in export_needs(self.settings.prune):
+            self.place(self.needed(need, "ablation.prune"), ())
+        for scan in self.scans.values():  # the listed scans first, then those added: a listed scan's error comes first
+            scan.prepare()
+        check_export(self.settings.prune, self.heads_per_layer)
+
+    def data_fingerprint(self, run_dir: Path) -> dict:
+        """What the results depend on of the data: the run's splits (checked against what it trained on), or the
+        task's prompts."""
+        if self.task is None:
+            return checked_data(run_dir, self.run, self.settings.allow_data_change)
+        return {"fingerprint": self.task.fingerprint()}
+
+    def evaluate_baselines(self, eval_set: EvaluationSet, data: dict) -> None:
+        """The fingerprints every result depends on, the mode's replacements, the evaluator on the eval batches, and
+        the unmasked model's metric (and its counterpart's, the gap's other end); a baseline that is not finite is
+        refused before summary.json records it."""
+        s = self.settings
         examples, reference = eval_set.examples, eval_set.reference
         n_eval = len(examples["input_ids"])
-        settings_record = {
+        self.settings_record = {
             "mode": s.mode,
             "split": eval_set.split,
             "n_eval": n_eval,
@@ -189,11 +234,11 @@ class AblationSession:
             **low_precision(s),
             **({} if eval_set.masked_lm is None else {"masked_lm": eval_set.masked_lm}),
         }
-        self.key = fingerprint(model_key, data["fingerprint"], settings_record)
+        self.key = fingerprint(self.model_key, data["fingerprint"], self.settings_record)
         eval_settings = {"split": eval_set.split, "n_eval": n_eval, **low_precision(s)}
         if eval_set.masked_lm is not None:  # what the points are depends on the masks
             eval_settings["masked_lm"] = eval_set.masked_lm
-        self.eval_key = fingerprint(model_key, data["fingerprint"], eval_settings)
+        self.eval_key = fingerprint(self.model_key, data["fingerprint"], eval_settings)
         self.files = ResultFiles(self.address, self.key)
         evaluated = evaluation(s, self.mode, self.metric, self.model, eval_set, self.files, self.device)
         self.replacements, self.batches, self.evaluator = evaluated.replacements, evaluated.batches, evaluated.evaluator
@@ -206,12 +251,18 @@ class AblationSession:
                 f"is {self.baseline[self.metric.primary]} on the unablated model: nothing was written",
             )
         self.counterpart = counterpart_baseline(s, self.metric, self.model, eval_set, self.device)
+
+    def open_results(self, eval_set: EvaluationSet, data: dict, run_dir: Path) -> None:
+        """The constant columns every table ends with (`record`), and the results' section of summary.json opened
+        with the model, the data, the settings and the baselines (a task's folder records its default metric and its
+        source)."""
+        s, settings_record = self.settings, self.settings_record
         self.record = {
             "mode": s.mode,
             "metric": self.metric.name,
             **({} if self.task is None else {"task": self.task.name}),
             "split": eval_set.split,
-            "n_eval": n_eval,
+            "n_eval": settings_record["n_eval"],
             "n_targets": self.baseline["n_targets"],
             "reference_split": settings_record.get("reference_split"),
             "n_reference": settings_record.get("n_reference"),
@@ -220,7 +271,7 @@ class AblationSession:
             **(
                 {}
                 if self.task is None
-                else {"task_source": task_source(task_cfg), "task_fingerprint": data["fingerprint"]["tokens"]}
+                else {"task_source": task_source(self.task_cfg), "task_fingerprint": data["fingerprint"]["tokens"]}
             ),
         }
         baselines = {f"baseline_{column}": self.baseline[column] for column in self.metric.columns}
@@ -231,7 +282,7 @@ class AblationSession:
             baselines["counterpart"] = {column: self.counterpart[column] for column in self.metric.columns}
         self.files.open(
             {
-                "model": model_key,
+                "model": self.model_key,
                 "data": data,
                 "settings": settings_record,
                 **baselines,
@@ -241,22 +292,59 @@ class AblationSession:
         )
         if self.task is not None:
             record_default_metric(self.files.summary_path, resolve_metric(None, self.task.has_wrong, task=True).name)
-            source = {"source": task_source(task_cfg), "tokens": data["fingerprint"]["tokens"]}
+            source = {"source": task_source(self.task_cfg), "tokens": data["fingerprint"]["tokens"]}
             record_task_source(self.files.summary_path, source)
-        self.shared: dict[str, Any] = {}  # scan kind -> what its last run here handed to other scans
+
+    # --- the scans and what they need ----------------------------------------------------------------------------
 
     def new_scan(self, name: str, cfg: ScanSettings) -> Scan:
         return KINDS[cfg.kind](name, cfg, self)
 
+    def place(self, scan: Scan, chain: tuple[str, ...]) -> None:
+        """`scan` into `order`, after every scan it needs (placed first, recursively)."""
+        if scan in self.order:
+            return
+        if scan.name in chain:
+            path = " -> ".join([*chain, scan.name])
+            raise ConfigError(f"ablation.scans.{chain[0]}", path, "the scans need each other in a circle")
+        for need in scan.needs():
+            self.place(self.needed(need, f"ablation.scans.{scan.name}"), (*chain, scan.name))
+        self.order.append(scan)
+
+    def needed(self, need: str, key: str) -> Scan:
+        """The scan that provides `need`: a scan of that kind already placed (its last run is what others read, as it
+        was when each ran in turn), else the listed scan of that name, else a new one of that kind under its name,
+        with the kind's default settings."""
+        placed = [scan for scan in self.order if scan.kind == need]
+        if placed:
+            return placed[-1]
+        if need in self.scans:
+            return self.scans[need]
+        scan = self.scans[need] = self.new_scan(need, KINDS.get(need, key).Settings(kind=need))
+        return scan
+
+    def run_scans(self) -> dict[str, pd.DataFrame]:
+        """Every scan in `order` (each after what it needs): its table by name."""
+        return {scan.name: scan.run() for scan in self.order}
+
+    def hand(self, name: str, value: Any) -> None:
+        """What a scan's result hands to the scans that need it (its kind's, or a ranking scan's own name)."""
+        self.handed[name] = value
+
     def provided(self, kind: str, compute: bool = True) -> Any:
-        """What a scan of this kind hands to others, from this session's run of it, else from its up-to-date
-        results under its kind's name; failing both, runs it under that name, or with compute=False returns None."""
-        if kind not in self.shared:
-            scan = self.new_scan(kind, KINDS[kind].Settings(kind=kind))
-            if compute or scan.read_back(announce=False) is not None:
-                scan.prepare()  # its checks against the model and task, as for a scan the settings name
-                scan.run()
-        return self.shared.get(kind)
+        """What the scan `kind` (a kind, or a ranking scan's name) handed to the scans that need it, from its run in
+        this session: a scan reads only what it declared it needs (`Scan.needs`), which the session ran first. With
+        compute=False, what it may read without needing it: this session's run, else an up-to-date result read back
+        under its kind's name, else None (nothing is computed)."""
+        if kind in self.handed:
+            return self.handed[kind]
+        if compute:
+            raise RuntimeError(f"{kind}'s result was read by a scan that did not declare it needs it (Scan.needs)")
+        scan = self.new_scan(kind, KINDS[kind].Settings(kind=kind))
+        if scan.read_back(announce=False) is not None:
+            scan.prepare()
+            scan.run()
+        return self.handed.get(kind)
 
     def importance(self, mask_LH: Tensor, per_example: bool = False) -> Importance:
         """Gradient importance of the metric at gates mask_LH, on the eval batches, under this session's

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from headcount.errors import ConfigError
-from headcount.labels import head_label, split_input
+from headcount.labels import edge_label, head_label, split_edge, split_input
 from headcount.model.transformer import Transformer
 
 QKV = ("q", "k", "v")
@@ -62,7 +62,7 @@ class Edge:
 
     @property
     def name(self) -> str:
-        return f"{self.sender.name} -> {self.receiver.name}"
+        return edge_label(self.sender.name, self.receiver.name)
 
 
 class Graph:
@@ -145,8 +145,8 @@ class Graph:
     def edge(self, name: str, key: str = "circuits.edge") -> Edge:
         """The edge `sender -> receiver` names; one-line ConfigErrors for a node that does not exist, a bad suffix
         or a receiver that does not read the sender (not after it in the block wiring)."""
-        parts = name.split("->")
-        if len(parts) != 2:
+        parts = split_edge(name)
+        if parts is None:
             raise ConfigError(key, name, "an edge is written 'sender -> receiver', e.g. 'L0H1 -> L1H0.k'")
         sender, receiver = self.node(parts[0], key), self.receiver(parts[1], key)
         if sender.kind == "logits":

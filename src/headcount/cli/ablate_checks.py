@@ -17,7 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from headcount.config.ablation import AblationConfig, unselected_scans_dropped
+from headcount.config.ablation import AblationConfig, mode_setting_keys, unselected_scans_dropped
 
 
 def typed_ablation_keys(overrides: Sequence[str]) -> list[str]:
@@ -37,6 +37,10 @@ def ablated_config(cfg: DictConfig, run_cfg: DictConfig, typed_keys: Sequence[st
     command line selected a task (else the run's own task section, if it has one, applies)."""
     base = OmegaConf.to_container(run_cfg.get("ablation") or OmegaConf.create({}))
     base.pop("scans", None)
+    if "ablation.mode" in typed_keys and OmegaConf.select(cfg, "ablation.mode") != base.get("mode"):
+        for key in mode_setting_keys():  # the run's own mode's keys stay with it (another mode refuses them)
+            if f"ablation.{key}" not in typed_keys:
+                base.pop(key, None)
     ablation = OmegaConf.merge(OmegaConf.structured(AblationConfig), base)
     for key in typed_keys:
         OmegaConf.update(ablation, key.removeprefix("ablation."), OmegaConf.select(cfg, key), merge=True)

@@ -43,7 +43,9 @@ def default_run_dir(source: str | None, data: DictConfig, task: DictConfig | Non
     from headcount.tasks import task_name  # the task sources load only for a run on a task
 
     name = task_name(typed(task, TaskConfig))
-    if (RunPaths(by_data).ablation / "tasks" / name).is_dir():
+    from headcount.ablation.records.address import ResultAddress
+
+    if ResultAddress(RunPaths(by_data).ablation, task=name).folder.is_dir():
         return str(by_data)  # this task's results from before runs on a task were named after it
     return str(root / f"{name}-{digest(source, data_section, OmegaConf.to_container(task, resolve=False))}")
 

@@ -2,7 +2,7 @@
 input fails before any work starts."""
 
 import re
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, open_dict
@@ -100,17 +100,22 @@ class PruneExportConfig:
     l0_target_heads: int | None = None  # order=l0_gates with several targets: the run whose mask to export
 
 
+# A key one mode alone reads (its `own_keys`, ablation/engine/modes.py): refused under another mode, and not carried
+# from a run's saved settings into another mode (mode_setting_keys).
+MODE_SETTING = {"mode_setting": True}
+
+
 @dataclass
 class AblationConfig:
-    # What an ablated head's z becomes: zero, mean, resample or patch (ablation/engine/modes.py, where each is defined)
+    # What an ablated head's z becomes: a mode's name (ablation/engine/modes.py defines them; headcount-ablate --list)
     mode: str = "zero"
-    mean_per_position: bool = False  # mean: average z per position instead of over positions too
+    mean_per_position: bool = field(default=False, metadata=MODE_SETTING)  # mean: z averaged per position
     # What a mask is measured by: a metric name (loss, accuracy, logit_diff, answer_logprob, answer_prob, top1), or
     # {_target_: module.function, name: ..., higher_is_better: ...} for your own (ablation/engine/metrics.py). null:
     # loss on the run's data; on a task, logit_diff when it has wrong answers, else answer_logprob. Any, not a Union:
     # OmegaConf structured configs take no str-or-dict type.
     metric: Any = None
-    patch_direction: PatchDirection = PatchDirection.noise  # mode=patch: noising or denoising
+    patch_direction: PatchDirection = field(default=PatchDirection.noise, metadata=MODE_SETTING)  # noise or denoise
     patch_positions: PatchPositions = PatchPositions.all  # mode=patch and attribution: all positions, or each named one
     split: str = "val"  # the split every mask is evaluated on (a task: its prompts)
     # Where mean and resample replacements come from: a split (null: train), or on a task its prompts or corrupted
@@ -137,6 +142,11 @@ class AblationConfig:
     scans: dict[str, Any] = field(default_factory=dict)
     pruning: PruningConfig = field(default_factory=PruningConfig)
     prune: PruneExportConfig = field(default_factory=PruneExportConfig)
+
+
+def mode_setting_keys() -> list[str]:
+    """The keys of the ablation section that one mode alone reads (MODE_SETTING)."""
+    return [f.name for f in fields(AblationConfig) if f.metadata.get("mode_setting")]
 
 
 def l0_targets(cfg: L0GatesConfig) -> list[int | None]:

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from headcount.ablation.engine.evaluator import MaskEvaluator
 from headcount.ablation.engine.heads import all_heads
+from headcount.ablation.engine.masks import HeadMask, joined_name, masks_to_gates
 from headcount.ablation.scans.head_scores import head_pattern_scores
 from headcount.model import Transformer
 
@@ -66,10 +67,8 @@ def copying_probe(model: Transformer, batches: list[dict[str, Tensor]], k: int, 
     every = all_heads(model.heads_per_layer)
     rng = np.random.default_rng(seed)
     random_sets = [[every[i] for i in rng.choice(len(every), k, replace=False)] for _ in range(draws)]
-    gates_MLH = torch.ones(1 + draws, model.n_layers, model.max_heads)
-    for m, chosen in enumerate([top_k, *random_sets]):
-        for layer, head in chosen:
-            gates_MLH[m, layer, head] = 0
+    masks = [HeadMask(joined_name(tuple(chosen)), tuple(chosen)) for chosen in [top_k, *random_sets]]
+    gates_MLH = masks_to_gates(masks, model.heads_per_layer)
     losses = evaluator.evaluate(gates_MLH)["loss"].tolist()
     return CopyingProbe(
         heads=heads,

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from headcount.ablation.engine.heads import head_name
+from headcount.ablation.engine.masks import HeadMask, joined_name, masks_to_gates
 from headcount.ablation.records.address import ResultAddress
 from headcount.ablation.records.results import read_checked
 from headcount.ablation.scans.head_scores import SCORES
@@ -27,6 +27,7 @@ from headcount.data import induction_first_part_mask
 from headcount.findings import figures
 from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.run_data import run_evaluator, run_subject
+from headcount.labels import receiver_head
 from headcount.run_dir import FinishedRun, RunPaths, load_run
 
 PAPER = "Olsson et al. 2022, In-context learning and induction heads"
@@ -73,9 +74,7 @@ def zeroing_together(run: FinishedRun, repeated: float) -> Callable[[Heads], flo
     def increase(zeroed: Heads) -> float:
         if not zeroed:
             return 0.0
-        gates_1LH = torch.ones(1, run.model.n_layers, run.model.max_heads)
-        for layer, head in zeroed:
-            gates_1LH[0, layer, head] = 0
+        gates_1LH = masks_to_gates([HeadMask(joined_name(tuple(zeroed)), tuple(zeroed))], run.model.heads_per_layer)
         return float(evaluator.evaluate(gates_1LH)["loss"][0]) - repeated
 
     return increase
@@ -86,7 +85,7 @@ def composition_claim(edges: pd.DataFrame, prev_heads: list[str], induction_head
     zeroed) from the previous-token heads into the induction heads carry more through the induction heads' keys
     than through their queries or values, summed over both roles' heads (heads that share a role split an edge's
     weight between them, so the single largest edge moves with the seed; the sum does not)."""
-    between = edges[edges.sender.isin(prev_heads) & edges.receiver.str.split(".").str[0].isin(induction_heads)]
+    between = edges[edges.sender.isin(prev_heads) & edges.receiver.map(receiver_head).isin(induction_heads)]
     by_input = {w: float(between[between.receiver.str.endswith(f".{w}")].exact.sum()) for w in "qkv"}
     numbers = {"prev_to_induction_exact_by_input": by_input, "prev_to_induction_edges": len(between)}
     if between.empty:

@@ -22,13 +22,13 @@ import pandas as pd
 
 from headcount.ablation.engine.heads import head_name
 from headcount.ablation.records.results import read_checked
+from headcount.ablation.scans.circuit_inputs import top_sender_heads
 from headcount.ablation.scans.head_circuit import circuit_and_random
-from headcount.ablation.scans.path_patching import top_sender_heads
 from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.ioi_heads import PAPER, task_claim
 from headcount.findings.run_data import scan_file, scan_results
 from headcount.findings.sixteen_heads import copied
-from headcount.labels import parse_head
+from headcount.labels import parse_head, split_heads
 
 CLASS_SIZE = 3  # the experiment's top3 selectors: three heads per class
 FAITHFUL = 0.8  # (5) Wang et al. report 87% for their circuit
@@ -126,7 +126,7 @@ def induction_claim(heads: list[str], effects: pd.Series, from_s2: pd.DataFrame)
 
 def faithfulness_claim(circuit: pd.DataFrame) -> tuple[Claim, dict]:
     row, random = circuit_and_random(circuit)
-    value, heads = float(row["faithfulness"]), str(row["kept"]).split()
+    value, heads = float(row["faithfulness"]), split_heads(row["kept"])
     random_max = float(random["faithfulness"].max()) if len(random) else float("nan")
     holds = [value >= FAITHFUL, bool(len(random)) and value > random_max]
     measured = (

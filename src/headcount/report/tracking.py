@@ -7,7 +7,6 @@ and a task's results under ablation/<task>/. An order whose ranking was arbitrar
 the same) reports its prunable fraction as prunable_fraction_arbitrary/<order>, apart from the real findings.
 """
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +50,10 @@ def edge_headline(section: dict) -> dict[str, Any]:
     return numbers
 
 
-def read_summary_json(folder: str | Path) -> dict:
-    path = Path(folder) / "summary.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
 def run_headline(run_dir: str | Path) -> dict[str, Any]:
     """summary_headline of a run directory, in the section (and on the task) its config asks for."""
     address = run_address(run_dir)
-    return summary_headline(read_summary_json(address.folder), address.section)
+    return summary_headline(read_summary(address.summary_path), address.section)
 
 
 def log_ablation_results(run_dir: str | Path, wandb_run: Any) -> None:
@@ -72,16 +66,17 @@ def log_ablation_results(run_dir: str | Path, wandb_run: Any) -> None:
     if not ablation.is_dir():
         return
     configured = run_address(run_dir)
-    folders = [(f"ablation/{task}" if task else "ablation", folder) for task, folder in result_folders(ablation)]
+    folders = [(f"ablation/{a.task}" if a.task else "ablation", a) for a in result_folders(ablation)]
     logged: dict[str, Any] = {}
     headline: dict[str, Any] = {}
-    for prefix, folder in folders:
+    for prefix, address in folders:
+        folder = address.folder
         for csv in sorted(folder.glob("*.csv")):
             if not csv.name.endswith(".partial.csv"):
                 logged[f"{prefix}/table/{csv.stem}"] = wandb.Table(dataframe=read_checked(csv))
         for png in sorted(folder.glob("*.png")):
             logged[f"{prefix}/figure/{png.stem}"] = wandb.Image(str(png))
-        summary = read_summary(folder / "summary.json")
+        summary = read_summary(address.summary_path)
         for section in sorted(summary["modes"]):
             is_headline = folder == configured.folder and section == configured.section
             where = prefix if is_headline else f"{prefix}/{section}"

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from headcount.ablation.engine.heads import Head, all_heads, existing_heads, head_name, max_heads, top_heads
 from headcount.errors import ConfigError
-from headcount.labels import parse_head
+from headcount.labels import MASK_SEPARATOR, join_heads, parse_head, split_mask
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class HeadMask:
 
 
 def joined_name(heads: tuple[Head, ...]) -> str:
-    return "+".join(head_name(*h) for h in heads) or "none"
+    return join_heads(list(heads), MASK_SEPARATOR) or "none"
 
 
 def baseline_masks() -> list[HeadMask]:
@@ -163,7 +163,7 @@ def requested_mask(
     if position and position not in positions:
         named = ", ".join(positions) or "none (a task names them)"
         raise ConfigError(key, f"{spec}@{position}", f"no such named position; the task's: {named}")
-    items = spec.split("+") if isinstance(spec, str) else list(spec)
+    items = split_mask(spec) if isinstance(spec, str) else list(spec)
     if isinstance(spec, str) and "" in (item.strip() for item in items):  # "L0H3+" was reported as masks=''
         raise ConfigError(key, spec, 'an empty head name beside a "+": join head names as "L0H3+L1H2"')
     heads = tuple(sorted({parsed_head(item, key) for item in items if item != "none"}))

@@ -78,6 +78,7 @@ class AblationMode:
     uses_reference: ClassVar[bool] = False  # needs the reference set (mean, resample)
     pairs_examples: ClassVar[bool] = False  # each example takes another's z (L0 gates pair the reference with itself)
     needs_task: ClassVar[str | None] = None  # why the mode needs a task, when it does (a ConfigError's last part)
+    own_keys: ClassVar[tuple[str, ...]] = ()  # the ablation keys this mode alone reads (refused under the others)
 
     def check(self, s: AblationConfig, has_corrupted: bool | None) -> None:
         """ConfigError for settings this mode cannot use; has_corrupted: whether the data has corrupted prompts (None:
@@ -127,6 +128,7 @@ class Mean(AblationMode):
     """the head's mean z over the reference set (over positions too, or per position)"""
 
     name, uses_reference = "mean", True
+    own_keys = ("mean_per_position",)
 
     def described(self, s: AblationConfig) -> str:
         return "mode=mean with mean_per_position" if s.mean_per_position else "mode=mean"
@@ -189,6 +191,7 @@ class Patch(AblationMode):
     """the head's z on the example's own counterpart: its corrupted prompt (noise), or the clean one (denoise)"""
 
     name, per_example = "patch", True
+    own_keys = ("patch_direction",)
     needs_task = (
         "patches a task's corrupted prompts: name a task (task=ioi, task=kv_retrieval, or task=file with a corrupted "
         "field)"

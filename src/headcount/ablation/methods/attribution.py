@@ -4,7 +4,7 @@ order, from one forward and one backward pass per batch.
 Replacing head h's z by r changes the metric sum S over a batch's score points by about
     A_h = sum over examples b and positions t of (r - z)[b, t, h] . dS/dz[b, t, h],
 the first-order Taylor term; divided by the evaluation set's score points it estimates the change of the metric (a
-mean over points), the `delta` an exact scan measures. r is the mode's replacement (zero, mean, resample, patch), so
+mean over points), the `delta` an exact scan measures. r is the mode's replacement (whichever the mode), so
 one pass estimates every head in any mode; per named position (a task's IO, S2, ...) the sum runs over that position
 alone. The estimate is exact where the metric is linear in z (a one-layer attention-only model without final norm,
 read by a logit difference), and tests check that, and the gradient against finite differences.

@@ -1,7 +1,7 @@
 """Gradient head importance (Michel, Levy, Neubig 2019): I_{l,h} = E |dL/dg_{l,h}|, from the attribution pass.
 
 The gates are the model's own head gates (docs/DESIGN.md: z_h <- g z_h + (1 - g) r_h), so the gradient says how fast the
-metric moves as a head slides toward its replacement: zero, mean, resample or patch, whichever `replacements` holds. It
+metric moves as a head slides toward its replacement, the mode's, whichever `replacements` holds. It
 is attribution patching with |.| (ablation/methods/attribution.py, one implementation): the expectation runs over
 batches (|dL_batch/dg| averaged over batches, headcount's form before) or, as the paper defines it, over examples
 (`per_example=True`: |dL_x/dg| averaged over examples).

@@ -3,7 +3,7 @@ derived. A session writes its address into its section of summary.json (`"addres
 API, findings, reports, W&B, resume) reads it back instead of rebuilding it from strings.
 
     run + task       -> folder   <run>/ablation/ (the run's data) or <run>/ablation/tasks/<task>/
-    mode + metric    -> section  "zero", "mean", "patch.logit_diff" (the mode alone for loss)
+    mode + metric    -> section  "zero", "patch.logit_diff" (the mode alone for loss)
     section + scan   -> files    single_head.csv (zero, loss), single_head.mean.csv, single_head.patch.logit_diff.csv
 
 Zero ablation measured by loss keeps the plain names, as results were named before other modes and metrics; results
@@ -67,7 +67,9 @@ class ResultAddress:
 
     @property
     def summary_path(self) -> Path:
-        return self.folder / "summary.json"
+        from headcount.ablation.records.summary import summary_in
+
+        return summary_in(self.folder)
 
     def file(self, stem: str, ext: str, mode_independent: bool = False, scan_variant: tuple[str, ...] = ()) -> Path:
         """<folder>/<stem><tag><ext>: single_head.csv, single_head.mean.csv, single_head.mean.partial.csv; a
@@ -172,9 +174,10 @@ def run_address(run_dir: str | Path, config: DictConfig | None = None) -> Result
     return address
 
 
-def result_folders(ablation_dir: Path) -> list[tuple[str, Path]]:
-    """Every folder of a run's results: ("", <run>/ablation) and (task, <run>/ablation/tasks/<task>) for each task."""
+def result_folders(ablation_dir: Path) -> list[ResultAddress]:
+    """The address of every folder of a run's results (its folder and summary_path; no mode): the run's data's,
+    <run>/ablation, then each task's, <run>/ablation/tasks/<task>."""
     ablation_dir = Path(ablation_dir)
-    tasks = ablation_dir / "tasks"
-    folders = sorted(f for f in tasks.iterdir() if f.is_dir()) if tasks.is_dir() else []
-    return [("", ablation_dir)] + [(f.name, f) for f in folders]
+    tasks = ResultAddress(ablation_dir, task="_").folder.parent
+    names = sorted(f.name for f in tasks.iterdir() if f.is_dir()) if tasks.is_dir() else []
+    return [ResultAddress(ablation_dir, task=name) for name in ["", *names]]

@@ -72,7 +72,7 @@ def read_checked(csv_path: Path) -> pd.DataFrame:
     ConfigError naming it otherwise (a table replaced after its record, or cut short), so that no reader uses one
     that lies."""
     csv_path = Path(csv_path)
-    entry = summary_file.entry_of_file(csv_path.parent / "summary.json", csv_path.name)
+    entry = summary_file.entry_of_file(summary_file.summary_beside(csv_path), csv_path.name)
     if entry is not None and not matches_record(csv_path, entry):
         raise ConfigError(
             "scan",

@@ -1,4 +1,4 @@
-"""summary.json: the headline numbers of <run>/ablation/, one section per ablation mode, so that zero, mean and resample
+"""summary.json: the headline numbers of <run>/ablation/, one section per ablation mode, so that every mode's
 results coexist and nothing a command recorded vanishes when another runs.
 
     {"format": 2,
@@ -41,9 +41,20 @@ def mode_summary(summary: dict, mode: str = "zero") -> dict:
     return summary if summary.get("mode", "zero") == mode else {}
 
 
-def read_mode_summary(ablation_dir: Path, mode: str = "zero") -> dict:
-    """The section of `mode` in <ablation_dir>/summary.json; {} when there is none."""
-    path = Path(ablation_dir) / "summary.json"
+def summary_in(folder: Path) -> Path:
+    """The summary.json of a results folder (an address's folder: its summary_path): the one place its name is
+    written."""
+    return Path(folder) / "summary.json"
+
+
+def summary_beside(path: Path) -> Path:
+    """The summary.json of the results folder that holds `path` (a result's file): what records it."""
+    return summary_in(Path(path).parent)
+
+
+def read_mode_summary(folder: Path, mode: str = "zero") -> dict:
+    """The section of `mode` in the summary.json of a results folder (an address's folder); {} when there is none."""
+    path = summary_in(folder)
     return mode_summary(json.loads(path.read_text()), mode) if path.exists() else {}
 
 

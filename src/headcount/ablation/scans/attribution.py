@@ -48,7 +48,7 @@ class AttributionScan(Scan):
 
     def compute(self, key: str) -> pd.DataFrame:
         session = self.session
-        masks = single_head_masks(session.heads_per_layer, session.positions if self.per_position() else None)
+        masks = single_head_masks(session.model.heads_per_layer, session.positions if self.per_position() else None)
         attribution = attribute(
             session.model, session.batches, session.replacements, session.metric, per_position=self.per_position()
         )
@@ -102,7 +102,7 @@ class AttributionScan(Scan):
         table = self.handed_back(table)  # the summary reads every exact change there is
         if "position" not in table:  # per head: how much switching it off is estimated to worsen the metric
             damage = table.assign(damage=self.session.metric.damage(table["attribution"], 0.0))
-            self.session.shared[self.kind] = self.session.layer_head_tensor(damage, "damage")
+            self.session.hand(self.kind, self.session.layer_head_tensor(damage, "damage"))
         summary = attribution_summary(table, self.cfg.verify_top_k)
         self.session.files.update_summary({"attribution": {self.name: summary}})
 

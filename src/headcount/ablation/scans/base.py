@@ -64,7 +64,7 @@ class Scan:
         if self.mode_independent:  # no section names its precision: the file and the entry do
             self.variant = (*self.variant, *session.address.precision)
         self.entry = session.address.entry_name(name, self.variant)  # its record in summary.json
-        self.section = None if self.mode_independent else session.section
+        self.section = None if self.mode_independent else session.address.section
         self.csv = self.path(".csv")
         self.partial = self.path(".partial.csv")  # where a resumable scan keeps its running sums
         self.reduce_seconds = 0.0  # a distributed scan's time in reductions, over its evaluations
@@ -91,8 +91,14 @@ class Scan:
         their defaults, so results named before stay where they are."""
         return ()
 
+    def needs(self) -> list[str]:
+        """The scans whose results this one reads (scan kinds, or a ranking scan of the session by its name): the
+        session runs each before this one and hands their results over (`provided`); nothing else runs a scan."""
+        return []
+
     def prepare(self) -> None:
-        """Checks against the loaded model (and anything they read), at the start of the session."""
+        """Checks against the loaded model, at the start of the session, before any scan runs (what needs another
+        scan's result is checked when this one runs)."""
 
     def fingerprint_parts(self) -> tuple:
         """What the table depends on beyond the session's checkpoint, data and settings."""
@@ -214,7 +220,7 @@ class Scan:
         """The masks' metric sums on the session's evaluator, resumable from this scan's partial files; shared out
         over the session's processes when it has several (ablation/records/distributed.py)."""
         session, world = self.session, self.session.world
-        label, progress = f"{self.name} ({session.section})", session.settings.progress
+        label, progress = f"{self.name} ({session.address.section})", session.settings.progress
         positions = session.positions
         totals = evaluate_resumably(session.evaluator, masks, self.partial, key, label, progress, positions, world)
         self.reduce_seconds += 0.0 if world is None else world.reduce_seconds

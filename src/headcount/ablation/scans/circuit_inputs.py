@@ -180,15 +180,27 @@ def named_heads(entry: str, session, key: str) -> list[str] | None:
         return [input_label(n, h, layer[2]) for h in range(graph.heads_per_layer[n])]
     if top := TOP.match(text):
         check_top_count(entry, graph, key)
-        ranking = session.scans.get(top[2])
-        if ranking is not None and getattr(ranking, "ranks_senders", False):  # a path_patching scan, by its name
-            heads = ranking.top_sender_heads(int(top[1]))
+        ranking = session.settings.scans.get(top[2])
+        if ranking is not None and getattr(KINDS[ranking.kind], "ranks_senders", False):  # a path_patching scan
+            heads = top_sender_heads(session.provided(top[2]), int(top[1]))
             if not heads:
                 raise ConfigError(key, entry, f"{top[2]}'s table has no head among its senders to rank")
             return [input_label(*parse_head(h), top[3]) for h in heads]
         score_LH = session.provided(top[2])
         return [input_label(n, h, top[3]) for n, h in top_heads(score_LH, graph.heads_per_layer, int(top[1]))]
     return None
+
+
+def ranked_scans(entries: list[str]) -> list[str]:
+    """The scans top-k entries rank by (top3:direct_effect.q: direct_effect), each once: what a circuit scan needs."""
+    return list(dict.fromkeys(top[2] for entry in entries if (top := TOP.match(str(entry).strip()))))
+
+
+def top_sender_heads(table, k: int) -> list[str]:
+    """A path_patching table's k sender heads of largest damage, added up over their rows (largest first)."""
+    heads = table[table["sender"].map(lambda s: parse_head(s) is not None)]
+    damage = heads.groupby("sender", sort=False)["damage"].sum()
+    return damage.sort_values(ascending=False, kind="stable").index[:k].tolist()
 
 
 def check_top_count(entry: str, graph: Graph, key: str) -> None:

@@ -1,7 +1,6 @@
 """What a scan (and the structural export) may use of the session that runs it, as a Protocol: scans depend on this
 contract, not on the session module, so the session can import the scans without an import cycle."""
 
-from pathlib import Path
 from typing import Any, Protocol
 
 import pandas as pd
@@ -26,14 +25,11 @@ class ScanContext(Protocol):
     mode: AblationMode  # what an ablated head's z becomes
     metric: Metric  # what a mask is measured by
     address: ResultAddress  # where the results live: folder, file names, section (ablation/records/address.py)
-    section: str  # the mode and metric: the results' section of summary.json and the tag in their file names
     run: FinishedRun  # the finished run: its config, checkpoint, model and data splits
     task: TaskSet | None  # the task masks are evaluated on, None for the run's own data
     positions: list[str]  # the task's named positions (the columns of a batch's named_pos)
-    out: Path  # <run>/ablation, or <run>/ablation/tasks/<task name>
     device: torch.device
     model: Transformer  # on `device`, in eval mode
-    heads_per_layer: list[int]
     key: str  # the fingerprint of the model's weights, the data and the ablation settings every result depends on
     eval_key: str  # the same without the mode's settings: what a mode-independent result depends on
     subject: str  # the model and the data, for figure titles
@@ -44,12 +40,14 @@ class ScanContext(Protocol):
     evaluator: MaskEvaluator
     baseline: dict[str, float]  # each metric column of the unmasked model, and n_targets
     counterpart: dict[str, float] | None  # the same on a task's counterpart prompts (the gap's other end), or None
-    shared: dict[str, Any]  # scan kind -> what its last run in this session handed to other scans
-    scans: dict[str, Any]  # the session's scans by name (Scan objects: one reads another's result back)
     world: ScanWorld | None  # the processes mask evaluations are shared out over; None for this one alone
 
     def provided(self, kind: str, compute: bool = True) -> Any:
-        """What a scan of this kind hands to others: from this session, from its up-to-date results, or computed."""
+        """What a scan this one declared it needs (Scan.needs: a kind, or a ranking scan's name) handed over; with
+        compute=False, what an optional reader may find: this session's run, an up-to-date result, or None."""
+
+    def hand(self, name: str, value: Any) -> None:
+        """What this scan's result hands to the scans that need it, under its kind (or its name, for a ranking)."""
 
     def importance(self, mask_LH: Tensor, per_example: bool = False) -> Importance:
         """Gradient importance of the metric at gates mask_LH under the session's replacements."""

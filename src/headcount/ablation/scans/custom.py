@@ -31,7 +31,7 @@ class CustomScan(MaskScan):
 
     def prepare(self) -> None:
         key = f"ablation.scans.{self.name}.masks_file"
-        self.file_masks = load_custom_masks(self.cfg.masks_file, self.session.heads_per_layer, key)
+        self.file_masks = load_custom_masks(self.cfg.masks_file, self.session.model.heads_per_layer, key)
 
     def masks(self) -> list[HeadMask]:
         return self.file_masks

@@ -66,7 +66,7 @@ class DirectEffectScan(Scan):
         return f"{self.name}: {what}, clean run\n{self.session.subject}"
 
     def compute(self, key: str) -> pd.DataFrame | ScanResult:
-        session, hpl = self.session, self.session.heads_per_layer
+        session, hpl = self.session, self.session.model.heads_per_layer
         effect_LH = direct_effects(session.model, session.batches, session.metric)
         layers, heads = (list(x) for x in zip(*all_heads(hpl)))
         table = pd.DataFrame({"layer": layers, "head": heads, "direct_effect": effect_LH[layers, heads].numpy()})
@@ -80,7 +80,7 @@ class DirectEffectScan(Scan):
     def backup(self, effect_LH: torch.Tensor, k: int) -> tuple[torch.Tensor, dict]:
         """Mean-ablate the top k heads together: the direct effects after, and the record of the joint and single
         changes (the result's summary.json entry)."""
-        session, hpl = self.session, self.session.heads_per_layer
+        session, hpl = self.session, self.session.model.heads_per_layer
         model, metric = session.model, session.metric
         top = top_heads(effect_LH, hpl, k)
         means = Replacements(Mean(), mean_z(model, session.batches, per_position=False))
@@ -104,7 +104,7 @@ class DirectEffectScan(Scan):
         return after_LH, record
 
     def use(self, table: pd.DataFrame) -> None:
-        self.session.shared[self.kind] = self.session.layer_head_tensor(table, "direct_effect")
+        self.session.hand(self.kind, self.session.layer_head_tensor(table, "direct_effect"))
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         metric = self.session.metric

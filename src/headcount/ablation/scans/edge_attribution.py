@@ -43,7 +43,14 @@ import torch
 from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.methods.edge_pruning import edge_pruning
 from headcount.ablation.scans.base import KINDS, Scan, ScanResult
-from headcount.ablation.scans.circuit_inputs import check_circuit_scan, circuit_inputs, resolve_receivers
+from headcount.ablation.scans.circuit_inputs import (
+    TOP,
+    check_circuit_scan,
+    check_top_count,
+    circuit_inputs,
+    ranked_scans,
+    resolve_receivers,
+)
 from headcount.circuits import (
     Graph,
     draw_circuit,
@@ -103,8 +110,17 @@ class EdgeAttributionScan(Scan):
         if "edge_pruning" in cfg.methods:
             check_edge_pruning(cfg.edge_pruning, f"{key}.edge_pruning")
 
+    def needs(self) -> list[str]:
+        return ranked_scans(self.cfg.receivers)
+
     def prepare(self) -> None:
-        self.chosen_edges()
+        """Every receiver name checked against the model; a top-k name needs its ranking, which runs before this
+        scan (`needs`), so only its k is checked here."""
+        key, graph = f"ablation.scans.{self.name}.receivers", Graph.of(self.session.model)
+        ranked = [entry for entry in self.cfg.receivers if TOP.match(str(entry).strip())]
+        for entry in ranked:
+            check_top_count(entry, graph, key)
+        resolve_receivers([entry for entry in self.cfg.receivers if entry not in ranked], self.session, key)
         n_edges = len(Graph.of(self.session.model).edges)
         for n in self.cfg.circuit_sizes or []:
             if n > n_edges:

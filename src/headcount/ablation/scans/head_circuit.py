@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.engine.heads import all_heads, head_name
+from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.masks import HeadMask, joined_name
 from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.circuit_inputs import check_top_names, named_heads
@@ -27,6 +27,7 @@ from headcount.circuits import Graph
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import HeadCircuitSettings
 from headcount.errors import ConfigError
+from headcount.labels import join_heads, split_heads
 
 CIRCUIT, NONE_KEPT = "circuit", "no head kept"
 
@@ -63,7 +64,7 @@ class HeadCircuitScan(MaskScan):
         return tuple(sorted(heads))
 
     def masks(self) -> list[HeadMask]:
-        session, everything = self.session, all_heads(self.session.heads_per_layer)
+        session, everything = self.session, all_heads(self.session.model.heads_per_layer)
         kept = self.kept()
         off = lambda keep: tuple(h for h in everything if h not in set(keep))  # noqa: E731
         masks = [HeadMask(f"{CIRCUIT}: {joined_name(kept)}", off(kept)), HeadMask(NONE_KEPT, tuple(everything))]
@@ -76,15 +77,15 @@ class HeadCircuitScan(MaskScan):
 
     def compute(self, key: str) -> pd.DataFrame:
         table = super().compute(key)
-        everything = all_heads(self.session.heads_per_layer)
+        everything = all_heads(self.session.model.heads_per_layer)
         kept = [[h for h in everything if h not in set(m.heads_off)] for m in self.head_masks]
-        table["kept"] = [" ".join(head_name(*h) for h in k) for k in kept]
+        table["kept"] = [join_heads(list(k)) for k in kept]
         return with_faithfulness(table, self.session.baseline[self.session.metric.primary], self.session.metric.primary)
 
     def use(self, table: pd.DataFrame) -> None:
         circuit, random = circuit_and_random(table)
         entry = {
-            "heads": str(circuit["kept"]).split(),
+            "heads": split_heads(circuit["kept"]),
             "faithfulness": float(circuit["faithfulness"]),
             "random_faithfulness": [float(v) for v in random["faithfulness"]],
         }

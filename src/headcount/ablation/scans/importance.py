@@ -33,7 +33,7 @@ class ImportanceScan(Scan):
         return (self.kind, self.session.settings.normalize_importance)
 
     def compute(self, key: str) -> pd.DataFrame:
-        session, hpl = self.session, self.session.heads_per_layer
+        session, hpl = self.session, self.session.model.heads_per_layer
         attribution = attribute(session.model, session.batches, session.replacements, session.metric)
         normalize = session.settings.normalize_importance
         scored = lambda raw: normalize_per_layer(raw, hpl) if normalize else raw  # noqa: E731
@@ -53,7 +53,7 @@ class ImportanceScan(Scan):
         return table
 
     def use(self, table: pd.DataFrame) -> None:
-        self.session.shared[self.kind] = self.session.layer_head_tensor(table, "grad_importance_raw")
+        self.session.hand(self.kind, self.session.layer_head_tensor(table, "grad_importance_raw"))
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         metric = self.session.metric

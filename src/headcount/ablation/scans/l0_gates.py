@@ -30,7 +30,7 @@ class L0GatesScan(Scan):
         require_differentiable(settings.metric, f"the {name} scan (L0 gates trained on the metric)")
 
     def prepare(self) -> None:
-        validate_l0_config(self.cfg.l0, sum(self.session.heads_per_layer), f"ablation.scans.{self.name}.l0")
+        validate_l0_config(self.cfg.l0, sum(self.session.model.heads_per_layer), f"ablation.scans.{self.name}.l0")
 
     def fingerprint_parts(self) -> tuple:
         s = self.session.settings
@@ -77,6 +77,9 @@ class L0GatesScan(Scan):
         n_reference = min(s.n_reference, len(session.run.splits[split]))
         return {**session.record, "reference_split": split, "n_reference": n_reference}
 
+    def use(self, table: pd.DataFrame) -> None:
+        self.session.hand(self.kind, table)  # the learned masks, which an l0_gates export reads
+
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         kept = table.groupby(["layer", "head"], as_index=False)["kept"].mean().rename(columns={"kept": "kept_share"})
         title = self.title(f"share of {len(l0_targets(self.cfg.l0))} L0 run(s) that keep each head")
@@ -85,9 +88,8 @@ class L0GatesScan(Scan):
 
 def l0_keep_gates(session, target_heads: int | None) -> Tensor:
     """(L, H) keep-gates of the binary mask the session's l0_gates scan learned for target_heads (its only run if
-    None), read back quietly: the scan itself ran just before."""
-    scan = next(scan for scan in session.scans.values() if scan.kind == L0GatesScan.kind)
-    table = scan.run(announce=False)
+    None): the table it handed over, having run before the export that needs it."""
+    table = session.provided(L0GatesScan.kind)
     if target_heads is not None:
         table = table[table["target_heads"] == target_heads]
     return session.layer_head_tensor(table, "kept").float()

@@ -16,7 +16,7 @@ class LayerScan(MaskScan):
     doc = "all heads of one layer off"
 
     def masks(self) -> list[HeadMask]:
-        return layer_masks(self.session.heads_per_layer)
+        return layer_masks(self.session.model.heads_per_layer)
 
     @classmethod
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:

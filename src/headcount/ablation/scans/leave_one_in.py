@@ -15,7 +15,7 @@ class LeaveOneInScan(MaskScan):
     doc = "in one layer only one head stays on (Michel et al.'s all but one)"
 
     def masks(self) -> list[HeadMask]:
-        return leave_one_in_masks(self.session.heads_per_layer)
+        return leave_one_in_masks(self.session.model.heads_per_layer)
 
     @classmethod
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:

@@ -10,7 +10,7 @@ from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.masks import HeadMask, most_important_heads, pair_masks
 from headcount.ablation.scans.base import KINDS
 from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
-from headcount.ablation.scans.single_head import single_head_delta
+from headcount.ablation.scans.single_head import SingleHeadScan, single_head_delta
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import PairsSettings
 from headcount.errors import ConfigError
@@ -31,8 +31,11 @@ class PairsScan(MaskScan):
                 f"ablation.scans.{name}.top_k", cfg.top_k, "must be at least 2 (pairs among the top k heads) or null"
             )
 
+    def needs(self) -> list[str]:
+        return [] if self.cfg.top_k is None else [SingleHeadScan.kind]
+
     def masks(self) -> list[HeadMask]:
-        hpl = self.session.heads_per_layer
+        hpl = self.session.model.heads_per_layer
         if self.cfg.top_k is None:
             return pair_masks(all_heads(hpl))
         return pair_masks(most_important_heads(single_head_delta(self.session), hpl, self.cfg.top_k))

@@ -30,6 +30,7 @@ from headcount.ablation.scans.circuit_inputs import (
     check_sender_entries,
     check_top_count,
     circuit_inputs,
+    ranked_scans,
     resolve_receivers,
     resolve_senders,
 )
@@ -38,7 +39,7 @@ from headcount.config.ablation import AblationConfig
 from headcount.config.scans import PathPatchingSettings
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
-from headcount.labels import join_names, parse_head, split_names
+from headcount.labels import edge_label, join_names, split_names
 from headcount.plotting import new_figure, set_title
 
 
@@ -113,11 +114,11 @@ class PathPatchingScan(Scan):
         table["rank"] = table["damage"].rank(ascending=False, method="first").astype(int)
         return table
 
-    def top_sender_heads(self, k: int) -> list[str]:
-        """The k sender heads whose rows do the most damage added up (largest first), from this scan's table."""
-        return top_sender_heads(self.run(announce=False), k)
+    def needs(self) -> list[str]:
+        return ranked_scans([*self.cfg.senders, *self.cfg.receivers])
 
     def use(self, table: pd.DataFrame) -> None:
+        self.session.hand(self.name, table)  # the scans that name its top sender heads read them from it
         top = table.loc[table["damage"].idxmax()]
         entry = {"sender": top["sender"], "receivers": top["receivers"], "effect": float(top["effect"])}
         summary = {"largest_damage": entry, "paths": len(table)}
@@ -132,19 +133,12 @@ class PathPatchingScan(Scan):
         weights = torch.zeros(len(graph.edges), dtype=torch.float64)
         for row in table.itertuples():
             for receiver in split_names(row.receivers):
-                weights[graph.edge_index[f"{row.sender} -> {receiver}"]] += abs(row.effect)
+                weights[graph.edge_index[edge_label(row.sender, receiver)]] += abs(row.effect)
         edges = set(weights.nonzero()[:, 0].tolist())
         fig = draw_circuit(graph, edges, weights, self.title("paths patched, arrows as wide as |effect|"))
         circuit = self.path(".png", "_circuit")
         atomic_savefig(fig, circuit, dpi=120)
         return [heatmap, circuit]
-
-
-def top_sender_heads(table: pd.DataFrame, k: int) -> list[str]:
-    """A path_patching table's k sender heads of largest damage, added up over their rows (largest first)."""
-    heads = table[table["sender"].map(lambda s: parse_head(s) is not None)]
-    damage = heads.groupby("sender", sort=False)["damage"].sum()
-    return damage.sort_values(ascending=False, kind="stable").index[:k].tolist()
 
 
 def effect_heatmap(table: pd.DataFrame, path: Path, title: str, unit: str) -> Path:

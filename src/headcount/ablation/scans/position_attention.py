@@ -70,7 +70,7 @@ class PositionAttentionScan(Scan):
                     h = pattern_BHTT.shape[1]
                     at_NH = pattern_BHTT[b[has], :, t[has], to[has]]
                     sums[k, layer, :h] += at_NH.double().sum(0).cpu()
-        hpl = session.heads_per_layer
+        hpl = session.model.heads_per_layer
         layers, heads = (list(x) for x in zip(*all_heads(hpl)))
         means = sums / counts.clamp_min(1)[:, None, None]
         return pd.DataFrame(

@@ -14,7 +14,7 @@ from headcount.ablation.engine.masks import gates_to_masks
 from headcount.ablation.engine.metrics import Loss, Metric, require_differentiable
 from headcount.ablation.methods.pruning import PRUNING_ORDERS, prunable_fractions, pruning_curves
 from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
-from headcount.ablation.scans.single_head import single_head_delta
+from headcount.ablation.scans.single_head import SingleHeadScan, single_head_delta
 from headcount.config.ablation import AblationConfig, validate_pruning_config
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
@@ -32,6 +32,9 @@ class PruningScan(Scan):
         if any(PRUNING_ORDERS.get(str(order)).follows_gradient for order in settings.pruning.orders):
             require_differentiable(settings.metric, "the gradient pruning orders (ablation.pruning.orders)")
 
+    def needs(self) -> list[str]:
+        return [SingleHeadScan.kind] if "single_head" in self.session.settings.pruning.orders else []
+
     def fingerprint_parts(self) -> tuple:
         s = self.session.settings
         return (self.kind, asdict(s.pruning), s.normalize_importance, s.seed)
@@ -40,10 +43,10 @@ class PruningScan(Scan):
         session, s = self.session, self.session.settings
 
         def evaluate(gates_MLH: Tensor) -> dict[str, Tensor]:
-            return self.evaluate(gates_to_masks(gates_MLH, session.heads_per_layer), key).values()
+            return self.evaluate(gates_to_masks(gates_MLH, session.model.heads_per_layer), key).values()
 
         delta_LH = single_head_delta(session) if "single_head" in s.pruning.orders else None
-        hpl, baseline = session.heads_per_layer, session.baseline
+        hpl, baseline = session.model.heads_per_layer, session.baseline
         return pruning_curves(evaluate, session.importance, delta_LH, hpl, s.pruning, s.seed, baseline, session.metric)
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
@@ -59,7 +62,7 @@ class PruningScan(Scan):
         baseline, tolerance = self.session.baseline[metric.primary], self.session.settings.pruning.tolerance
         prunable = prunable_fractions(table, baseline, tolerance, metric)
         arbitrary = arbitrary_orders(table)
-        self.session.shared[self.kind] = prunable
+        self.session.hand(self.kind, prunable)
         self.session.files.update_summary({"prunable_fraction": prunable, "arbitrary_orders": arbitrary})
 
 

@@ -53,12 +53,12 @@ class RetrievalScoresScan(Scan):
                 strongest_NH = pattern_BHTT[b, :, t].argmax(-1)
                 h = pattern_BHTT.shape[1]
                 hits[layer, :h] += ((strongest_NH == source[:, None]) & copied[:, None]).double().sum(0).cpu()
-        layers, heads = (list(x) for x in zip(*all_heads(session.heads_per_layer)))
+        layers, heads = (list(x) for x in zip(*all_heads(session.model.heads_per_layer)))
         scores = hits / max(n_copied, 1)
         return pd.DataFrame({"layer": layers, "head": heads, "retrieval_score": scores[layers, heads].numpy()})
 
     def use(self, table: pd.DataFrame) -> None:
-        self.session.shared[self.kind] = self.session.layer_head_tensor(table, "retrieval_score")
+        self.session.hand(self.kind, self.session.layer_head_tensor(table, "retrieval_score"))
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         title = self.title("retrieval score (share of copied tokens a head copies and pastes)")

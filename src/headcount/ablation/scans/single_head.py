@@ -21,7 +21,7 @@ class SingleHeadScan(MaskScan):
 
     def masks(self) -> list[HeadMask]:
         positions = self.session.positions if self.session.settings.patch_positions == "each" else None
-        return single_head_masks(self.session.heads_per_layer, positions)
+        return single_head_masks(self.session.model.heads_per_layer, positions)
 
     @classmethod
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
@@ -32,7 +32,7 @@ class SingleHeadScan(MaskScan):
         delta = f"delta_{metric.primary}"
         damage = table.assign(damage=metric.damage(table[delta], 0.0))
         per_head = damage.loc[damage.groupby(["layer", "head"])["damage"].idxmax()]
-        self.session.shared[self.kind] = self.session.layer_head_tensor(per_head, "damage")
+        self.session.hand(self.kind, self.session.layer_head_tensor(per_head, "damage"))
         top = damage.loc[damage["damage"].idxmax()]
         most_important = {
             "mask": top["mask"],
@@ -44,7 +44,7 @@ class SingleHeadScan(MaskScan):
 
 
 def single_head_delta(session, compute: bool = True) -> Tensor | None:
-    """(L, H) how much each head off alone worsens the metric (for loss: its increase), from this session's
-    single_head scan or an up-to-date
-    single_head.csv; failing both, runs the scan, or with compute=False returns None."""
+    """(L, H) how much each head off alone worsens the metric (for loss: its increase), from the single_head scan the
+    caller declared it needs (run first by the session); with compute=False (an optional read): this session's run,
+    else an up-to-date single_head.csv, else None."""
     return session.provided(SingleHeadScan.kind, compute)

@@ -50,11 +50,14 @@ class TopHeadsScan(MaskScan):
             key = f"ablation.scans.{self.name}.rank_by"
             raise ConfigError(key, self.cfg.rank_by, f"cannot rank these heads: {error.allowed}") from None
 
+    def needs(self) -> list[str]:
+        return [self.cfg.rank_by]
+
     def fingerprint_parts(self) -> tuple:
         return (*super().fingerprint_parts(), self.cfg.rank_by)
 
     def masks(self) -> list[HeadMask]:
-        session, hpl = self.session, self.session.heads_per_layer
+        session, hpl = self.session, self.session.model.heads_per_layer
         heads = all_heads(hpl)
         k = max(1, round(self.cfg.top_fraction * len(heads)))
         score_LH = session.provided(self.cfg.rank_by)
