@@ -19,6 +19,7 @@ from headcount.config.ablation import AblationConfig
 from headcount.config.model import ModelConfig
 from headcount.data.examples import to_batches
 from headcount.errors import ConfigError
+from headcount.model.intervention import gated
 from headcount.model.mlm import IGNORE, masked_lm_loss
 from headcount.model.transformer import Transformer
 from headcount.run_dir import RunPaths, load_run
@@ -183,7 +184,7 @@ def test_an_encoder_pruned_structurally_equals_it_masked(dtype, tol):
     keep = torch.tensor([[True, False, True], [False, True, True]])
     ids = points()["input_ids"]
     with torch.no_grad():
-        masked = model(ids, gates=keep.to(dtype))
+        masked = model(ids, gated(keep.to(dtype)))
         pruned = model.select_heads(keep)(ids)
     assert model.select_heads(keep).heads_per_layer == [2, 2]
     torch.testing.assert_close(pruned, masked, atol=tol, rtol=tol)
