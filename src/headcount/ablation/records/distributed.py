@@ -21,6 +21,12 @@ the eval batches, in which:
 - at the end, one all-reduce adds the processes' (M, K) float64 sums, batch counts and score points; a mask owned by
   another process is all zeros here, so every process ends with exactly the owner's numbers.
 
+Edge scans (path patching, edge attribution's exact, EAP and EAP-IG scores and its faithfulness curve) share
+examples rather than masks (`ScanWorld.per_example`): each process evaluates a contiguous share of the examples
+(circuits/shares.py), every result one float64 row per example, and one all-reduce of the (examples, ...) tables,
+zero outside each process's rows, gives every process the table of all examples (x + 0 is x: the rows as their
+process computed them). The scores are then their sums over examples, in example order, as in one process.
+
 Processes whose memory budgets fit different batch sizes (GPUs with different free memory) are refused in one line
 (set ablation.memory_budget_mb); different masks per pass agree on the smallest. Ctrl-C, which Lightning turns into
 exit(1), leaves as KeyboardInterrupt, as it does in one process. Scans that do not evaluate masks (attribution's
@@ -30,6 +36,7 @@ them.
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +49,7 @@ from torch.utils.data import DataLoader
 from headcount.ablation.engine.evaluator import MaskEvaluator, MaskSet, MaskTotals
 from headcount.ablation.engine.masks import HeadMask, masks_to_gates
 from headcount.ablation.records.resumable import PartialSaver, load_partials, mask_positions, partial_key, rank_partial
+from headcount.circuits.shares import example_share
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
 from headcount.processes import first_process
@@ -121,6 +129,68 @@ class ScanWorld:
                 raise KeyboardInterrupt from None
             raise
         return evaluation.totals
+
+    def per_example(self, n_examples: int, compute: "PerExample") -> dict[str, Tensor]:
+        """compute(examples) -> {name: (examples, ...) float64} for every example, each process computing its share
+        (one run of Lightning's predict loop, so that its launcher starts the processes as for a mask evaluation):
+        the tables of all examples, equal in every process."""
+        evaluation = ExampleEvaluation(self, n_examples, compute)
+        try:
+            self.trainer.predict(ExampleShareModule(evaluation), dataloaders=DataLoader([0]), return_predictions=False)
+        except SystemExit:
+            if self.trainer.interrupted:
+                raise KeyboardInterrupt from None
+            raise
+        return evaluation.tables
+
+
+PerExample = Callable[[slice], dict[str, Tensor]]
+
+
+def per_example_tables(world: "ScanWorld | None", n_examples: int, compute: PerExample) -> dict[str, Tensor]:
+    """compute's per-example tables of all n_examples: in this process alone, or shared out over the world's."""
+    if world is None:
+        return {name: table.double().cpu() for name, table in compute(slice(0, n_examples)).items()}
+    return world.per_example(n_examples, compute)
+
+
+@dataclass
+class ExampleEvaluation:
+    """One per-example evaluation, this process's share of it: what ExampleShareModule's hooks run."""
+
+    world: ScanWorld
+    n_examples: int
+    compute: PerExample
+
+    def run(self) -> None:
+        world = self.world
+        share = example_share(self.n_examples, world.size, world.rank)
+        mine = {} if share.start == share.stop else {k: v.double().cpu() for k, v in self.compute(share).items()}
+        shapes = [None] * world.size  # a process with no example has no table to read the shapes from
+        torch.distributed.all_gather_object(shapes, {k: tuple(v.shape[1:]) for k, v in mine.items()} or None)
+        known = next(s for s in shapes if s is not None)
+        tables = {k: torch.zeros(self.n_examples, *shape, dtype=torch.float64) for k, shape in known.items()}
+        for name, table in mine.items():
+            tables[name][share] = table
+        started = time.perf_counter()
+        packed = torch.cat([t.flatten() for t in tables.values()]).to(world.device)
+        torch.distributed.all_reduce(packed)
+        world.reduce_seconds = time.perf_counter() - started
+        values = packed.cpu().split([t.numel() for t in tables.values()])
+        self.tables = {k: v.view(tables[k].shape) for k, v in zip(tables, values)}
+
+
+class ExampleShareModule(L.LightningModule):
+    """A per-example evaluation as Lightning's predict loop runs it: one predict step, this process's share, with
+    gradients on (EAP's backward; the loop turns them off)."""
+
+    def __init__(self, evaluation: ExampleEvaluation):
+        super().__init__()
+        self.evaluation = evaluation
+
+    def predict_step(self, batch: int, batch_idx: int) -> None:
+        with torch.enable_grad():
+            self.evaluation.run()
 
 
 def devices_per_node(t: TrainerConfig) -> int:

@@ -34,6 +34,7 @@ from headcount.ablation.scans.circuit_inputs import (
     resolve_senders,
 )
 from headcount.circuits import Graph, draw_circuit, path_patch
+from headcount.circuits.shares import ExampleShare
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import PathPatchingSettings
 from headcount.errors import ConfigError
@@ -99,9 +100,14 @@ class PathPatchingScan(Scan):
     def compute(self, key: str) -> pd.DataFrame:
         pairs = self.pairs()
         inputs, metric = circuit_inputs(self.session, self.name)
-        with torch.no_grad():
-            args = (self.session.model, inputs.clean_ids_BT, inputs.corrupted, pairs, metric, inputs.points_BT)
-            effects = path_patch(*args, memory_budget=inputs.memory_budget)
+
+        def effects_of(share: ExampleShare) -> dict[str, torch.Tensor]:
+            args = (self.session.model, share.clean_ids_BT, share.corrupted, pairs, share.metric, share.points_BT)
+            with torch.no_grad():
+                return {"effect": path_patch(*args, memory_budget=inputs.memory_budget, per_example=True)}
+
+        # (B, pairs): each example's effects, summed over the examples; shared out over a scan's processes
+        effects = inputs.per_example(self.session.world, metric, effects_of)["effect"].sum(0)
         table = pd.DataFrame(
             {
                 "sender": [s[0] for s, _ in pairs],
