@@ -80,12 +80,22 @@ def evaluate_resumably(
     if world is not None:
         return world.evaluate(evaluator, masks, mask_set, partial, key, label, show_progress)
     totals = load_partials(partial, key, masks, evaluator.columns) or MaskTotals.empty(len(masks), evaluator.columns)
+    keep_examples(totals, evaluator.n_examples)
     n_batches = len(evaluator.batches)
     with PartialSaver(partial, key, masks, f"{label}: {len(masks)} masks", n_batches, show_progress) as saver:
         saver.begin(totals)
         for b in range(n_batches):
             evaluator.accumulate_batch(b, mask_set, totals, saver)
     return totals
+
+
+def keep_examples(totals: MaskTotals, n_examples: int) -> None:
+    """Keep each example's sums (the bootstrap's units): from the start, or from partial files that kept them; not
+    for an evaluation resumed from files that hold sums only (written before they kept them)."""
+    if not bool(totals.batches_done.any()):
+        totals.examples = torch.zeros(len(totals.sums), n_examples, dtype=torch.float64)
+    elif totals.examples is not None and totals.examples.shape[1] != n_examples:
+        totals.examples = None
 
 
 @dataclass
@@ -295,12 +305,20 @@ def share_masks(start_M: Tensor, remaining_M: Tensor, masks_per_pass: int, n_lay
     return owner_M
 
 
-def reduce_totals(sums: Tensor, batches_done: Tensor, n_targets: Tensor, device: torch.device) -> None:
-    """Sum each process's (M, K) sums and (M,) counts in place, in one all-reduce of one float64 tensor."""
+def reduce_totals(
+    sums: Tensor, batches_done: Tensor, n_targets: Tensor, device: torch.device, into: MaskTotals | None = None
+) -> None:
+    """Sum each process's (M, K) sums and (M,) counts in place, in one all-reduce of one float64 tensor; `into`:
+    sums are its sums beside its examples' columns, both written back there."""
     packed = torch.cat([sums, batches_done[:, None].double(), n_targets[:, None].double()], dim=1).to(device)
     torch.distributed.all_reduce(packed)
     packed = packed.cpu()
-    sums.copy_(packed[:, :-2])
+    if into is not None:
+        K = into.sums.shape[1]
+        into.sums.copy_(packed[:, :K])
+        into.examples.copy_(packed[:, K:-2])
+    else:
+        sums.copy_(packed[:, :-2])
     batches_done.copy_(packed[:, -2].round().long())
     n_targets.copy_(packed[:, -1].round().long())
 
@@ -338,6 +356,7 @@ class SharedEvaluation:
         saved = [load_partials(self.partial, self.key, self.masks, columns) if world.rank == 0 else None]
         torch.distributed.broadcast_object_list(saved, src=0)
         self.totals = saved[0] or MaskTotals.empty(len(self.masks), columns)
+        keep_examples(self.totals, evaluator.n_examples)
         n_batches, model = len(self.evaluator.batches), self.evaluator.model
         remaining_M = n_batches - self.totals.batches_done
         owner_M = share_masks(
@@ -345,7 +364,10 @@ class SharedEvaluation:
         )
         self.owned = (owner_M == world.rank).nonzero().squeeze(1)
         t = self.totals
-        self.share = MaskTotals(t.batches_done[self.owned], t.sums[self.owned], t.n_targets[self.owned], columns)
+        examples = None if t.examples is None else t.examples[self.owned]
+        self.share = MaskTotals(
+            t.batches_done[self.owned], t.sums[self.owned], t.n_targets[self.owned], columns, examples
+        )
         self.share_set = self.mask_set.subset(self.owned)
         share_masks_ = [self.masks[i] for i in self.owned.tolist()]
         what = f"{self.label}: {len(self.owned)} of {len(self.masks)} masks (process {world.rank + 1} of {world.size})"
@@ -361,14 +383,19 @@ class SharedEvaluation:
         """Every mask's totals in every process: the owners' sums, added up once."""
         self.saver.save(self.share)
         self.saver.__exit__()
-        t = MaskTotals.empty(len(self.masks), self.evaluator.columns)
+        kept = self.share.examples is not None
+        t = MaskTotals.empty(len(self.masks), self.evaluator.columns, self.evaluator.n_examples if kept else None)
         t.batches_done[self.owned], t.sums[self.owned], t.n_targets[self.owned] = (
             self.share.batches_done,
             self.share.sums,
             self.share.n_targets,
         )
         started = time.perf_counter()
-        reduce_totals(t.sums, t.batches_done, t.n_targets, self.world.device)
+        if kept:  # each example's sums travel with the sums: one all-reduce of one float64 tensor
+            t.examples[self.owned] = self.share.examples
+            reduce_totals(torch.cat([t.sums, t.examples], 1), t.batches_done, t.n_targets, self.world.device, t)
+        else:
+            reduce_totals(t.sums, t.batches_done, t.n_targets, self.world.device)
         self.world.reduce_seconds = time.perf_counter() - started
         self.totals = t
 

@@ -45,7 +45,7 @@ from headcount.circuits import (
     ranking_agreement,
     top_edges,
 )
-from headcount.circuits.bootstrap import resample_counts, score_intervals, top_n_stability
+from headcount.circuits.bootstrap import LEVEL, RESAMPLES, resample_counts, score_intervals, top_n_stability
 from headcount.circuits.cpr import area_intervals, faithfulness_intervals, method_areas, mib_areas, mib_points
 from headcount.circuits.faithfulness import circuit_metrics, curve_circuits, curve_table, ratios
 from headcount.circuits.shares import ExampleShare
@@ -59,7 +59,6 @@ FAITHFULNESS = "_faithfulness"  # the detail in the name of the result's second 
 CPR = "_cpr"  # and of its third, <name>_cpr.csv: each method's CPR and CMD (MIB)
 CIRCUIT_RULE = "circuit_by: exact where every edge has an exact score, else eap_ig"
 MIB_RULE = "curve at MIB's sizes too; cpr, cmd"  # a table written before CPR lacks MIB's sizes: computed again
-RESAMPLES, LEVEL = 1000, 0.95  # the bootstrap over prompts (circuits/bootstrap.py), seeded by the session's seed
 BOOTSTRAP_RULE = f"bootstrap: {RESAMPLES} resamples of prompts, {LEVEL} percentile intervals"
 METHOD_COLOURS = {"eap": "tab:blue", "eap_ig": "tab:orange", "exact": "black", "random": "tab:gray"}
 
@@ -117,7 +116,7 @@ class EdgeAttributionScan(Scan):
         session, cfg = self.session, self.cfg
         model, graph = session.model, Graph.of(session.model)
         inputs, metric = circuit_inputs(session, self.name)
-        budget, world = inputs.memory_budget, session.world
+        budget = inputs.memory_budget
 
         def estimates(share: ExampleShare) -> dict[str, torch.Tensor]:
             args = (model, share.clean_ids_BT, share.corrupted, share.metric)
@@ -128,7 +127,7 @@ class EdgeAttributionScan(Scan):
 
         # per example (B, E): each prompt's own contributions, the scores their sum, the bootstrap's units; each
         # process of a scan over several computes its share of the examples (ablation/records/distributed.py)
-        per_example = inputs.per_example(world, metric, estimates)
+        per_example = self.per_example(inputs, metric, estimates)
         eap, eap_ig = per_example["eap"].sum(0), per_example["eap_ig"].sum(0)
         chosen = self.chosen_edges()
         rank = eap[chosen].abs().argsort(descending=True)
@@ -141,7 +140,7 @@ class EdgeAttributionScan(Scan):
                 args = (model, share.clean_ids_BT, share.corrupted, share.metric, share.points_BT)
                 return {"exact": exact_edge_scores(*args, edges=exact_edges, memory_budget=budget, per_example=True)}
 
-            per_example["exact"][:, exact_edges] = inputs.per_example(world, metric, exact_scores)["exact"]
+            per_example["exact"][:, exact_edges] = self.per_example(inputs, metric, exact_scores)["exact"]
             exact[exact_edges] = per_example["exact"][:, exact_edges].sum(0)
         scores = {"eap": eap, "eap_ig": eap_ig, **({"exact": exact} if not exact.isnan().any() else {})}
         circuit_by = circuit_score(scores)
@@ -200,7 +199,7 @@ class EdgeAttributionScan(Scan):
             return {"sums": circuit_metrics(*args, share.points_BT, inputs.memory_budget)}
 
         # the curve's circuits and the drawn one in the same passes: (B, 2 + curve rows + 1) per-prompt sums
-        all_BN = inputs.per_example(session.world, metric, metrics_of)["sums"]
+        all_BN = self.per_example(inputs, metric, metrics_of)["sums"]
         sums_BN = all_BN[:, :-1]
         curve = curve_table(rows, circuits, sums_BN)
         counts = resample_counts(len(sums_BN), RESAMPLES, seed)

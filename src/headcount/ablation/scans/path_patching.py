@@ -4,7 +4,9 @@ the corrupted output being the mode's (circuit_inputs.py): patch mode's counterp
 input, or zero.
 
 Columns: sender, receivers (the set, joined by ', '), effect (metric(patched) - metric(clean), in the metric's unit
-per score point), damage (how much it worsens the metric), rank (by damage, 1 first). With receivers_together=false
+per score point), effect_ci_low and effect_ci_high (its 95% bootstrap interval over the prompts, 1000 resamples
+seeded by ablation.seed: circuits/bootstrap.py), damage (how much it worsens the metric), rank (by damage, 1 first).
+With receivers_together=false
 each receiver is its own set (a row per sender and receiver). Figures: a heatmap of effects (senders by receiver
 sets) and the paths drawn as a circuit graph, arrows as wide as |effect|. summary.json's `path_patching` entry names
 the path of largest damage. No partial file: a killed scan recomputes its table, in passes of as many (sender,
@@ -34,6 +36,7 @@ from headcount.ablation.scans.circuit_inputs import (
     resolve_senders,
 )
 from headcount.circuits import Graph, draw_circuit, path_patch
+from headcount.circuits.bootstrap import LEVEL, RESAMPLES, percentile_interval, resample_counts
 from headcount.circuits.shares import ExampleShare
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import PathPatchingSettings
@@ -41,6 +44,8 @@ from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.labels import join_names, parse_head, split_names
 from headcount.plotting import new_figure, set_title
+
+BOOTSTRAP_RULE = f"effect intervals: {RESAMPLES} resamples of prompts, {LEVEL} percentile"
 
 
 @KINDS.register
@@ -80,7 +85,8 @@ class PathPatchingScan(Scan):
     def fingerprint_parts(self) -> tuple:
         cfg = self.cfg
         parts = (self.kind, list(cfg.senders), list(cfg.receivers), cfg.receivers_together)
-        return (*parts, "skip_unreached") if cfg.skip_unreached else parts  # earlier results keep their fingerprint
+        parts = (*parts, "skip_unreached") if cfg.skip_unreached else parts
+        return (*parts, BOOTSTRAP_RULE)
 
     def pairs(self) -> list[tuple[list[str], list[str]]]:
         key = f"ablation.scans.{self.name}"
@@ -107,12 +113,18 @@ class PathPatchingScan(Scan):
                 return {"effect": path_patch(*args, memory_budget=inputs.memory_budget, per_example=True)}
 
         # (B, pairs): each example's effects, summed over the examples; shared out over a scan's processes
-        effects = inputs.per_example(self.session.world, metric, effects_of)["effect"].sum(0)
+        per_example = self.per_example(inputs, metric, effects_of)["effect"]
+        effects = per_example.sum(0)
+        points_P = inputs.points_BT.sum(1).cpu()
+        counts = resample_counts(len(points_P), RESAMPLES, self.session.settings.seed)
+        low, high = percentile_interval(per_example, points_P, counts, LEVEL)
         table = pd.DataFrame(
             {
                 "sender": [s[0] for s, _ in pairs],
                 "receivers": [join_names(r) for _, r in pairs],
                 "effect": (effects / inputs.n_points).numpy(),
+                "effect_ci_low": low.numpy(),
+                "effect_ci_high": high.numpy(),
             }
         )
         table["damage"] = self.session.metric.damage(table["effect"], 0.0)
