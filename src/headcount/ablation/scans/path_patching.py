@@ -7,9 +7,10 @@ Columns: sender, receivers (the set, joined by ', '), effect (metric(patched) - 
 per score point), effect_ci_low and effect_ci_high (its 95% bootstrap interval over the prompts, 1000 resamples
 seeded by ablation.seed: circuits/bootstrap.py), damage (how much it worsens the metric), rank (by damage, 1 first).
 With receivers_together=false each receiver is its own set (a row per sender and receiver). Figures: a heatmap of
-effects (senders by receiver sets) and the paths drawn as a circuit graph, arrows as wide as |effect|. summary.json's `path_patching` entry names
-the path of largest damage. No partial file: a killed scan recomputes its table, in passes of as many (sender,
-receiver set) pairs and examples as fit `ablation.memory_budget_mb` (circuits/passes.py).
+effects (senders by receiver sets) and the paths drawn as a circuit graph, arrows as wide as |effect|.
+summary.json's `path_patching` entry names the path of largest damage. No partial file: a killed scan recomputes its
+table, in passes of as many (sender, receiver set) pairs and examples as fit `ablation.memory_budget_mb`
+(circuits/passes.py).
 
 With skip_unreached, a sender's receiver set keeps only the receivers that read it (a later layer), and a sender none
 of them reads has no row: senders [heads] into receivers another scan finds, in whatever layers they are. Another
