@@ -27,6 +27,7 @@ from headcount.plotting import head_heatmap, heatmap
 
 EXAMPLE_BASELINE = "no head off (each example's baseline)"  # the mask evaluated beside a scan's for its intervals
 SCAN_COLUMNS = ["scan", "mask", "layer", "head", "mode", "loss", "acc", "delta_loss", "delta_acc", "n_heads_off"]
+SCAN_COLUMNS += ["delta_loss_ci_low", "delta_loss_ci_high", "top_share"]  # intervals.py
 
 
 class MaskScan(Scan):
