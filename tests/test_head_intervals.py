@@ -127,3 +127,41 @@ def test_overlap_of_two_top_n_lists():
     assert top_n_overlap(["a"], ["a"]) == 1.0 and top_n_overlap(["a", "b"], ["c", "d"]) == 0.0
     with pytest.raises(ConfigError, match="top_n"):
         top_n_overlap(["a"], ["a", "b"])
+
+
+class PlantedRun:
+    """A stand-in for a Run whose single_head scan on each seed gives planted deltas (loss: damage is the delta):
+    heads a, b, c, d by damage, the third and fourth swapped on seed 2."""
+
+    def __init__(self, source: str = "ioi"):
+        self.source, self.scanned = source, []
+
+    def task_settings(self, task):
+        from headcount.config.task import TaskConfig
+
+        return TaskConfig(source=self.source, n_prompts=8)
+
+    def scan(self, kind, task=None, **settings):
+        self.scanned.append((kind, task.seed, task.name))
+        delta = {"a": 4.0, "b": 3.0, "c": 2.0, "d": 1.0} | ({"c": 0.5} if task.seed == 2 else {})
+        return pd.DataFrame({"mask": list(delta), "delta_loss": list(delta.values()), "metric": "loss"})
+
+
+def test_seed_stability_overlaps_planted_tops():
+    from headcount.api_stability import seed_stability, top_heads
+
+    run = PlantedRun()
+    pairs, summary = seed_stability(run, "single_head", [0, 1, 2], n=3)
+    assert [s for _, s, _ in run.scanned] == [0, 1, 2]
+    assert [name for *_, name in run.scanned] == ["ioi_seed0", "ioi_seed1", "ioi_seed2"]  # each seed's own folder
+    assert summary["tops"] == {0: ["a", "b", "c"], 1: ["a", "b", "c"], 2: ["a", "b", "d"]}
+    assert pairs["overlap"].tolist() == pytest.approx([1.0, 2 / 3, 2 / 3])
+    assert summary["mean_overlap"] == pytest.approx(7 / 9) and summary["min_overlap"] == pytest.approx(2 / 3)
+    assert seed_stability(run, "single_head", [0, 1])[1]["n"] == 1  # default n: 5% of 4 masks, at least one
+    # logit_diff's damage is its decrease: the same deltas rank the other way round
+    table = pd.DataFrame({"mask": list("abcd"), "delta_logit_diff": [4.0, 3.0, 2.0, 1.0], "metric": "logit_diff"})
+    assert top_heads(table, 2) == ["d", "c"]
+    with pytest.raises(ConfigError, match="task.source"):
+        seed_stability(PlantedRun("file"), "single_head", [0, 1])
+    with pytest.raises(ConfigError, match="seeds"):
+        seed_stability(run, "single_head", [3, 3])
