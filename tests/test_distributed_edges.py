@@ -84,5 +84,17 @@ def test_two_process_edge_scans_write_the_tables_of_one(trained, tmp_path):  # n
     assert sorted(p.relative_to(folder_two) for p in folder_two.rglob("*.csv")) == csvs
     for name in csvs:
         expected, got = pd.read_csv(folder_one / name), pd.read_csv(folder_two / name)
-        # float32 activations: each process's passes hold other examples, so values agree within rounding
+        # float32 activations: each process's passes hold other examples, so values agree within rounding, and ranks
+        # wherever the damages they order differ by more than that (paths of no effect tie at rounding's scale)
+        if "rank" in expected and "damage" in expected:
+            assert_same_order(got["rank"], expected["rank"], expected["damage"], 1e-5)
+            expected, got = expected.drop(columns="rank"), got.drop(columns="rank")
         pd.testing.assert_frame_equal(got, expected, check_exact=False, rtol=1e-4, atol=1e-5, obj=str(name))
+
+
+def assert_same_order(got: pd.Series, expected: pd.Series, value: pd.Series, tol: float) -> None:
+    """Ranks that order every two rows whose values differ by more than tol alike."""
+    for i in range(len(value)):
+        for j in range(len(value)):
+            if value[i] - value[j] > tol:
+                assert expected[i] < expected[j] and got[i] < got[j], (i, j)

@@ -165,3 +165,18 @@ def test_seed_stability_overlaps_planted_tops():
         seed_stability(PlantedRun("file"), "single_head", [0, 1])
     with pytest.raises(ConfigError, match="seeds"):
         seed_stability(run, "single_head", [3, 3])
+
+
+def test_the_few_heads_claim_names_the_top_heads_stability():
+    from test_findings_behaviour import top_table
+
+    from headcount.findings.ioi_heads import few_heads_claim
+
+    stability = {"top_n": 2, "mean_overlap": 0.875, "min_overlap": 0.5, "resamples": 1000}
+    claim, numbers = few_heads_claim(top_table(0.6, [0.02, 0.05]), stability)
+    assert claim.measured.endswith(
+        "the top 2 single heads by damage hold on average 88% of their places (lowest 50%) over 1000 bootstrap "
+        "resamples of the prompts"
+    )
+    assert numbers["top_heads_bootstrap_overlap"] == 0.875
+    assert "bootstrap" not in few_heads_claim(top_table(0.6, [0.02, 0.05]), "not computed: ...")[0].measured
