@@ -12,7 +12,7 @@ from headcount.ablation.engine.evaluator import MaskEvaluator, MaskTotals
 from headcount.ablation.engine.masks import HeadMask, masks_to_gates, single_head_masks
 from headcount.ablation.engine.metrics import metric_named
 from headcount.ablation.records.distributed import evaluate_resumably
-from headcount.ablation.records.resumable import load_partial, save_partial
+from headcount.ablation.records.resumable import load_partial, partial_key, save_partial
 from headcount.ablation.scans.intervals import example_points, top_n, with_intervals
 from headcount.circuits.bootstrap import top_n_overlap
 from headcount.errors import ConfigError
@@ -60,11 +60,16 @@ def test_each_examples_sums_survive_a_partial_file(tmp_path):
     gates = masks_to_gates(MASKS, HEADS_PER_LAYER)
     totals = MaskTotals.empty(len(MASKS), evaluator.columns, evaluator.n_examples)
     evaluator.accumulate_batch(0, evaluator.mask_set(gates), totals)  # one batch of two done, then a save
-    save_partial(tmp_path / "p.csv", "key", MASKS, totals)
-    loaded = load_partial(tmp_path / "p.csv", "key", MASKS, evaluator.columns)
+    key = partial_key(evaluator, MASKS, "key")  # the fingerprint evaluate_resumably looks for
+    save_partial(tmp_path / "p.csv", key, MASKS, totals)
+    loaded = load_partial(tmp_path / "p.csv", key, MASKS, evaluator.columns)
     assert torch.equal(loaded.examples, totals.examples) and torch.equal(loaded.sums, totals.sums)
-    # resumed from that file: every example's sums, as uninterrupted
+    # resumed from that file (the first batch not evaluated again): every example's sums, as uninterrupted
+    real_pass, calls = evaluator.masked_pass, []
+    evaluator.masked_pass = lambda clean, *args: calls.append(clean) or real_pass(clean, *args)
     resumed = evaluate_resumably(evaluator, MASKS, tmp_path / "p.csv", "key", "test", False)
+    evaluator.masked_pass = real_pass
+    assert len({id(clean) for clean in calls}) == 1  # one batch's clean pass: the other was read back
     whole = evaluate_resumably(evaluator, MASKS, tmp_path / "q.csv", "key", "test", False)
     assert resumed.examples is not None and torch.equal(resumed.examples, whole.examples)
 
