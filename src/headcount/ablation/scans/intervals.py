@@ -45,7 +45,7 @@ def with_intervals(
     """The table with its primary delta's interval columns and top_share, and the summary entry (the resamples, the
     level, the top n's stability); NaN columns and the reason where examples' sums were not kept."""
     low_col, high_col = f"delta_{metric.primary}_ci_low", f"delta_{metric.primary}_ci_high"
-    if totals.examples is None or baseline_E is None:
+    if totals.examples is None or baseline_E is None or not len(table):  # an empty table: Scan.run refuses it
         return table.assign(**{low_col: float("nan"), high_col: float("nan"), "top_share": float("nan")}), {
             "intervals": NOT_KEPT
         }

@@ -69,6 +69,9 @@ class MaskScan(Scan):
         table, entry = with_intervals(table, totals, baseline, points, session.metric, session.settings.seed)
         return ScanResult(table, summary={"intervals": {self.name: entry}})
 
+    def file_names(self) -> list[tuple[str, str]]:
+        return [*super().file_names(), ("_intervals", ".png")]
+
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         figures = [self.figure(table, self.path(".png"), self.session.subject)]
         value, label = table_metric(table)
