@@ -55,6 +55,7 @@ from headcount.api_edges import (
     requested_edge_sets,
     score_rankings,
 )
+from headcount.api_stability import seed_stability
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, mode_setting_keys
 from headcount.config.task import TaskConfig
@@ -246,6 +247,13 @@ class Run:
         finally:
             if not already_held:
                 run_lock.release(self.path)
+
+    def seed_stability(
+        self, kind: str, seeds: list[int], task: TaskSpec = None, n: int | None = None, **scan_args: Any
+    ) -> tuple[pd.DataFrame, dict]:
+        """How much the scan's top n heads agree across seeds of the task generator (api_stability.py): the scan run
+        on the task regenerated with each seed; a row per two seeds with their overlap, and a summary."""
+        return seed_stability(self, kind, seeds, task, n, **scan_args)
 
     def results(
         self,

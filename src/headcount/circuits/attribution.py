@@ -150,7 +150,7 @@ def exact_edge_scores(
         return sums[1:] - sums[0]
     values_NP = edge_point_values(*args, rows_per_pass, memory_budget)
     points_BT = points_mask(clean_ids_BT, score_positions_B)
-    prompt_P = points_BT.nonzero()[:, 0]
+    prompt_P = points_BT.nonzero()[:, 0].cpu()  # the values are on the CPU, whatever device ran them
     sums_BN = torch.zeros(len(points_BT), len(values_NP), dtype=torch.float64).index_add_(0, prompt_P, values_NP.T)
     return sums_BN[:, 1:] - sums_BN[:, :1]
 

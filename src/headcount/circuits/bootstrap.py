@@ -16,6 +16,8 @@ from torch import Tensor
 
 from headcount.errors import ConfigError
 
+RESAMPLES, LEVEL = 1000, 0.95  # what every scan's intervals use: 1000 resamples, 95% percentile intervals
+
 
 def resample_counts(n_prompts: int, resamples: int, seed: int = 0) -> Tensor:
     """(R, P) float64: how often each of P prompts is drawn in each of R resamples of P draws with replacement."""
@@ -57,21 +59,25 @@ def percentile_interval(
     return both[0], both[1]
 
 
-def top_n_stability(contributions_PK: Tensor, points_P: Tensor, counts_RP: Tensor, n: int) -> dict:
-    """How stable the top n items by |score| are across resamples: mean_overlap and min_overlap of each resample's
-    top n with the full data's (share of n), and inclusion (K,), each item's share of resamples with it in the top
-    n. Resamples are taken some at a time (CHUNK scores)."""
+def top_n_stability(
+    contributions_PK: Tensor, points_P: Tensor, counts_RP: Tensor, n: int, magnitude: bool = True
+) -> dict:
+    """How stable the top n items by |score| (magnitude=False: by score, largest first: heads by damage) are across
+    resamples: mean_overlap and min_overlap of each resample's top n with the full data's (share of n), and
+    inclusion (K,), each item's share of resamples with it in the top n. Resamples are taken some at a time (CHUNK
+    scores)."""
     K = contributions_PK.shape[1]
     if not 1 <= n <= K:
         raise ConfigError("bootstrap.top_n", n, f"must lie in 1..{K} (the items scored)")
+    key = torch.abs if magnitude else (lambda scores: scores)
     full_K = contributions_PK.double().sum(0) / points_P.double().sum()
     full = torch.zeros(K, dtype=torch.bool)
-    full[full_K.abs().argsort(descending=True)[:n]] = True
+    full[key(full_K).argsort(descending=True)[:n]] = True
     overlaps, inclusion = [], torch.zeros(K, dtype=torch.float64)
     step = max(1, CHUNK // K)
     for r in range(0, len(counts_RP), step):
         scores_RK = bootstrap_scores(contributions_PK, points_P, counts_RP[r : r + step])
-        top_RN = scores_RK.abs().argsort(dim=1, descending=True)[:, :n]
+        top_RN = key(scores_RK).argsort(dim=1, descending=True)[:, :n]
         in_top_RK = torch.zeros(scores_RK.shape, dtype=torch.bool).scatter_(1, top_RN, True)
         overlaps.append((in_top_RK & full).sum(1).double() / n)
         inclusion += in_top_RK.double().sum(0)
@@ -81,6 +87,13 @@ def top_n_stability(contributions_PK: Tensor, points_P: Tensor, counts_RP: Tenso
         "min_overlap": float(overlap_R.min()),
         "inclusion": inclusion / len(counts_RP),
     }
+
+
+def top_n_overlap(first: list, second: list) -> float:
+    """|first & second| / n of two top-n lists of names (two seeds' circuits): 1 the same set, 0 disjoint."""
+    if len(first) != len(second) or not first:
+        raise ConfigError("bootstrap.top_n", (len(first), len(second)), "two non-empty top-n lists of one length n")
+    return len(set(first) & set(second)) / len(first)
 
 
 def score_intervals(

@@ -85,7 +85,7 @@ def circuit_metrics(
         weights[k + 2, list(circuit)] = 0.0
     args = (model, clean_ids_BT, corrupted_ids_BT, weights, metric, score_positions_B, None, memory_budget)
     values_NP = edge_point_values(*args)
-    prompt_P = points_mask(clean_ids_BT, score_positions_B).nonzero()[:, 0]
+    prompt_P = points_mask(clean_ids_BT, score_positions_B).nonzero()[:, 0].cpu()
     sums_BN = torch.zeros(len(clean_ids_BT), len(weights), dtype=torch.float64)
     return sums_BN.index_add_(0, prompt_P, values_NP.T)
 
@@ -107,7 +107,17 @@ def faithfulness_curve(
     `random_draws` random circuits per n ("random", seeded), in passes sized to memory_budget. Columns: method, n,
     edges (after pruning), draw, faithfulness. per_example: also circuit_metrics' (B, rows + 2) per-prompt sums, row
     i of the table in column i + 2."""
-    graph = Graph.of(model)
+    rows, circuits = curve_circuits(Graph.of(model), scores, sizes, random_draws, seed)
+    args = (model, clean_ids_BT, corrupted_ids_BT, circuits, metric, score_positions_B, memory_budget)
+    sums_BN = circuit_metrics(*args)
+    table = curve_table(rows, circuits, sums_BN)
+    return (table, sums_BN) if per_example else table
+
+
+def curve_circuits(
+    graph: Graph, scores: dict[str, Tensor], sizes: list[int], random_draws: int, seed: int
+) -> tuple[list[dict], list[set[int]]]:
+    """The curve's rows (method, n, draw) and their circuits: each method's top n, then the seeded random draws."""
     generator = torch.Generator().manual_seed(seed)
     rows, circuits = [], []
     for method, method_scores in scores.items():
@@ -119,9 +129,12 @@ def faithfulness_curve(
             chosen = torch.randperm(len(graph.edges), generator=generator)[:n].tolist()
             circuits.append(prune(graph, set(chosen)))
             rows.append({"method": "random", "n": n, "draw": draw})
-    args = (model, clean_ids_BT, corrupted_ids_BT, circuits, metric, score_positions_B, memory_budget)
-    sums_BN = circuit_metrics(*args)
+    return rows, circuits
+
+
+def curve_table(rows: list[dict], circuits: list[set[int]], sums_BN: Tensor) -> pd.DataFrame:
+    """The curve from its rows, their circuits and circuit_metrics' per-prompt sums of them."""
+    rows = [dict(row) for row in rows]
     for row, circuit, value in zip(rows, circuits, ratios(sums_BN.sum(0)).tolist()):
         row.update(edges=len(circuit), faithfulness=value)
-    table = pd.DataFrame(rows, columns=["method", "n", "edges", "draw", "faithfulness"])
-    return (table, sums_BN) if per_example else table
+    return pd.DataFrame(rows, columns=["method", "n", "edges", "draw", "faithfulness"])

@@ -53,10 +53,12 @@ def path_patch(
     score_positions_B: Tensor | None = None,
     pairs_per_pass: int | None = None,
     memory_budget: int | None = None,
+    per_example: bool = False,
 ) -> Tensor:
     """(P,) float64 effects of the P (sender names, receiver input names) pairs, e.g. (["L0H1"], ["L1H0.k"]), in
     passes of pairs_per_pass pairs (None: as many as fit) of as many examples as fit memory_budget bytes (None: the
-    default budget, passes.py)."""
+    default budget, passes.py); per_example: (B, P), each example's points summed apart (their sum over examples is
+    the effects), which a scan over several processes gathers and the bootstrap resamples."""
     graph = Graph.of(model)
     resolved = [_resolve(graph, senders, receivers) for senders, receivers in pairs]
     points_BT = points_mask(clean_ids_BT, score_positions_B)
@@ -80,7 +82,12 @@ def path_patch(
                 patched = patched_inputs(model, graph, clean, corrupted, chunk)
                 logits = logits_at(model, run_with_inputs(model, graph, clean, patched, len(chunk)), at_points)
                 patched_NP[rows, columns] = point_values(logits, chunk_metric)
-    return patched_NP.sum(1) - clean_P.sum()
+    if not per_example:
+        return patched_NP.sum(1) - clean_P.sum()
+    prompt_P = points_BT.nonzero()[:, 0].cpu()
+    sums_BN = torch.zeros(B, len(pairs) + 1, dtype=torch.float64)
+    sums_BN.index_add_(0, prompt_P, torch.cat([clean_P[:, None], patched_NP.T], dim=1))
+    return sums_BN[:, 1:] - sums_BN[:, :1]
 
 
 def _resolve(graph: Graph, senders: list[str], receivers: list[str]) -> tuple[list[Node], list[Receiver]]:

@@ -43,7 +43,7 @@ def check(run_dir: Path, out: Path) -> Finding:
     backup = summary.get("backup", {}).get("direct_effect", {})
     results = [
         task_claim(baseline, summary["task_top1"]),
-        few_heads_claim(top),
+        few_heads_claim(top, summary.get("intervals", {}).get("single_head")),
         name_movers_claim(direct, attention, max(1, len(backup.get("heads", [])) or 3)),
         backup_claim(backup, baseline),
         attribution_claim(summary.get("attribution", {}).get("attribution", {})),
@@ -68,7 +68,9 @@ def task_claim(logit_diff: float, top1: float) -> tuple[Claim, dict]:
     return claim, {"logit_diff_clean": logit_diff}
 
 
-def few_heads_claim(top: pd.DataFrame) -> tuple[Claim, dict]:
+def few_heads_claim(top: pd.DataFrame, stability: dict | str | None = None) -> tuple[Claim, dict]:
+    """stability: the single_head scan's summary `intervals` entry (how often its top heads stay on top over
+    bootstrap resamples of the prompts: ablation/scans/intervals.py), said beside the verdict."""
     best, random_sets = top_and_random(top)
     random = random_sets["gap_fraction"]
     n = int(best["n_heads_off"])
@@ -78,13 +80,21 @@ def few_heads_claim(top: pd.DataFrame) -> tuple[Claim, dict]:
         f"patching the top {n} heads together removes {removed:.0%} of the clean-to-corrupted gap; {len(random)} "
         f"random sets of {n} remove {float(random.min()):.0%} to {random_max:.0%}"
     )
+    numbers = {"top_heads_gap_removed": removed, "random_heads_gap_removed_max": random_max, "top_heads_n": n}
+    if isinstance(stability, dict):
+        measured += (
+            f"; the top {stability['top_n']} single heads by damage hold on average {stability['mean_overlap']:.0%} "
+            f"of their places (lowest {stability['min_overlap']:.0%}) over {stability['resamples']} bootstrap "
+            "resamples of the prompts"
+        )
+        numbers["top_heads_bootstrap_overlap"] = stability["mean_overlap"]
     claim = Claim(
         f"(2) A few heads carry it: patching the top 5% together removes at least {HALF:.0%} of the gap, as many "
         f"random heads less than {TENTH:.0%}",
         measured,
         verdict(all(holds), any(holds)),
     )
-    return claim, {"top_heads_gap_removed": removed, "random_heads_gap_removed_max": random_max, "top_heads_n": n}
+    return claim, numbers
 
 
 def name_movers_claim(direct: pd.DataFrame, attention: pd.DataFrame, k: int) -> tuple[Claim, dict]:

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from headcount.ablation.engine.heads import existing_heads
-from headcount.ablation.engine.metrics import Loss, Metric, Targets, batch_sums
+from headcount.ablation.engine.metrics import Loss, Metric, Targets, point_values
 from headcount.ablation.engine.modes import BatchReplacement, Replacements, Zero
 from headcount.model.intervention import Gates, Intervention, reads
 from headcount.model.memory import default_memory_budget
@@ -60,16 +60,25 @@ class MaskTotals:
     sums: Tensor  # (M, K) float64, one column per metric column
     n_targets: Tensor  # (M,) int64: score points summed over
     columns: tuple[str, ...]
+    # (M, examples) float64: each example's primary column summed over its points, the bootstrap's units; None when
+    # not kept (a scan resumed from a partial file, which holds sums only)
+    examples: Tensor | None = None
 
     @classmethod
-    def empty(cls, n_masks: int, columns: tuple[str, ...]) -> "MaskTotals":
+    def empty(cls, n_masks: int, columns: tuple[str, ...], n_examples: int | None = None) -> "MaskTotals":
         zeros = torch.zeros(n_masks, dtype=torch.int64)
-        return cls(zeros, torch.zeros(n_masks, len(columns), dtype=torch.float64), zeros.clone(), tuple(columns))
+        sums = torch.zeros(n_masks, len(columns), dtype=torch.float64)
+        examples = None if n_examples is None else torch.zeros(n_masks, n_examples, dtype=torch.float64)
+        return cls(zeros, sums, zeros.clone(), tuple(columns), examples)
 
-    def add(self, index: Tensor, sums_PK: Tensor, n_targets: int) -> None:
+    def add(self, index: Tensor, sums_PK: Tensor, n_targets: int, example_PB: Tensor | None = None, at=None) -> None:
+        """Add one batch's sums for the masks `index`; example_PB, the batch's examples' own sums (at: their
+        columns of `examples`), where examples are kept."""
         self.batches_done[index] += 1
         self.sums[index] += sums_PK.cpu()
         self.n_targets[index] += n_targets
+        if self.examples is not None and example_PB is not None:
+            self.examples[index, at] += example_PB.cpu()
 
     def value(self, column: str) -> Tensor:
         """(M,) float64: the column's mean over the score points."""
@@ -89,6 +98,7 @@ class CleanPass:
     targets: Targets
     named_pos: Tensor | None  # (B, K) the task's named positions, for masks that name one
     sums: Tensor  # (1, K) float64
+    example_sums: Tensor  # (1, B) float64: each example's primary column summed over its points
     layout: SuffixLayout | None = None  # the positions masked passes run, None: all
     clean_kv: list[tuple[Tensor, Tensor]] | None = None  # per layer the clean keys and values (B, G, T, D)
 
@@ -154,12 +164,18 @@ class MaskEvaluator:
             for batch in batches
             for i in range(0, len(batch["input_ids"]), B)
         ]
+        sizes = [len(batch["input_ids"]) for batch in self.batches]
+        self.example_starts = [0, *torch.tensor(sizes).cumsum(0).tolist()]  # batch b holds examples starts[b]..[b+1]
         hpl = model.heads_per_layer
         self.exists_LH = existing_heads(hpl, model.max_heads, self.device)
 
     @property
     def gates_shape(self) -> tuple[int, int]:
         return self.model.n_layers, self.model.max_heads
+
+    @property
+    def n_examples(self) -> int:
+        return self.example_starts[-1]
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -210,9 +226,10 @@ class MaskEvaluator:
         if not len(todo):
             return
         clean = self.clean_pass(self.batches[b])
+        at = slice(self.example_starts[b], self.example_starts[b + 1])
         for start, index in self.passes(todo, masks.start_M):
             sums = self.masked_pass(clean, masks.gates_MLH[index.to(self.device)], start, masks.position_M[index])
-            totals.add(index, sums, len(clean.targets))
+            totals.add(index, sums[0], len(clean.targets), sums[1], at)
             if on_pass is not None:
                 on_pass(totals, len(index))
 
@@ -265,16 +282,17 @@ class MaskEvaluator:
             replacement=self.replacements.for_batch(model, batch),
             targets=targets,
             named_pos=batch.get("named_pos"),
-            sums=batch_sums(model, final_BTC, targets, self.metric),
+            **dict(zip(("sums", "example_sums"), pass_sums(model, final_BTC, targets, self.metric))),
             layout=layout,
             clean_kv=None if layout is None else [clean_keys_values(b, r) for b, r in zip(model.blocks, resid_pre)],
         )
 
-    def masked_pass(self, clean: CleanPass, gates_PLH: Tensor, start: int, position_P: Tensor) -> Tensor:
-        """(P, K) metric sums for P masks whose first touched layer is `start` (or later)."""
+    def masked_pass(self, clean: CleanPass, gates_PLH: Tensor, start: int, position_P: Tensor) -> tuple[Tensor, Tensor]:
+        """(P, K) metric sums for P masks whose first touched layer is `start` (or later), and (P, B) each example's
+        primary column summed over its points."""
         P, L = len(gates_PLH), self.model.n_layers
         if start == L:
-            return clean.sums.expand(P, -1)
+            return clean.sums.expand(P, -1), clean.example_sums.expand(P, -1)
         B, T, C = clean.resid_pre[0].shape
         gates_XLH = gates_PLH.repeat_interleave(B, dim=0)
         touched_L = self.touched(gates_PLH).any(dim=0)
@@ -291,7 +309,7 @@ class MaskEvaluator:
         # Every later gate 1: the plain layers give the same numbers without the gating arithmetic.
         intervention = Intervention(gates.hooks(start)) if touched_L[start:].any() else None
         final_XTC = self.model.forward_layers(resid_XTC, start, intervention)
-        return batch_sums(self.model, final_XTC, clean.targets, self.metric, copies=P)
+        return pass_sums(self.model, final_XTC, clean.targets, self.metric, copies=P)
 
     def suffix_pass(
         self,
@@ -302,7 +320,7 @@ class MaskEvaluator:
         replacements: list[Tensor | None] | None,
         where_XT: Tensor | None,
         P: int,
-    ) -> Tensor:
+    ) -> tuple[Tensor, Tensor]:
         """masked_pass at the layout's positions only: the same numbers, the skipped positions' clean stream kept."""
         layout, model = clean.layout, self.model
         where_XS = None if where_XT is None else layout.gather(where_XT)
@@ -319,7 +337,7 @@ class MaskEvaluator:
         for layer in range(first, model.n_layers):
             resid_XSC = suffix_block(model.blocks[layer], resid_XSC, layout, clean.clean_kv[layer], later)
         final_XTC = layout.scatter_into(clean.resid_pre[-1].repeat(P, 1, 1), resid_XSC)
-        return batch_sums(model, final_XTC, clean.targets, self.metric, copies=P)
+        return pass_sums(model, final_XTC, clean.targets, self.metric, copies=P)
 
     def gate_positions(self, clean: CleanPass, position_P: Tensor) -> Tensor | None:
         """(P * B, T) where each mask's gates act: the mode's positions (aligned patching), and the one position a
@@ -335,6 +353,17 @@ class MaskEvaluator:
                 named_B = clean.named_pos[:, column]
                 where_PBT[p] &= torch.arange(T, device=self.device)[None] == named_B[:, None]
         return where_PBT.flatten(0, 1)
+
+
+def pass_sums(
+    model: Transformer, final_XTC: Tensor, targets: Targets, metric: Metric, copies: int = 1
+) -> tuple[Tensor, Tensor]:
+    """batch_sums' (copies, K) sums, and from the same per-point values (copies, B): each example's primary column
+    summed over its points, which the bootstrap over examples resamples at no extra pass."""
+    values_XNK = point_values(model, final_XTC, targets, metric, copies).double()
+    example_N = targets.where_BT.nonzero()[:, 0]
+    per_example = torch.zeros(copies, targets.where_BT.shape[0], dtype=torch.float64, device=values_XNK.device)
+    return values_XNK.sum(dim=1), per_example.index_add_(1, example_N, values_XNK[..., 0])
 
 
 def repeated_replacements(

@@ -21,6 +21,12 @@ the eval batches, in which:
 - at the end, one all-reduce adds the processes' (M, K) float64 sums, batch counts and score points; a mask owned by
   another process is all zeros here, so every process ends with exactly the owner's numbers.
 
+Edge scans (path patching, edge attribution's exact, EAP and EAP-IG scores and its faithfulness curve) share
+examples rather than masks (`ScanWorld.per_example`): each process evaluates a contiguous share of the examples
+(circuits/shares.py), every result one float64 row per example, and one all-reduce of the (examples, ...) tables,
+zero outside each process's rows, gives every process the table of all examples (x + 0 is x: the rows as their
+process computed them). The scores are then their sums over examples, in example order, as in one process.
+
 Processes whose memory budgets fit different batch sizes (GPUs with different free memory) are refused in one line
 (set ablation.memory_budget_mb); different masks per pass agree on the smallest. Ctrl-C, which Lightning turns into
 exit(1), leaves as KeyboardInterrupt, as it does in one process. Scans that do not evaluate masks (attribution's
@@ -30,6 +36,7 @@ them.
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +49,7 @@ from torch.utils.data import DataLoader
 from headcount.ablation.engine.evaluator import MaskEvaluator, MaskSet, MaskTotals
 from headcount.ablation.engine.masks import HeadMask, masks_to_gates
 from headcount.ablation.records.resumable import PartialSaver, load_partials, mask_positions, partial_key, rank_partial
+from headcount.circuits.shares import example_share
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
 from headcount.processes import first_process
@@ -72,12 +80,22 @@ def evaluate_resumably(
     if world is not None:
         return world.evaluate(evaluator, masks, mask_set, partial, key, label, show_progress)
     totals = load_partials(partial, key, masks, evaluator.columns) or MaskTotals.empty(len(masks), evaluator.columns)
+    keep_examples(totals, evaluator.n_examples)
     n_batches = len(evaluator.batches)
     with PartialSaver(partial, key, masks, f"{label}: {len(masks)} masks", n_batches, show_progress) as saver:
         saver.begin(totals)
         for b in range(n_batches):
             evaluator.accumulate_batch(b, mask_set, totals, saver)
     return totals
+
+
+def keep_examples(totals: MaskTotals, n_examples: int) -> None:
+    """Keep each example's sums (the bootstrap's units): from the start, or from partial files that kept them; not
+    for an evaluation resumed from files that hold sums only (written before they kept them)."""
+    if not bool(totals.batches_done.any()):
+        totals.examples = torch.zeros(len(totals.sums), n_examples, dtype=torch.float64)
+    elif totals.examples is not None and totals.examples.shape[1] != n_examples:
+        totals.examples = None
 
 
 @dataclass
@@ -121,6 +139,68 @@ class ScanWorld:
                 raise KeyboardInterrupt from None
             raise
         return evaluation.totals
+
+    def per_example(self, n_examples: int, compute: "PerExample") -> dict[str, Tensor]:
+        """compute(examples) -> {name: (examples, ...) float64} for every example, each process computing its share
+        (one run of Lightning's predict loop, so that its launcher starts the processes as for a mask evaluation):
+        the tables of all examples, equal in every process."""
+        evaluation = ExampleEvaluation(self, n_examples, compute)
+        try:
+            self.trainer.predict(ExampleShareModule(evaluation), dataloaders=DataLoader([0]), return_predictions=False)
+        except SystemExit:
+            if self.trainer.interrupted:
+                raise KeyboardInterrupt from None
+            raise
+        return evaluation.tables
+
+
+PerExample = Callable[[slice], dict[str, Tensor]]
+
+
+def per_example_tables(world: "ScanWorld | None", n_examples: int, compute: PerExample) -> dict[str, Tensor]:
+    """compute's per-example tables of all n_examples: in this process alone, or shared out over the world's."""
+    if world is None:
+        return {name: table.double().cpu() for name, table in compute(slice(0, n_examples)).items()}
+    return world.per_example(n_examples, compute)
+
+
+@dataclass
+class ExampleEvaluation:
+    """One per-example evaluation, this process's share of it: what ExampleShareModule's hooks run."""
+
+    world: ScanWorld
+    n_examples: int
+    compute: PerExample
+
+    def run(self) -> None:
+        world = self.world
+        share = example_share(self.n_examples, world.size, world.rank)
+        mine = {} if share.start == share.stop else {k: v.double().cpu() for k, v in self.compute(share).items()}
+        shapes = [None] * world.size  # a process with no example has no table to read the shapes from
+        torch.distributed.all_gather_object(shapes, {k: tuple(v.shape[1:]) for k, v in mine.items()} or None)
+        known = next(s for s in shapes if s is not None)
+        tables = {k: torch.zeros(self.n_examples, *shape, dtype=torch.float64) for k, shape in known.items()}
+        for name, table in mine.items():
+            tables[name][share] = table
+        started = time.perf_counter()
+        packed = torch.cat([t.flatten() for t in tables.values()]).to(world.device)
+        torch.distributed.all_reduce(packed)
+        world.reduce_seconds = time.perf_counter() - started
+        values = packed.cpu().split([t.numel() for t in tables.values()])
+        self.tables = {k: v.view(tables[k].shape) for k, v in zip(tables, values)}
+
+
+class ExampleShareModule(L.LightningModule):
+    """A per-example evaluation as Lightning's predict loop runs it: one predict step, this process's share, with
+    gradients on (EAP's backward; the loop turns them off)."""
+
+    def __init__(self, evaluation: ExampleEvaluation):
+        super().__init__()
+        self.evaluation = evaluation
+
+    def predict_step(self, batch: int, batch_idx: int) -> None:
+        with torch.enable_grad():
+            self.evaluation.run()
 
 
 def devices_per_node(t: TrainerConfig) -> int:
@@ -225,12 +305,20 @@ def share_masks(start_M: Tensor, remaining_M: Tensor, masks_per_pass: int, n_lay
     return owner_M
 
 
-def reduce_totals(sums: Tensor, batches_done: Tensor, n_targets: Tensor, device: torch.device) -> None:
-    """Sum each process's (M, K) sums and (M,) counts in place, in one all-reduce of one float64 tensor."""
+def reduce_totals(
+    sums: Tensor, batches_done: Tensor, n_targets: Tensor, device: torch.device, into: MaskTotals | None = None
+) -> None:
+    """Sum each process's (M, K) sums and (M,) counts in place, in one all-reduce of one float64 tensor; `into`:
+    sums are its sums beside its examples' columns, both written back there."""
     packed = torch.cat([sums, batches_done[:, None].double(), n_targets[:, None].double()], dim=1).to(device)
     torch.distributed.all_reduce(packed)
     packed = packed.cpu()
-    sums.copy_(packed[:, :-2])
+    if into is not None:
+        K = into.sums.shape[1]
+        into.sums.copy_(packed[:, :K])
+        into.examples.copy_(packed[:, K:-2])
+    else:
+        sums.copy_(packed[:, :-2])
     batches_done.copy_(packed[:, -2].round().long())
     n_targets.copy_(packed[:, -1].round().long())
 
@@ -268,6 +356,7 @@ class SharedEvaluation:
         saved = [load_partials(self.partial, self.key, self.masks, columns) if world.rank == 0 else None]
         torch.distributed.broadcast_object_list(saved, src=0)
         self.totals = saved[0] or MaskTotals.empty(len(self.masks), columns)
+        keep_examples(self.totals, evaluator.n_examples)
         n_batches, model = len(self.evaluator.batches), self.evaluator.model
         remaining_M = n_batches - self.totals.batches_done
         owner_M = share_masks(
@@ -275,7 +364,10 @@ class SharedEvaluation:
         )
         self.owned = (owner_M == world.rank).nonzero().squeeze(1)
         t = self.totals
-        self.share = MaskTotals(t.batches_done[self.owned], t.sums[self.owned], t.n_targets[self.owned], columns)
+        examples = None if t.examples is None else t.examples[self.owned]
+        self.share = MaskTotals(
+            t.batches_done[self.owned], t.sums[self.owned], t.n_targets[self.owned], columns, examples
+        )
         self.share_set = self.mask_set.subset(self.owned)
         share_masks_ = [self.masks[i] for i in self.owned.tolist()]
         what = f"{self.label}: {len(self.owned)} of {len(self.masks)} masks (process {world.rank + 1} of {world.size})"
@@ -291,14 +383,19 @@ class SharedEvaluation:
         """Every mask's totals in every process: the owners' sums, added up once."""
         self.saver.save(self.share)
         self.saver.__exit__()
-        t = MaskTotals.empty(len(self.masks), self.evaluator.columns)
+        kept = self.share.examples is not None
+        t = MaskTotals.empty(len(self.masks), self.evaluator.columns, self.evaluator.n_examples if kept else None)
         t.batches_done[self.owned], t.sums[self.owned], t.n_targets[self.owned] = (
             self.share.batches_done,
             self.share.sums,
             self.share.n_targets,
         )
         started = time.perf_counter()
-        reduce_totals(t.sums, t.batches_done, t.n_targets, self.world.device)
+        if kept:  # each example's sums travel with the sums: one all-reduce of one float64 tensor
+            t.examples[self.owned] = self.share.examples
+            reduce_totals(torch.cat([t.sums, t.examples], 1), t.batches_done, t.n_targets, self.world.device, t)
+        else:
+            reduce_totals(t.sums, t.batches_done, t.n_targets, self.world.device)
         self.world.reduce_seconds = time.perf_counter() - started
         self.totals = t
 

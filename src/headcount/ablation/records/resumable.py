@@ -5,7 +5,9 @@ now).
 The partial file starts with a `# fingerprint=...` line (what the numbers depend on: checkpoint, data, settings, masks,
 batching, metric); a partial file with another fingerprint is ignored and overwritten. Its rows hold each mask's
 running sums of every metric column in float64 (written with repr, read back exactly), so a resumed scan ends with the
-same numbers as an uninterrupted one. Every write is atomic.
+same numbers as an uninterrupted one, and, where the evaluation keeps them, each example's sums (`example_sums`, the
+bootstrap's units: space-separated reprs), so that a resumed scan's intervals are the uninterrupted one's. Every
+write is atomic.
 """
 
 import csv
@@ -81,6 +83,9 @@ def progress_bar(show: bool) -> Progress:
     )
 
 
+EXAMPLE_SUMS = "example_sums"  # the partial file's column of each example's sums, where the evaluation keeps them
+
+
 def partial_columns(columns: tuple[str, ...]) -> list[str]:
     return ["mask", "batches_done", *(f"{column}_sum" for column in columns), "n_targets"]
 
@@ -89,10 +94,12 @@ def save_partial(path: Path, key: str, masks: list[HeadMask], totals: MaskTotals
     out = io.StringIO()
     out.write(f"# fingerprint={key}\n")
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(partial_columns(totals.columns))
+    examples = totals.examples
+    writer.writerow(partial_columns(totals.columns) + ([EXAMPLE_SUMS] if examples is not None else []))
     for i, mask in enumerate(masks):
         sums = [repr(float(v)) for v in totals.sums[i]]
-        writer.writerow([mask.name, int(totals.batches_done[i]), *sums, int(totals.n_targets[i])])
+        row = [mask.name, int(totals.batches_done[i]), *sums, int(totals.n_targets[i])]
+        writer.writerow(row + ([" ".join(map(repr, examples[i].tolist()))] if examples is not None else []))
     atomic_write_text(path, out.getvalue(), every_process=True)  # each process of a distributed scan keeps its own
 
 
@@ -120,11 +127,17 @@ def load_partials(partial: Path, key: str, masks: list[HeadMask], columns: tuple
     if not loaded:
         return None
     merged = loaded[0]
+    if any(
+        t.examples is None or t.examples.shape != merged.examples.shape for t in loaded if merged.examples is not None
+    ):
+        merged.examples = None  # a file without them (or of other examples): the merged sums have none
     for totals in loaded[1:]:
         further = totals.batches_done > merged.batches_done
         merged.batches_done[further] = totals.batches_done[further]
         merged.sums[further] = totals.sums[further]
         merged.n_targets[further] = totals.n_targets[further]
+        if merged.examples is not None:
+            merged.examples[further] = totals.examples[further]
     return merged
 
 
@@ -138,13 +151,18 @@ def load_partial(path: Path, key: str, masks: list[HeadMask], columns: tuple[str
         saved = pd.read_csv(f, float_precision="round_trip", keep_default_na=False, dtype={"mask": str}).set_index(
             "mask"
         )
-    if list(saved.columns) != partial_columns(columns)[1:]:
+    kept = list(saved.columns) == [*partial_columns(columns)[1:], EXAMPLE_SUMS]
+    if list(saved.columns) != partial_columns(columns)[1:] and not kept:
         return None
-    totals = MaskTotals.empty(len(masks), columns)
+    parse = lambda text: torch.tensor([float(v) for v in str(text).split()], dtype=torch.float64)  # noqa: E731
+    n_examples = len(parse(saved[EXAMPLE_SUMS].iloc[0])) if kept and len(saved) else None
+    totals = MaskTotals.empty(len(masks), columns, n_examples)
     for i, mask in enumerate(masks):
         if mask.name in saved.index:
             row = saved.loc[mask.name]
             totals.batches_done[i] = int(row["batches_done"])
             totals.sums[i] = torch.tensor([float(row[f"{column}_sum"]) for column in columns], dtype=torch.float64)
             totals.n_targets[i] = int(row["n_targets"])
+            if n_examples is not None:
+                totals.examples[i] = parse(row[EXAMPLE_SUMS])
     return totals

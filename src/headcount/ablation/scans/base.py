@@ -183,7 +183,8 @@ class Scan:
             if result.summary:
                 self.session.files.update_summary(result.summary, self.mode_independent)
             discard_partials(self.partial)
-            files = [self.csv, *parts, *self.figures(table)]
+            # figures read what the first process wrote (an edge scan's curve, its summary entry): it alone draws
+            files = [self.csv, *parts, *(self.figures(table) if first_process() else [])]
             seconds = time.perf_counter() - start
             world, how = self.session.world, {}
             if world is not None and self.reduce_seconds:  # its masks were shared out over the processes
@@ -225,6 +226,14 @@ class Scan:
         totals = evaluate_resumably(session.evaluator, masks, self.partial, key, label, progress, positions, world)
         self.reduce_seconds += 0.0 if world is None else world.reduce_seconds
         return totals
+
+    def per_example(self, inputs, metric, compute) -> dict:
+        """An edge scan's per-example evaluation (circuit_inputs.CircuitInputs.per_example) over the session's
+        processes, its reduction's time counted as a mask evaluation's."""
+        world = self.session.world
+        tables = inputs.per_example(world, metric, compute)
+        self.reduce_seconds += 0.0 if world is None else world.reduce_seconds
+        return tables
 
 
 def configured_variant(config: DictConfig, name: str) -> tuple[str, ...]:

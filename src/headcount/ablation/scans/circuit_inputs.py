@@ -12,6 +12,8 @@ scan's config names.
 - The metric: the session's metric object read at the score points, summed in float64 (a PointMetric: the core
   evaluates a share of the examples per pass and hands it those points' answers); tables divide by the number of
   points, so scores are in the metric's unit per point, as every other scan reports.
+- Processes: `CircuitInputs.per_example` runs an evaluation that gives one row per example on every example, or on
+  each process's share of them in a scan over several (ablation/records/distributed.py); the scans sum its rows.
 - Passes: sized to `ablation.memory_budget_mb`, the budget the evaluator's passes are sized to (None: its default).
 - Names: node and receiver names as the circuits graph spells them (L0H1, L1H0.k), a layer's heads (L2, or L2.q for
   their queries), every head of the model (heads, heads.v), or another scan kind's top k heads (top3:direct_effect,
@@ -20,6 +22,7 @@ scan's config names.
 """
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,9 +32,11 @@ from torch import Tensor
 from headcount.ablation.engine.heads import top_heads
 from headcount.ablation.engine.metrics import Readout, Targets
 from headcount.ablation.engine.modes import MODES, AblationMode, Zero
+from headcount.ablation.records.distributed import per_example_tables
 from headcount.ablation.scans.base import KINDS, ScanSettings
 from headcount.circuits import Graph, NodeOutputs, PointMetric
 from headcount.circuits.graph import QKV
+from headcount.circuits.shares import ExampleShare
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 from headcount.labels import input_label, parse_head
@@ -119,6 +124,15 @@ class CircuitInputs:
             return metric.values(LogitsReadout(logits_PV, answer_P, wrong_P))[:, column]
 
         return PointMetric(values, targets.answer_N, targets.wrong_N)
+
+    def per_example(self, world, metric, compute: Callable[[ExampleShare], dict[str, Tensor]]) -> dict[str, Tensor]:
+        """compute's per-example tables (float64, on the CPU) of every example: computed here, or each process of
+        `world` (a ScanWorld, None: this one alone) computing its share of the examples (circuits/shares.py)."""
+
+        def share(examples: slice) -> dict[str, Tensor]:
+            return compute(ExampleShare.of(self.clean_ids_BT, self.corrupted, self.points_BT, metric, examples))
+
+        return per_example_tables(world, len(self.clean_ids_BT), share)
 
 
 def joined_batch(batches: list[dict[str, Tensor]]) -> dict[str, Tensor]:

@@ -57,15 +57,15 @@ from headcount.circuits import (
     eap_ig_scores,
     eap_scores,
     exact_edge_scores,
-    faithfulness,
-    faithfulness_curve,
     mib_sizes,
     ranking_agreement,
     top_edges,
 )
-from headcount.circuits.bootstrap import resample_counts, score_intervals, top_n_stability
+from headcount.circuits.bootstrap import LEVEL, RESAMPLES, resample_counts, score_intervals, top_n_stability
 from headcount.circuits.cpr import area_intervals, faithfulness_intervals, method_areas, mib_areas, mib_points
 from headcount.circuits.ensemble import ensemble_scores
+from headcount.circuits.faithfulness import circuit_metrics, curve_circuits, curve_table, faithfulness, ratios
+from headcount.circuits.shares import ExampleShare
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import EdgeAttributionSettings, check_edge_methods, check_edge_pruning
 from headcount.errors import ConfigError
@@ -76,7 +76,6 @@ FAITHFULNESS = "_faithfulness"  # the detail in the name of the result's second 
 CPR = "_cpr"  # and of its third, <name>_cpr.csv: each method's CPR and CMD (MIB)
 CIRCUIT_RULE = "circuit_by: exact where every edge has an exact score, else eap_ig"
 MIB_RULE = "curve at MIB's sizes too; cpr, cmd"  # a table written before CPR lacks MIB's sizes: computed again
-RESAMPLES, LEVEL = 1000, 0.95  # the bootstrap over prompts (circuits/bootstrap.py), seeded by the session's seed
 BOOTSTRAP_RULE = f"bootstrap: {RESAMPLES} resamples of prompts, {LEVEL} percentile intervals"
 METHOD_COLOURS = {
     "eap": "tab:blue",
@@ -155,13 +154,18 @@ class EdgeAttributionScan(Scan):
         session, cfg = self.session, self.cfg
         model, graph = session.model, Graph.of(session.model)
         inputs, metric = circuit_inputs(session, self.name)
-        args = (model, inputs.clean_ids_BT, inputs.corrupted, metric)
         budget = inputs.memory_budget
-        # per example (B, E): each prompt's own contributions, the scores their sum, the bootstrap's units
-        per_example = {
-            "eap": eap_scores(*args, inputs.points_BT, memory_budget=budget, per_example=True),
-            "eap_ig": eap_ig_scores(*args, cfg.steps, inputs.points_BT, memory_budget=budget, per_example=True),
-        }
+
+        def estimates(share: ExampleShare) -> dict[str, torch.Tensor]:
+            args = (model, share.clean_ids_BT, share.corrupted, share.metric)
+            return {
+                "eap": eap_scores(*args, share.points_BT, memory_budget=budget, per_example=True),
+                "eap_ig": eap_ig_scores(*args, cfg.steps, share.points_BT, memory_budget=budget, per_example=True),
+            }
+
+        # per example (B, E): each prompt's own contributions, the scores their sum, the bootstrap's units; each
+        # process of a scan over several computes its share of the examples (ablation/records/distributed.py)
+        per_example = self.per_example(inputs, metric, estimates)
         eap, eap_ig = per_example["eap"].sum(0), per_example["eap_ig"].sum(0)
         chosen = self.chosen_edges()
         rank = eap[chosen].abs().argsort(descending=True)
@@ -169,13 +173,16 @@ class EdgeAttributionScan(Scan):
         exact = torch.full((len(graph.edges),), float("nan"), dtype=torch.float64)
         per_example["exact"] = torch.full_like(per_example["eap"], float("nan"))
         if exact_edges:
-            per_example["exact"][:, exact_edges] = exact_edge_scores(
-                *args, inputs.points_BT, edges=exact_edges, memory_budget=budget, per_example=True
-            )
+
+            def exact_scores(share: ExampleShare) -> dict[str, torch.Tensor]:
+                args = (model, share.clean_ids_BT, share.corrupted, share.metric, share.points_BT)
+                return {"exact": exact_edge_scores(*args, edges=exact_edges, memory_budget=budget, per_example=True)}
+
+            per_example["exact"][:, exact_edges] = self.per_example(inputs, metric, exact_scores)["exact"]
             exact[exact_edges] = per_example["exact"][:, exact_edges].sum(0)
         scores = {"eap": eap, "eap_ig": eap_ig, **({"exact": exact} if not exact.isnan().any() else {})}
         circuit_by = circuit_score(scores)
-        pruned = self.learned_masks(args, inputs, eap_ig)
+        pruned = self.learned_masks((model, inputs.clean_ids_BT, inputs.corrupted, metric), inputs, eap_ig)
         if pruned is not None:
             scores["edge_pruning"] = pruned.scores
         if "ensemble" in cfg.methods:
@@ -262,17 +269,22 @@ class EdgeAttributionScan(Scan):
         circuit's faithfulness with the top-n's stability over resamples of prompts (its summary.json entry)."""
         session, cfg = self.session, self.cfg
         sizes = self.sizes(len(graph.edges))
-        args = (session.model, inputs.clean_ids_BT, inputs.corrupted)
         seed = session.settings.seed
-        budget = inputs.memory_budget
-        curve, sums_BN = faithfulness_curve(
-            *args, scores, sizes, metric, inputs.points_BT, cfg.random_sets, seed, budget, per_example=True
-        )
+        rows, circuits = curve_circuits(graph, scores, sizes, cfg.random_sets, seed)
+
+        def metrics_of(share: ExampleShare) -> dict[str, torch.Tensor]:
+            args = (session.model, share.clean_ids_BT, share.corrupted, [*circuits, circuit], share.metric)
+            return {"sums": circuit_metrics(*args, share.points_BT, inputs.memory_budget)}
+
+        # the curve's circuits and the drawn one in the same passes: (B, 2 + curve rows + 1) per-prompt sums
+        all_BN = self.per_example(inputs, metric, metrics_of)["sums"]
+        sums_BN = all_BN[:, :-1]
+        curve = curve_table(rows, circuits, sums_BN)
         counts = resample_counts(len(sums_BN), RESAMPLES, seed)
         curve["ci_low"], curve["ci_high"] = (bound.numpy() for bound in faithfulness_intervals(sums_BN, counts, LEVEL))
         areas = mib_areas(mib_points(curve, len(graph.edges)))
         areas = areas.merge(area_intervals(curve, sums_BN, len(graph.edges), counts, LEVEL), on=["method", "draw"])
-        value = float(faithfulness(*args, [circuit], metric, inputs.points_BT, budget)[0])
+        value = float(ratios(all_BN[:, [0, 1, -1]].sum(0))[0])
         entry = {
             "circuit_size": cfg.circuit_size,
             "circuit_by": circuit_by,

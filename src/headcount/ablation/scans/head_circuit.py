@@ -19,7 +19,7 @@ import torch
 
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.masks import HeadMask, joined_name
-from headcount.ablation.scans.base import KINDS
+from headcount.ablation.scans.base import KINDS, ScanResult
 from headcount.ablation.scans.circuit_inputs import check_top_names, named_heads
 from headcount.ablation.scans.custom import CustomScan
 from headcount.ablation.scans.mask_scan import MaskScan
@@ -75,12 +75,15 @@ class HeadCircuitScan(MaskScan):
             masks.append(HeadMask(name, off(chosen)))
         return masks
 
-    def compute(self, key: str) -> pd.DataFrame:
-        table = super().compute(key)
+    def compute(self, key: str) -> ScanResult:
+        result = super().compute(key)
+        table = result.table
         everything = all_heads(self.session.model.heads_per_layer)
         kept = [[h for h in everything if h not in set(m.heads_off)] for m in self.head_masks]
         table["kept"] = [join_heads(list(k)) for k in kept]
-        return with_faithfulness(table, self.session.baseline[self.session.metric.primary], self.session.metric.primary)
+        primary = self.session.metric.primary
+        result.table = with_faithfulness(table, self.session.baseline[primary], primary)
+        return result
 
     def use(self, table: pd.DataFrame) -> None:
         circuit, random = circuit_and_random(table)

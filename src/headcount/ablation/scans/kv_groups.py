@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.ablation.engine.masks import HeadMask, kv_group_masks
-from headcount.ablation.scans.base import KINDS
+from headcount.ablation.scans.base import KINDS, ScanResult
 from headcount.ablation.scans.mask_scan import MaskScan, figure_title, table_metric
 from headcount.plotting import heatmap
 
@@ -25,10 +25,10 @@ class KvGroupsScan(MaskScan):
     def masks(self) -> list[HeadMask]:
         return kv_group_masks([block.attn.kv_groups for block in self.session.model.blocks])
 
-    def compute(self, key: str) -> pd.DataFrame:
-        table = super().compute(key)
-        table.insert(table.columns.get_loc("head") + 1, "kv_head", kv_heads(table["mask"]))
-        return table
+    def compute(self, key: str) -> ScanResult:
+        result = super().compute(key)
+        result.table.insert(result.table.columns.get_loc("head") + 1, "kv_head", kv_heads(result.table["mask"]))
+        return result
 
     @classmethod
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:

@@ -5,7 +5,10 @@ Columns: scan, mask, layer, head, [position], mode, each metric column (loss and
 each, [gap_fraction], n_heads_off, then how the table was computed (ablation/records/results.py). gap_fraction, on a
 task with corrupted prompts: the mask's delta as a share of the gap between the prompts and their counterparts, delta /
 (counterpart - baseline) of the metric: the fraction of the clean-to-corrupted gap a mask removes (noising) or
-restores (denoising, where the baseline is the corrupted run).
+restores (denoising, where the baseline is the corrupted run). delta_<metric>_ci_low and _ci_high: the primary
+delta's 95% bootstrap interval over the examples, top_share: the share of resamples with the mask among the scan's top
+heads by damage (intervals.py; summary.json's `intervals` entry has their stability); the second figure draws the
+largest deltas with their intervals.
 """
 
 from functools import cached_property
@@ -18,10 +21,13 @@ from headcount.ablation.engine.evaluator import MaskTotals
 from headcount.ablation.engine.masks import HeadMask
 from headcount.ablation.engine.metrics import Metric
 from headcount.ablation.engine.metrics import table_metric as metric_of
-from headcount.ablation.scans.base import Scan
+from headcount.ablation.scans.base import Scan, ScanResult
+from headcount.ablation.scans.intervals import BOOTSTRAP_RULE, example_points, interval_figure, with_intervals
 from headcount.plotting import head_heatmap, heatmap
 
+EXAMPLE_BASELINE = "no head off (each example's baseline)"  # the mask evaluated beside a scan's for its intervals
 SCAN_COLUMNS = ["scan", "mask", "layer", "head", "mode", "loss", "acc", "delta_loss", "delta_acc", "n_heads_off"]
+SCAN_COLUMNS += ["delta_loss_ci_low", "delta_loss_ci_high", "top_share"]  # intervals.py
 
 
 class MaskScan(Scan):
@@ -40,18 +46,39 @@ class MaskScan(Scan):
 
     def fingerprint_parts(self) -> tuple:
         masks = [(m.name, m.heads_off, m.position) if m.position else (m.name, m.heads_off) for m in self.head_masks]
-        return (self.kind, masks)
+        return (self.kind, masks, BOOTSTRAP_RULE)
 
-    def compute(self, key: str) -> pd.DataFrame:
+    def compute(self, key: str) -> ScanResult:
         session = self.session
-        totals = self.evaluate(self.head_masks, key)
+        # the last mask turns no head off: each example's baseline sums, handed over from the clean pass (no forward)
+        every = self.evaluate([*self.head_masks, HeadMask(EXAMPLE_BASELINE, ())], key)
+        ex = every.examples
+        totals = MaskTotals(
+            every.batches_done[:-1],
+            every.sums[:-1],
+            every.n_targets[:-1],
+            every.columns,
+            None if ex is None else ex[:-1],
+        )
         mode = session.settings.mode
-        return scan_table(
+        table = scan_table(
             self.name, mode, self.head_masks, totals, session.baseline, session.metric, session.counterpart
         )
+        points = example_points(session.evaluator)
+        baseline = None if ex is None else ex[-1]
+        table, entry = with_intervals(table, totals, baseline, points, session.metric, session.settings.seed)
+        return ScanResult(table, summary={"intervals": {self.name: entry}})
+
+    def file_names(self) -> list[tuple[str, str]]:
+        return [*super().file_names(), ("_intervals", ".png")]
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
-        return [self.figure(table, self.path(".png"), self.session.subject)]
+        figures = [self.figure(table, self.path(".png"), self.session.subject)]
+        value, label = table_metric(table)
+        if f"{value}_ci_low" in table and table[f"{value}_ci_low"].notna().any():
+            title = self.title(f"{label}, the largest with their intervals")
+            figures.append(interval_figure(table, self.path(".png", "_intervals"), title, label, value))
+        return figures
 
 
 def table_metric(table: pd.DataFrame) -> tuple[str, str]:

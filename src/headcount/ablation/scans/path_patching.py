@@ -4,11 +4,13 @@ the corrupted output being the mode's (circuit_inputs.py): patch mode's counterp
 input, or zero.
 
 Columns: sender, receivers (the set, joined by ', '), effect (metric(patched) - metric(clean), in the metric's unit
-per score point), damage (how much it worsens the metric), rank (by damage, 1 first). With receivers_together=false
-each receiver is its own set (a row per sender and receiver). Figures: a heatmap of effects (senders by receiver
-sets) and the paths drawn as a circuit graph, arrows as wide as |effect|. summary.json's `path_patching` entry names
-the path of largest damage. No partial file: a killed scan recomputes its table, in passes of as many (sender,
-receiver set) pairs and examples as fit `ablation.memory_budget_mb` (circuits/passes.py).
+per score point), effect_ci_low and effect_ci_high (its 95% bootstrap interval over the prompts, 1000 resamples
+seeded by ablation.seed: circuits/bootstrap.py), damage (how much it worsens the metric), rank (by damage, 1 first).
+With receivers_together=false each receiver is its own set (a row per sender and receiver). Figures: a heatmap of
+effects (senders by receiver sets) and the paths drawn as a circuit graph, arrows as wide as |effect|.
+summary.json's `path_patching` entry names the path of largest damage. No partial file: a killed scan recomputes its
+table, in passes of as many (sender, receiver set) pairs and examples as fit `ablation.memory_budget_mb`
+(circuits/passes.py).
 
 With skip_unreached, a sender's receiver set keeps only the receivers that read it (a later layer), and a sender none
 of them reads has no row: senders [heads] into receivers another scan finds, in whatever layers they are. Another
@@ -35,12 +37,16 @@ from headcount.ablation.scans.circuit_inputs import (
     resolve_senders,
 )
 from headcount.circuits import Graph, draw_circuit, path_patch
+from headcount.circuits.bootstrap import LEVEL, RESAMPLES, percentile_interval, resample_counts
+from headcount.circuits.shares import ExampleShare
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import PathPatchingSettings
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
 from headcount.labels import edge_label, join_names, split_names
 from headcount.plotting import new_figure, set_title
+
+BOOTSTRAP_RULE = f"effect intervals: {RESAMPLES} resamples of prompts, {LEVEL} percentile"
 
 
 @KINDS.register
@@ -80,7 +86,8 @@ class PathPatchingScan(Scan):
     def fingerprint_parts(self) -> tuple:
         cfg = self.cfg
         parts = (self.kind, list(cfg.senders), list(cfg.receivers), cfg.receivers_together)
-        return (*parts, "skip_unreached") if cfg.skip_unreached else parts  # earlier results keep their fingerprint
+        parts = (*parts, "skip_unreached") if cfg.skip_unreached else parts
+        return (*parts, BOOTSTRAP_RULE)
 
     def pairs(self) -> list[tuple[list[str], list[str]]]:
         key = f"ablation.scans.{self.name}"
@@ -100,14 +107,25 @@ class PathPatchingScan(Scan):
     def compute(self, key: str) -> pd.DataFrame:
         pairs = self.pairs()
         inputs, metric = circuit_inputs(self.session, self.name)
-        with torch.no_grad():
-            args = (self.session.model, inputs.clean_ids_BT, inputs.corrupted, pairs, metric, inputs.points_BT)
-            effects = path_patch(*args, memory_budget=inputs.memory_budget)
+
+        def effects_of(share: ExampleShare) -> dict[str, torch.Tensor]:
+            args = (self.session.model, share.clean_ids_BT, share.corrupted, pairs, share.metric, share.points_BT)
+            with torch.no_grad():
+                return {"effect": path_patch(*args, memory_budget=inputs.memory_budget, per_example=True)}
+
+        # (B, pairs): each example's effects, summed over the examples; shared out over a scan's processes
+        per_example = self.per_example(inputs, metric, effects_of)["effect"]
+        effects = per_example.sum(0)
+        points_P = inputs.points_BT.sum(1).cpu()
+        counts = resample_counts(len(points_P), RESAMPLES, self.session.settings.seed)
+        low, high = percentile_interval(per_example, points_P, counts, LEVEL)
         table = pd.DataFrame(
             {
                 "sender": [s[0] for s, _ in pairs],
                 "receivers": [join_names(r) for _, r in pairs],
                 "effect": (effects / inputs.n_points).numpy(),
+                "effect_ci_low": low.numpy(),
+                "effect_ci_high": high.numpy(),
             }
         )
         table["damage"] = self.session.metric.damage(table["effect"], 0.0)
