@@ -17,6 +17,7 @@ from headcount.ablation.scans.intervals import example_points, top_n, with_inter
 from headcount.circuits.bootstrap import top_n_overlap
 from headcount.errors import ConfigError
 from headcount.metrics import token_nll_and_correct
+from headcount.model.intervention import gated
 
 MASKS = [*single_head_masks(HEADS_PER_LAYER), HeadMask("two", ((0, 1), (2, 3))), HeadMask("none", ())]
 
@@ -31,7 +32,7 @@ def by_definition(model, batches, gates_MLH, mode) -> torch.Tensor:
             for e in range(len(batch["input_ids"])):
                 one = {key: value[e : e + 1] for key, value in batch.items()}
                 replacements = reference_replacements(mode, model, one)
-                logits = model(one["input_ids"], gates=gates_LH, replacements=replacements)
+                logits = model(one["input_ids"], gated(gates_LH, replacements))
                 nll_BS, _ = token_nll_and_correct(logits, one["input_ids"])
                 row.append(float(nll_BS[one["loss_mask"][:, 1:]].double().sum()))
         rows.append(row)
