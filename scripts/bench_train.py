@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headcount.model import AttentionConfig, ModelConfig, Transformer
+from headcount.model.intervention import gated
 
 PRESETS = {
     "cpu": dict(n_layers=4, d_model=256, n_heads=8, seq_len=128, batch=16),
@@ -25,20 +26,16 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12}
 
 class PlainAttention(nn.Module):
     """Multi-head attention as nanoGPT writes it: no gates, no replacements, no cache. It offers the two operations
-    Block.forward calls (heads, then combine_heads through Block.finish), and passes z through gate_z untouched."""
+    Block.forward calls without an intervention (heads, then combine_heads through Block.finish)."""
 
     def __init__(self, gated):
         super().__init__()
         self.qkv, self.out, self.n_heads, self.head_dim = gated.qkv, gated.out, gated.n_heads, gated.head_dim
 
-    def heads(self, x, cache=None, need_pattern=False):
+    def heads(self, x):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
-
-    @staticmethod
-    def gate_z(z, gate, replacement=None, where=None):
-        return z
 
     def combine_heads(self, z):
         return self.out(z.flatten(2))
@@ -88,7 +85,7 @@ def main() -> None:
 
         def step(model=model, forward=forward, gates=gates, opt=opt):
             with torch.autocast(dev.split(":")[0], torch.bfloat16, enabled=args.dtype == "bf16"):
-                logits = forward(x, gates=gates)
+                logits = forward(x) if gates is None else forward(x, gated(gates))
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
             loss.backward()
             opt.step()

@@ -62,13 +62,13 @@ def hf_output(hf: torch.nn.Module, case: str) -> torch.Tensor:
     return out.last_hidden_state if case.endswith("bare") else out.logits
 
 
-def our_output(model: torch.nn.Module, case: str, **kwargs) -> torch.Tensor:
+def our_output(model: torch.nn.Module, case: str, intervention=None) -> torch.Tensor:
     """The logits, or for a bare encoder the stream after the last layer (its hidden states)."""
     x = inputs(case)
     types = x.get("token_type_ids") if model.type_emb is not None else None
     if case.endswith("bare"):
-        return model.forward_layers(model.embed(x["input_ids"], types), **kwargs)
-    return model(x["input_ids"], token_types=types, **kwargs)
+        return model.forward_layers(model.embed(x["input_ids"], types), 0, intervention)
+    return model(x["input_ids"], intervention, token_types=types)
 
 
 def out_projection(hf: torch.nn.Module, layer: int) -> torch.nn.Module:

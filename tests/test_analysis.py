@@ -4,15 +4,16 @@ import torch
 
 from headcount.ablation.scans.head_scores import head_pattern_scores
 from headcount.model import AttentionConfig, ModelConfig, Transformer
+from headcount.model.intervention import reads
 
 
 def reference_scores(model, ids_BT):
-    cache = {}
-    model(ids_BT, cache=cache, need_patterns=True)
+    cache = reads(["attn.pattern"], range(model.n_layers))
+    model(ids_BT, cache)
     B, T = ids_BT.shape
     out = {}
     for layer in range(model.n_layers):
-        pattern = cache["pattern", layer]
+        pattern = cache.read("attn.pattern", layer)
         for head in range(model.max_heads):
             prev = [pattern[b, head, t, t - 1].item() for b in range(B) for t in range(1, T)]
             induction = []

@@ -20,6 +20,7 @@ from headcount.ablation.engine.masks import HeadMask
 from headcount.cli.train import run as train
 from headcount.config import CONF_DIR
 from headcount.errors import ConfigError
+from headcount.model.intervention import gated
 from headcount.run_dir import RunPaths
 from headcount.run_dir import load_run as open_finished_run
 
@@ -78,7 +79,7 @@ def plain_loss_and_accuracy(model, batches, gates_LH) -> tuple[float, float]:
     nll, hits, count = 0.0, 0.0, 0
     with torch.no_grad():
         for batch in batches:
-            logits = model(batch["input_ids"], gates=gates_LH)[:, :-1].double()
+            logits = model(batch["input_ids"], None if gates_LH is None else gated(gates_LH))[:, :-1].double()
             targets, marked = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:].bool()
             nll += F.cross_entropy(logits[marked], targets[marked], reduction="sum").item()
             hits += (logits[marked].argmax(-1) == targets[marked]).sum().item()

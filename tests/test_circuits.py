@@ -28,6 +28,7 @@ from headcount.circuits.passes import PassPlan, plan_passes
 from headcount.circuits.path_patching import path_patch
 from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.errors import ConfigError
+from headcount.model.intervention import reads
 from headcount.model.transformer import Transformer
 from headcount.pretrained.convert import convert
 
@@ -155,9 +156,9 @@ def test_sum_of_heads_is_wrong_under_post_norms(family):
     post_norm(z_h W_O^h) is not the layer's output: the edge-patched forward mixes z before the norm instead."""
     model = make_model(family)
     clean, _ = prompts(T=16)
-    cache = {}
-    model(clean, cache=cache)
-    block, z_BTHD = model.blocks[0], cache["z", 0]
+    cache = reads(["attn.z"], [0])
+    model(clean, cache)
+    block, z_BTHD = model.blocks[0], cache.read("attn.z", 0)
     layer_out = block.ln_attn_out(block.attn.combine_heads(z_BTHD))
     per_head = torch.einsum("bthd,hdc->bthc", z_BTHD, block.attn.W_O)
     bias = 0 if block.attn.b_O is None else block.attn.b_O
@@ -165,8 +166,8 @@ def test_sum_of_heads_is_wrong_under_post_norms(family):
     assert (layer_out - summed).abs().max() > 0.1
     # with no post-norm the shortcut is exact: the two definitions agree there
     llama = make_model("llama3")
-    llama(clean, cache=cache)
-    z_BTHD, attn = cache["z", 0], llama.blocks[0].attn
+    llama(clean, cache)
+    z_BTHD, attn = cache.read("attn.z", 0), llama.blocks[0].attn
     per_head = torch.einsum("bthd,hdc->btc", z_BTHD, attn.W_O) + (0 if attn.b_O is None else attn.b_O)
     assert torch.allclose(attn.combine_heads(z_BTHD), per_head, atol=1e-12)
 
@@ -179,7 +180,8 @@ def hook_path_patch(model: Transformer, clean, corrupted, senders: list[str], re
     layer (or the logits): each receiver's input is its clean input plus, per sender layer, the change the senders'
     corrupted outputs make to what that layer adds to the stream (attention: post_norm(combine(z)) with the sender
     heads' z corrupted); everything else runs as it does."""
-    graph, clean_cache, corrupted_cache = Graph.of(model), {}, {}
+    graph = Graph.of(model)
+    clean_cache, corrupted_cache = reads(["attn.z"], range(graph.n_layers)), reads(["attn.z"], range(graph.n_layers))
     mlp_outs = {}
     hooks = [
         (block.ln_mlp_out or block.mlp).register_forward_hook(
@@ -188,9 +190,9 @@ def hook_path_patch(model: Transformer, clean, corrupted, senders: list[str], re
         for layer, block in enumerate(model.blocks)
         if block.mlp is not None
     ]
-    model(clean, cache=clean_cache)
+    model(clean, clean_cache)
     clean_mlp = dict(mlp_outs)
-    model(corrupted, cache=corrupted_cache)
+    model(corrupted, corrupted_cache)
     corrupted_mlp = dict(mlp_outs)
     for hook in hooks:
         hook.remove()
@@ -209,10 +211,11 @@ def hook_path_patch(model: Transformer, clean, corrupted, senders: list[str], re
                 graph.node(s).head for s in senders if graph.node(s).kind == "head" and graph.node(s).layer == layer
             ]
             if heads:
-                z = clean_cache["z", layer].clone()
-                z[:, :, heads] = corrupted_cache["z", layer][:, :, heads]
+                z = clean_cache.read("attn.z", layer).clone()
+                z[:, :, heads] = corrupted_cache.read("attn.z", layer)[:, :, heads]
                 post = block.ln_attn_out or torch.nn.Identity()
-                delta += post(block.attn.combine_heads(z)) - post(block.attn.combine_heads(clean_cache["z", layer]))
+                clean_z = clean_cache.read("attn.z", layer)
+                delta += post(block.attn.combine_heads(z)) - post(block.attn.combine_heads(clean_z))
             if f"L{layer}.mlp" in senders:
                 delta += corrupted_mlp[layer] - clean_mlp[layer]
         return delta

@@ -15,6 +15,7 @@ from sweep_helpers import smoke_run
 
 import headcount
 from headcount.findings.induction import zeroing_together
+from headcount.model.intervention import gated
 from headcount.run_dir import load_run as open_finished_run
 
 PROMPTS = [
@@ -106,7 +107,7 @@ def test_the_induction_findings_joint_increase_is_the_loss_with_the_heads_zeroed
     with torch.no_grad():
         for batch in finished.eval_batches():
             ids, mask = batch["input_ids"], batch["loss_mask"].bool()
-            logits = finished.model(ids, gates=gates_LH).double()
+            logits = finished.model(ids, gated(gates_LH)).double()
             losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
             total += float(losses[mask[:, 1:]].sum())
             points += int(mask[:, 1:].sum())

@@ -20,6 +20,7 @@ from headcount.ablation.records.results import fingerprint
 from headcount.ablation.records.resumable import load_partial
 from headcount.metrics import token_nll_and_correct
 from headcount.model import AttentionConfig, ModelConfig, Transformer
+from headcount.model.intervention import gated, reads
 from headcount.model.memory import CPU_MEMORY_BUDGET, default_memory_budget
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
@@ -90,14 +91,14 @@ def reference_replacements(mode: str, model: Transformer, batch: dict) -> list |
     if mode == "zero":
         return None
     if mode == "resample":
-        cache = {}
-        model(batch["source_ids"], cache=cache)
-        return [cache["z", layer] for layer in range(model.n_layers)]
+        cache = reads(["attn.z"], range(model.n_layers))
+        model(batch["source_ids"], cache)
+        return [cache.read("attn.z", layer) for layer in range(model.n_layers)]
     reference = make_batches(n_batches=2, B=4, seed=7)
-    caches = [{} for _ in reference]
+    caches = [reads(["attn.z"], range(model.n_layers)) for _ in reference]
     for cache, ref in zip(caches, reference):
-        model(ref["input_ids"], cache=cache)
-    z_per_layer = [torch.cat([c["z", layer] for c in caches]) for layer in range(model.n_layers)]
+        model(ref["input_ids"], cache)
+    z_per_layer = [torch.cat([c.read("attn.z", layer) for c in caches]) for layer in range(model.n_layers)]
     if mode == "mean_per_position":
         return [z.mean(0)[: batch["input_ids"].shape[1]] for z in z_per_layer]
     return [z.mean((0, 1)) for z in z_per_layer]
@@ -110,7 +111,7 @@ def per_mask_loop(model, batches, gates_MLH, mode) -> tuple[torch.Tensor, torch.
     for gates_LH in gates_MLH:
         nll = correct = count = 0.0
         for batch in batches:
-            logits = model(batch["input_ids"], gates=gates_LH, replacements=reference_replacements(mode, model, batch))
+            logits = model(batch["input_ids"], gated(gates_LH, reference_replacements(mode, model, batch)))
             nll_BS, correct_BS = token_nll_and_correct(logits, batch["input_ids"])
             target_BS = batch["loss_mask"][:, 1:]
             nll += float(nll_BS[target_BS].double().sum())

@@ -25,6 +25,7 @@ from headcount.findings.ioi_heads import attribution_claim, backup_claim, few_he
 from headcount.findings.retrieval_heads import induction_claim, needed_claim, sparse_claim
 from headcount.findings.retrieval_heads import task_claim as needle_task_claim
 from headcount.model import AttentionConfig, ModelConfig, Transformer
+from headcount.model.intervention import reads
 from headcount.model.norm import frozen_norm
 from headcount.run_dir import RunPaths
 from headcount.tasks import ByteTokens, IdsOnly, TaskPrompt, build_task
@@ -129,14 +130,14 @@ def test_direct_effects_add_up_to_the_logit_difference_on_a_one_layer_model():
     for i in range(len(task)):
         n = int(task.lengths[i])
         ids = task.input_ids[i : i + 1, :n]
-        cache = {}
-        logits = model(ids, cache=cache)[0, n - 1]
+        cache = reads(["attn.z"], [0])
+        logits = model(ids, cache)[0, n - 1]
         a, w = int(task.answer_ids[i, n - 1]), int(task.wrong_ids[i, n - 1])
         logit_diff += float(logits[a] - logits[w])
         u = model.lm_head.weight[a] - model.lm_head.weight[w]
         final = model.forward_layers(model.embed(ids), 0)[0, n - 1]
         normed = frozen_norm(model.ln_f, final[None])
-        heads = torch.einsum("hd,hdc->hc", cache["z", 0][0, n - 1], model.blocks[0].attn.W_O)
+        heads = torch.einsum("hd,hdc->hc", cache.read("attn.z", 0)[0, n - 1], model.blocks[0].attn.W_O)
         by_hand += (normed(heads[None])[0] @ u).double()
         others = model.embed(ids)[0, n - 1] + model.blocks[0].attn.b_O
         rest += float(normed(others[None])[0] @ u + model.ln_f.bias @ u)
@@ -165,13 +166,13 @@ def test_direct_effects_pass_through_a_sandwich_blocks_post_attention_norm():
     for i in range(len(task)):
         n = int(task.lengths[i])
         ids = task.input_ids[i : i + 1, :n]
-        cache = {}
-        logits = model(ids, cache=cache)[0, n - 1]
+        cache = reads(["attn.z"], [0])
+        logits = model(ids, cache)[0, n - 1]
         a, w = int(task.answer_ids[i, n - 1]), int(task.wrong_ids[i, n - 1])
         logit_diff += float(logits[a] - logits[w])
         u = model.lm_head.weight[a] - model.lm_head.weight[w]
         normed = frozen_norm(model.ln_f, model.forward_layers(model.embed(ids), 0)[0, n - 1][None])
-        attn_out = block.attn.combine_heads(cache["z", 0][:, n - 1 : n])[0]
+        attn_out = block.attn.combine_heads(cache.read("attn.z", 0)[:, n - 1 : n])[0]
         bias_after_norm = frozen_norm(block.ln_attn_out, attn_out)(block.attn.b_O[None, None])[0]
         rest += float(normed(model.embed(ids)[0, n - 1][None] + bias_after_norm) @ u)
     assert abs(float(effect_LH.sum()) + rest / len(task) - logit_diff / len(task)) < 1e-10

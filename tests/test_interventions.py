@@ -8,7 +8,7 @@ import torch
 
 from headcount.errors import ConfigError
 from headcount.model import AttentionConfig, ModelConfig, Transformer
-from headcount.model.intervention import Intervention, add, replace
+from headcount.model.intervention import Intervention, add, gated, keep, reads, replace
 from headcount.model.sites import HEAD_INPUTS, SHAPES, Site, parse_site, site_names
 
 
@@ -66,19 +66,38 @@ def test_an_empty_or_do_nothing_intervention_gives_the_plain_bits():
         torch.testing.assert_close(model(ids(), intervention=everything), plain, rtol=0, atol=1e-5)
 
 
-def test_cached_sites_match_the_model_cache_keyword():
+def test_cached_sites_equal_the_blocks_own_steps():
     model = tiny()
-    cache, patterns = {}, {}
-    read = Intervention(cache=["blocks.1.resid_pre", "blocks.1.attn.z"])
-    pattern = Intervention(cache=["blocks.1.attn.pattern"])
+    read = reads(["resid_pre", "attn.z", "attn.pattern"], [1])
     with torch.no_grad():
-        model(ids(), cache=cache)
-        model(ids(), intervention=read)
-        model(ids(), cache=patterns, need_patterns=True)  # the explicit path in every layer
-        model(ids(), intervention=pattern)  # in layer 1 only
-    assert torch.equal(read.cache["blocks.1.resid_pre"], cache["resid_pre", 1])
-    assert torch.equal(read.cache["blocks.1.attn.z"], cache["z", 1])
-    torch.testing.assert_close(pattern.cache["blocks.1.attn.pattern"], patterns["pattern", 1], rtol=0, atol=1e-6)
+        model(ids(), read)
+        block, resid_BTC = model.blocks[1], model.blocks[0](model.embed(ids()))
+        q_BHTD, k_BGTD, v_BGTD = block.attn.project(block.ln_attn(resid_BTC))
+        k_BHTD, v_BHTD = block.attn.per_query_head(k_BGTD), block.attn.per_query_head(v_BGTD)
+        z_BHTD, pattern_BHTT = block.attn.reference_attention(q_BHTD, k_BHTD, v_BHTD)
+    assert torch.equal(read.read("resid_pre", 1), resid_BTC)
+    assert torch.equal(read.read("attn.pattern", 1), pattern_BHTT)
+    assert torch.equal(read.read("attn.z", 1), z_BHTD.transpose(1, 2))
+    # the fast path's z (no pattern asked) equals the explicit path's to rounding
+    torch.testing.assert_close(block.attn.heads(block.ln_attn(resid_BTC)), z_BHTD.transpose(1, 2), rtol=0, atol=1e-6)
+
+
+def test_the_forward_has_one_way_in():
+    import inspect
+
+    from headcount.model.block import Block
+
+    def params(fn) -> list[str]:
+        return list(inspect.signature(fn).parameters)
+
+    assert params(Transformer.forward) == ["self", "idx_BT", "intervention", "token_types"]
+    assert params(Transformer.forward_layers) == ["self", "resid_BTC", "start", "intervention"]
+    assert params(Block.forward) == ["self", "x_BTC", "intervention"]
+
+
+def test_gates_of_a_wrong_shape_are_one_line_naming_gates():
+    with pytest.raises(ConfigError, match=r"^gates=\(2, 3\): allowed shapes: \(2, 4\) or \(2, 2, 4\)$"):
+        tiny()(ids(), gated(torch.ones(2, 3)))
 
 
 def test_replace_and_add_change_what_follows_and_the_z_site_sees_gates():
@@ -92,12 +111,15 @@ def test_replace_and_add_change_what_follows_and_the_z_site_sees_gates():
         return z
 
     with torch.no_grad():
-        gated = model(ids(), gates=gates)
+        ablated = model(ids(), gated(gates))
         hooked = model(ids(), intervention=Intervention([("blocks.1.attn.z", zero_head)]))
-        torch.testing.assert_close(hooked, gated, rtol=0, atol=1e-12)
-        seen = Intervention(cache=["blocks.1.attn.z"])
-        model(ids(), gates=gates, intervention=seen)
-        assert seen.cache["blocks.1.attn.z"][:, :, 2].abs().max() == 0  # after the gate
+        torch.testing.assert_close(hooked, ablated, rtol=0, atol=1e-12)
+        before: dict = {}
+        seen = gated(gates, hooks=[("blocks.1.attn.z", keep(before))], cache=["blocks.1.attn.z"])
+        model(ids(), seen)
+        assert seen.cache["blocks.1.attn.z"][:, :, 2].abs().max() == 0  # the cache: after the gate
+        assert before["blocks.1.attn.z"][:, :, 2].abs().max() > 0  # a hook ahead of the gate sees z before it
+        assert torch.equal(seen.cache["blocks.1.attn.z"][:, :, :2], before["blocks.1.attn.z"][:, :, :2])
         stream = Intervention(cache=["blocks.1.resid_post"])
         model(ids(), intervention=stream)
         final = Intervention([("blocks.1.resid_post", replace(stream.cache["blocks.1.resid_post"]))])
@@ -148,11 +170,11 @@ def heads_agree(model: Transformer, dtype: torch.dtype, tol: float) -> None:
     stream, and the model run through the per-head input path equals the plain model."""
     model = model.to(dtype).eval()
     tokens = ids(2, 12) % model.cfg.vocab_size
-    cache = {}
+    streams = reads(["resid_pre"], range(model.n_layers))
     with torch.no_grad():
-        plain = model(tokens, cache=cache)
+        plain = model(tokens, streams)
         for layer, block in enumerate(model.blocks):
-            x_BTC = cache["resid_pre", layer]
+            x_BTC = streams.read("resid_pre", layer)
             H = block.attn.n_heads
             from_stream = block.attn.heads(block.ln_attn(x_BTC))
             from_inputs = block.heads_from_inputs(x_BTC[:, None, None].expand(-1, H, 3, -1, -1))

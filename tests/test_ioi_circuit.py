@@ -24,6 +24,7 @@ from headcount.findings.ioi_circuit import (
     s_inhibition_claim,
 )
 from headcount.model import Transformer
+from headcount.model.intervention import gated, reads
 from headcount.run_dir import RunPaths
 
 HEADS = ["L2H0", "L2H1", "L1H0"]
@@ -144,7 +145,7 @@ def test_keeping_heads_equals_removing_every_other_heads_out_edges(dtype):
         gates[layer, head] = 1.0
     with torch.no_grad():
         replacements = node_outputs(model, corrupted).z
-        masked = model(ids, gates=gates, replacements=replacements)[:, -1]
+        masked = model(ids, gated(gates, replacements))[:, -1]
         plain = model(ids)[:, -1]
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-10}
     torch.testing.assert_close(torch.tensor(edges_sum, dtype=torch.float64), metric(masked).double().sum(), **tolerance)
@@ -214,15 +215,15 @@ def test_attention_from_s2_is_read_at_each_prompts_s2(smoke_run):
     positions = session.positions
     sums, n = torch.zeros(4, 3, 4, dtype=torch.float64), 0
     for batch in session.batches:
-        cache = {}
+        cache = reads(["attn.pattern"], range(session.model.n_layers))
         with torch.no_grad():
-            session.model(batch["input_ids"], cache=cache, need_patterns=True)
+            session.model(batch["input_ids"], cache)
         for b in range(batch["input_ids"].shape[0]):
             s2 = int(batch["named_pos"][b, positions.index("S2")])
             for k, name in enumerate(["IO", "S1", "S1+1", "S2"]):
                 to = int(batch["named_pos"][b, positions.index(name)])
                 for layer in range(3):
-                    sums[k, layer] += cache["pattern", layer][b, :, s2, to].double()
+                    sums[k, layer] += cache.read("attn.pattern", layer)[b, :, s2, to].double()
             n += 1
     for k, name in enumerate(["IO", "S1", "S1+1", "S2"]):
         expected = (sums[k] / n)[table["layer"].tolist(), table["head"].tolist()]

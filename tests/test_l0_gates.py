@@ -20,6 +20,7 @@ from headcount.config.ablation import KEY, L0GatesConfig, l0_targets, validate_l
 from headcount.errors import ConfigError
 from headcount.metrics import masked_loss_and_accuracy
 from headcount.model import AttentionConfig, ModelConfig, Transformer
+from headcount.model.intervention import gated
 
 L, H, VOCAB, T = 2, 3, 16, 8
 CONF_FILE = Path(__file__).resolve().parents[1] / "conf" / "ablation" / "l0_gates.yaml"
@@ -59,7 +60,7 @@ def evaluator(model, batches):
         loss_M, acc_M = torch.zeros(len(masks_MLH)), torch.zeros(len(masks_MLH))
         for m, mask_LH in enumerate(masks_MLH):
             for batch in batches:
-                logits = model(batch["input_ids"], gates=mask_LH)
+                logits = model(batch["input_ids"], gated(mask_LH))
                 loss, acc = masked_loss_and_accuracy(logits, batch["input_ids"], batch["loss_mask"])
                 loss_M[m] += loss / len(batches)
                 acc_M[m] += acc / len(batches)

@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 
 import headcount  # noqa: E402
 from headcount.errors import ConfigError  # noqa: E402
+from headcount.model.intervention import gated
 from headcount.pretrained.source import MINILM, MINILM_FOLDER, locate  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and the dog sleeps on."
@@ -58,7 +59,7 @@ def test_minilm_hidden_states_and_every_head_ablation_equal_transformers():
                     handle.remove()
                 gates = torch.ones(6, 12)
                 gates[layer, head] = 0
-                got = bert.forward_layers(bert.embed(ids), gates=gates)
+                got = bert.forward_layers(bert.embed(ids), 0, gated(gates))
                 torch.testing.assert_close(got, expected, rtol=0, atol=1e-4, msg=f"L{layer}H{head}")
 
 

@@ -6,6 +6,7 @@ import torch
 from headcount.config.model import RopeScalingConfig
 from headcount.errors import ConfigError
 from headcount.model import AttentionConfig, ModelConfig, Transformer
+from headcount.model.intervention import gated, reads
 
 DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
@@ -27,10 +28,10 @@ def tokens(batch=3, T=12, seed=1) -> torch.Tensor:
 def test_all_gates_one_equals_no_gates_exactly(dtype, combine):
     model, x = make_model(dtype, combine=combine), tokens()
     plain = model(x)
-    assert torch.equal(model(x, gates=torch.ones(2, 4, dtype=dtype)), plain)
-    assert torch.equal(model(x, gates=torch.ones(3, 2, 4, dtype=dtype)), plain)
+    assert torch.equal(model(x, gated(torch.ones(2, 4, dtype=dtype))), plain)
+    assert torch.equal(model(x, gated(torch.ones(3, 2, 4, dtype=dtype))), plain)
     replacement = [torch.randn(4, model.head_dim, dtype=dtype)] * 2
-    assert torch.equal(model(x, gates=torch.ones(2, 4, dtype=dtype), replacements=replacement), plain)
+    assert torch.equal(model(x, gated(torch.ones(2, 4, dtype=dtype), replacement)), plain)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -39,10 +40,10 @@ def test_zeroed_head_equals_its_output_slice_zeroed(dtype):
     layer, head, D = 1, 2, model.head_dim
     gates = torch.ones(2, 4, dtype=dtype)
     gates[layer, head] = 0
-    gated = model(x, gates=gates)
+    ablated = model(x, gated(gates))
     with torch.no_grad():
         model.blocks[layer].attn.out.weight[:, head * D : (head + 1) * D] = 0
-    torch.testing.assert_close(gated, model(x), rtol=0, atol=TOL[dtype])
+    torch.testing.assert_close(ablated, model(x), rtol=0, atol=TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -51,9 +52,8 @@ def test_output_is_sum_of_per_head_contributions(dtype, combine):
     model, x = make_model(dtype, combine=combine), tokens()
     attn = model.blocks[0].attn
     h_BTC = model.blocks[0].ln_attn(model.embed(x))
-    cache = {}
-    out_BTC = attn(h_BTC, cache=cache)
-    per_head_BTHC = torch.einsum("bthd,hdc->bthc", cache["z"], attn.W_O)
+    out_BTC = attn(h_BTC)
+    per_head_BTHC = torch.einsum("bthd,hdc->bthc", attn.heads(h_BTC), attn.W_O)
     torch.testing.assert_close(per_head_BTHC.sum(2) + attn.out.bias, out_BTC, rtol=0, atol=TOL[dtype])
 
 
@@ -62,22 +62,21 @@ def test_sum_with_full_width_heads_is_the_literal_sum(dtype):
     model, x = make_model(dtype, combine="sum", head_dim=32), tokens()
     attn = model.blocks[0].attn
     assert attn.out.weight.shape == (32, 32)
-    cache = {}
-    out = attn(model.embed(x), cache=cache)
-    torch.testing.assert_close(out, attn.out(cache["z"].sum(2)), rtol=0, atol=0)
+    out = attn(model.embed(x))
+    torch.testing.assert_close(out, attn.out(attn.heads(model.embed(x)).sum(2)), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("combine", ["concat", "sum"])
 def test_sdpa_fast_path_matches_reference_path(dtype, combine):
     model, x = make_model(dtype, combine=combine, head_dim=5), tokens()
-    fast, slow = {}, {}
-    logits_fast = model(x, cache=fast)
-    logits_slow = model(x, cache=slow, need_patterns=True)
+    fast, slow = reads(["attn.z"], range(2)), reads(["attn.z", "attn.pattern"], range(2))
+    logits_fast = model(x, fast)
+    logits_slow = model(x, slow)  # the pattern's site: the explicit path
     torch.testing.assert_close(logits_fast, logits_slow, rtol=0, atol=TOL[dtype])
     for layer in range(2):
-        torch.testing.assert_close(fast["z", layer], slow["z", layer], rtol=0, atol=TOL[dtype])
-        pattern = slow["pattern", layer]
+        torch.testing.assert_close(fast.read("attn.z", layer), slow.read("attn.z", layer), rtol=0, atol=TOL[dtype])
+        pattern = slow.read("attn.pattern", layer)
         assert pattern.shape == (3, 4, 12, 12)
         torch.testing.assert_close(pattern.sum(-1), torch.ones_like(pattern.sum(-1)))
         assert torch.all(pattern.triu(1) == 0)  # causal
@@ -91,20 +90,19 @@ def test_gate_blends_z_toward_replacement(dtype, combine):
     h_BTC = model.blocks[0].ln_attn(model.embed(x))
     gate_H = torch.tensor([1.0, 0.25, 0.0, 0.5], dtype=dtype)
     r_HD = torch.randn(4, model.head_dim, dtype=dtype)
-    cache = {}
-    gated = attn(h_BTC, gate=gate_H, replacement=r_HD, cache=cache)
+    blended = attn(h_BTC, gate=gate_H, replacement=r_HD)
     g = gate_H.view(1, 1, 4, 1)
-    blended_BTHD = g * cache["z"] + (1 - g) * r_HD
+    blended_BTHD = g * attn.heads(h_BTC) + (1 - g) * r_HD
     per_head_BTHC = torch.einsum("bthd,hdc->bthc", blended_BTHD, attn.W_O)
-    torch.testing.assert_close(gated, per_head_BTHC.sum(2) + attn.out.bias, rtol=0, atol=TOL[dtype])
+    torch.testing.assert_close(blended, per_head_BTHC.sum(2) + attn.out.bias, rtol=0, atol=TOL[dtype])
 
 
 def test_per_example_gates_equal_one_mask_per_forward():
     model, x = make_model(), tokens()
     gates = torch.rand(3, 2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    batched = model(x, gates=gates)
+    batched = model(x, gated(gates))
     for i in range(3):
-        torch.testing.assert_close(batched[i : i + 1], model(x[i : i + 1], gates=gates[i]), rtol=0, atol=1e-12)
+        torch.testing.assert_close(batched[i : i + 1], model(x[i : i + 1], gated(gates[i])), rtol=0, atol=1e-12)
 
 
 def test_same_seed_same_numbers_bit_for_bit():
@@ -144,7 +142,7 @@ def test_non_divisible_width_is_fine_with_explicit_head_dim():
 @pytest.mark.parametrize("shape", [(2, 3), (4, 2, 4), (2, 4, 1)])
 def test_gate_of_wrong_shape_is_refused(shape):
     with pytest.raises(ConfigError, match="gates"):
-        make_model()(tokens(), gates=torch.ones(shape, dtype=torch.float64))
+        make_model()(tokens(), gated(torch.ones(shape, dtype=torch.float64)))
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5, float("nan")])
@@ -152,7 +150,7 @@ def test_gate_outside_unit_interval_is_refused(value):
     gates = torch.ones(2, 4, dtype=torch.float64)
     gates[0, 1] = value
     with pytest.raises(ConfigError, match=r"\[0, 1\]"):
-        make_model()(tokens(), gates=gates)
+        make_model()(tokens(), gated(gates))
 
 
 def test_sequence_longer_than_context_is_refused():
@@ -168,10 +166,11 @@ def test_gates_under_compile_do_not_recompile_per_mask():
         for head in range(4):
             gates = torch.ones(2, 4)
             gates[1, head] = 0
-            torch.testing.assert_close(compiled(x, gates=gates), model(x, gates=gates))
+            torch.testing.assert_close(compiled(x, gated(gates)), model(x, gated(gates)))
 
 
-# The per-head API: every operation on heads lives in MultiHeadAttention, and Block.forward is heads -> gate -> finish.
+# The per-head API: every operation on heads lives in MultiHeadAttention, and Block.forward is heads -> finish, gates a
+# hook at attn.z between them.
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -213,23 +212,22 @@ def test_block_finish_from_z_equals_block_forward(dtype, combine, mlp):
     )
     model, x = Transformer(cfg).to(dtype).eval(), tokens()
     block, resid_BTC = model.blocks[1], model.embed(x)
-    cache = {}
-    plain = block(resid_BTC, cache=cache)
-    assert torch.equal(block.finish(resid_BTC, cache["z"]), plain)
-    gate_BH = torch.rand(3, 4, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    z_BTHD = block.attn.heads(block.ln_attn(resid_BTC))
+    assert torch.equal(block.finish(resid_BTC, z_BTHD), block(resid_BTC))
+    gates_BLH = torch.rand(3, 2, 4, dtype=dtype, generator=torch.Generator().manual_seed(0))
     r_HD = torch.randn(4, model.head_dim, dtype=dtype)
-    gated = block.finish(resid_BTC, block.attn.gate_z(cache["z"], gate_BH, r_HD))
-    assert torch.equal(gated, block(resid_BTC, gate_BH, r_HD))
-    assert block.attn.gate_z(cache["z"], None) is cache["z"]
+    finished = block.finish(resid_BTC, block.attn.gate_z(z_BTHD, gates_BLH[:, 1], r_HD))
+    assert torch.equal(finished, block(resid_BTC, gated(gates_BLH, [r_HD] * 2)))
+    assert block.attn.gate_z(z_BTHD, None) is z_BTHD
 
 
 def test_forward_layers_starts_at_any_layer():
     model, x = make_model(), tokens()
     gates = torch.rand(3, 2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     gates[:, 0] = 1
-    cache = {}
-    full = model.forward_layers(model.embed(x), 0, gates, cache=cache)
-    assert torch.equal(model.forward_layers(cache["resid_pre", 1], 1, gates), full)
+    read = gated(gates, cache=["blocks.1.resid_pre"])
+    full = model.forward_layers(model.embed(x), 0, read)
+    assert torch.equal(model.forward_layers(read.read("resid_pre", 1), 1, gated(gates)), full)
 
 
 def removal_cases() -> dict[str, torch.Tensor]:
@@ -277,7 +275,7 @@ def test_model_select_heads_records_heads_per_layer():
     assert selected.heads_per_layer == selected.cfg.heads_per_layer == [3, 0]
     assert model.cfg.heads_per_layer is None  # the original is untouched
     gates = keep_LH.double()
-    torch.testing.assert_close(selected(tokens()), model(tokens(), gates=gates), rtol=0, atol=1e-12)
+    torch.testing.assert_close(selected(tokens()), model(tokens(), gated(gates)), rtol=0, atol=1e-12)
 
 
 def test_activation_floats_count_the_widest_layer():
@@ -367,33 +365,33 @@ def family_model(feature: str, dtype=torch.float64, seed=0, combine="concat") ->
 def test_families_keep_the_invariants(feature, dtype):
     model, x = family_model(feature, dtype), tokens()
     plain = model(x)
-    assert torch.equal(model(x, gates=torch.ones(3, 2, 4, dtype=dtype)), plain)
-    fast, slow = {}, {}
-    torch.testing.assert_close(model(x, cache=slow, need_patterns=True), model(x, cache=fast), rtol=0, atol=TOL[dtype])
+    assert torch.equal(model(x, gated(torch.ones(3, 2, 4, dtype=dtype))), plain)
+    fast, slow = reads(["attn.z"], range(2)), reads(["attn.z", "attn.pattern"], range(2))
+    torch.testing.assert_close(model(x, slow), model(x, fast), rtol=0, atol=TOL[dtype])
     for layer in range(2):
-        torch.testing.assert_close(fast["z", layer], slow["z", layer], rtol=0, atol=TOL[dtype])
-        assert torch.all(slow["pattern", layer].triu(1) == 0)
+        torch.testing.assert_close(fast.read("attn.z", layer), slow.read("attn.z", layer), rtol=0, atol=TOL[dtype])
+        assert torch.all(slow.read("attn.pattern", layer).triu(1) == 0)
         window = model.blocks[layer].attn.features.window
         if window is not None:  # nothing window or more steps back
-            assert torch.all(slow["pattern", layer].tril(-window) == 0) and window < x.shape[1]
+            assert torch.all(slow.read("attn.pattern", layer).tril(-window) == 0) and window < x.shape[1]
     layer, head, D = 1, 2, model.head_dim
     gates = torch.ones(2, 4, dtype=dtype)
     gates[layer, head] = 0
-    gated = model(x, gates=gates)
-    assert not torch.allclose(gated, plain, atol=1e-3)
+    ablated = model(x, gated(gates))
+    assert not torch.allclose(ablated, plain, atol=1e-3)
     with torch.no_grad():
         model.blocks[layer].attn.out.weight[:, head * D : (head + 1) * D] = 0
-    torch.testing.assert_close(gated, model(x), rtol=0, atol=TOL[dtype])
+    torch.testing.assert_close(ablated, model(x), rtol=0, atol=TOL[dtype])
 
 
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_families_finish_from_z_and_start_at_any_layer(feature):
     model, x = family_model(feature), tokens()
-    cache = {}
-    full = model.forward_layers(model.embed(x), 0, cache=cache)
+    read = reads(["resid_pre", "attn.z"], [1])
+    full = model.forward_layers(model.embed(x), 0, read)
     block = model.blocks[1]
-    assert torch.equal(block.finish(cache["resid_pre", 1], cache["z", 1]), full)
-    assert torch.equal(model.forward_layers(cache["resid_pre", 1], 1), full)
+    assert torch.equal(block.finish(read.read("resid_pre", 1), read.read("attn.z", 1)), full)
+    assert torch.equal(model.forward_layers(read.read("resid_pre", 1), 1), full)
 
 
 @pytest.mark.parametrize("feature", ["gqa", "mqa_rotary", "llama_like"])
@@ -466,9 +464,10 @@ def test_shortformer_positions_enter_queries_and_keys_only(feature, dtype):
     same_BT = torch.full((1, 12), 7)
     logits_BTV = model(same_BT)
     torch.testing.assert_close(logits_BTV, logits_BTV[:, :1].expand_as(logits_BTV), rtol=0, atol=TOL[dtype] * 100)
-    cache = {}
-    model(same_BT, cache=cache, need_patterns=True)
-    assert not torch.allclose(cache["pattern", 0][0, 0, 5, :6], torch.full((6,), 1 / 6, dtype=dtype), atol=1e-3)
+    patterns = reads(["attn.pattern"], [0])
+    model(same_BT, patterns)
+    uniform = torch.full((6,), 1 / 6, dtype=dtype)
+    assert not torch.allclose(patterns.read("attn.pattern", 0)[0, 0, 5, :6], uniform, atol=1e-3)
 
 
 def test_grouped_query_attention_shares_key_value_weights():
@@ -511,7 +510,7 @@ def test_pruned_grouped_model_records_its_groups_and_rebuilds_from_its_config():
     assert pruned.cfg.heads_per_layer == [2, 2] and pruned.cfg.kv_groups_per_layer == [[2], [1, 1]]
     rebuilt = Transformer(pruned.cfg).double().eval()
     rebuilt.load_state_dict(pruned.state_dict())
-    torch.testing.assert_close(rebuilt(tokens()), model(tokens(), gates=keep_LH.double()), rtol=0, atol=1e-12)
+    torch.testing.assert_close(rebuilt(tokens()), model(tokens(), gated(keep_LH.double())), rtol=0, atol=1e-12)
     # Ungrouped models keep today's config: no groups recorded.
     assert make_model().select_heads(keep_LH).cfg.kv_groups_per_layer is None
 
@@ -586,7 +585,7 @@ def test_families_select_heads_equals_masking_and_rebuilds_from_its_config(featu
     model = family_model(feature, dtype)
     keep_LH = torch.tensor([[False, True, True, True], [True, False, False, True]])
     pruned = model.select_heads(keep_LH)
-    torch.testing.assert_close(pruned(tokens()), model(tokens(), gates=keep_LH.to(dtype)), rtol=0, atol=TOL[dtype])
+    torch.testing.assert_close(pruned(tokens()), model(tokens(), gated(keep_LH.to(dtype))), rtol=0, atol=TOL[dtype])
     rebuilt = Transformer(pruned.cfg).to(dtype).eval()
     rebuilt.load_state_dict(pruned.state_dict())
     assert torch.equal(rebuilt(tokens()), pruned(tokens()))

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from pretrained_helpers import CASES, converted, out_projection
+from test_importance import unchecked
 
 from headcount.ablation.engine.evaluation import task_evaluation_set
 from headcount.ablation.engine.evaluator import MaskEvaluator
@@ -21,6 +22,7 @@ from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches
 from headcount.errors import ConfigError
 from headcount.model import AttentionConfig, ModelConfig, Transformer
+from headcount.model.intervention import gated, reads
 from headcount.tasks import IdsOnly, TaskPrompt
 from headcount.tasks.encode import encode_task
 
@@ -82,9 +84,9 @@ def prepared(model, task, mode, s=None):
 
 
 def z_alone(model, ids) -> list[torch.Tensor]:
-    cache = {}
-    model(torch.tensor([ids]), cache=cache)
-    return [cache["z", layer][0] for layer in range(model.n_layers)]  # (T, H, D)
+    cache = reads(["attn.z"], range(model.n_layers))
+    model(torch.tensor([ids]), cache)
+    return [cache.read("attn.z", layer)[0] for layer in range(model.n_layers)]  # (T, H, D)
 
 
 def metric_by_hand(name, logits_V, answer, wrong) -> float:
@@ -121,7 +123,7 @@ def reference_values(model, task, gates_MLH, mode, metric, sources=None, denoise
                 "patch": z_alone(model, other),
                 "resample": None if sources is None else z_alone(model, sources[i]),
             }[mode]
-            logits = model(torch.tensor([ids]), gates=gates_LH, replacements=replacements)[0, pos]
+            logits = model(torch.tensor([ids]), gated(gates_LH, replacements))[0, pos]
             answer, wrong = int(task.answer_ids[i, pos]), int(task.wrong_ids[i, pos])
             values[m] += float(metric_by_hand(metric, logits, answer, wrong))
     return values / len(prompts)
@@ -340,7 +342,7 @@ def test_last_position_aligned_patching_patches_the_shared_tail():
                         r[t] = z_other[layer][t + shift]
                 replacements.append(r[None])
             gates = masks_to_gates([mask], model.heads_per_layer, torch.float64)[0]
-            logits = model(ids[None], gates=gates, replacements=replacements)[0, n - 1]
+            logits = model(ids[None], gated(gates, replacements))[0, n - 1]
             total += float(logits[task.answer_ids[i, n - 1]] - logits[task.wrong_ids[i, n - 1]])
         assert abs(float(got[m]) - total / len(task)) < 1e-10, mask.name
 
@@ -360,7 +362,7 @@ def metric_at_gate(model, batches, replacements, metric, layer, head, g, where_c
             T = batch["input_ids"].shape[1]
             at = torch.arange(T)[None] == batch["named_pos"][:, where_column : where_column + 1]
             where = at if where is None else where & at
-        logits = model(batch["input_ids"], gates=gates, replacements=replaced.values, gate_where=where)
+        logits = model(batch["input_ids"], unchecked(gates, replaced.values, where))  # g just outside [0, 1]
         mask = batch["score_mask"]
         rows = logits[mask]
         answers, wrongs = batch["answer_ids"][mask], batch["wrong_ids"][mask]
@@ -374,7 +376,6 @@ def metric_at_gate(model, batches, replacements, metric, layer, head, g, where_c
 @pytest.mark.parametrize("metric", ["logit_diff", "answer_logprob", "loss"])
 def test_attribution_equals_finite_differences_of_the_metric_in_the_gate(mode, metric):
     model = make_model(torch.float64)
-    model.check_gates = lambda gates, batch: None  # gates just outside [0, 1] for central differences
     task = toy_task(toy_prompts(n=12))
     data, replacements = prepared(model, task, mode)
     batches = to_batches(data.examples, 4, torch.device("cpu"))

@@ -13,6 +13,7 @@ import transformers as tf  # noqa: E402
 from pretrained_helpers import CASES, converted, hf_model, out_projection, tokens  # noqa: E402
 
 from headcount.errors import ConfigError  # noqa: E402
+from headcount.model.intervention import gated, reads
 from headcount.pretrained import SUPPORTED, convert, hf_model_config, load_pretrained, pretrained_config  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
@@ -44,7 +45,8 @@ def test_converted_model_gives_transformers_logits(case, dtype, rmsnorm_keeps_fl
     assert got.dtype == dtype and not model.training
     torch.testing.assert_close(got, expected, rtol=0, atol=TOL[dtype])
     with torch.no_grad():  # the reference path (which returns attention patterns) agrees too
-        torch.testing.assert_close(model(tokens(), cache={}, need_patterns=True), expected, rtol=0, atol=TOL[dtype])
+        patterned = model(tokens(), reads(["attn.pattern"], range(model.n_layers)))
+        torch.testing.assert_close(patterned, expected, rtol=0, atol=TOL[dtype])
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -83,7 +85,7 @@ def test_zero_ablated_head_equals_its_slice_of_the_output_projection_zeroed(case
     finally:
         handle.remove()
     with torch.no_grad():
-        ablated = model(tokens(), gates=gates)
+        ablated = model(tokens(), gated(gates))
         assert not torch.allclose(ablated, model(tokens()), atol=1e-3)  # the head matters
     torch.testing.assert_close(ablated, expected, rtol=0, atol=TOL[dtype])
 
@@ -257,7 +259,7 @@ def test_converted_grouped_model_runs_through_every_ablation_stage(tmp_path):
     gates_MLH = masks_to_gates(single_head_masks(model.heads_per_layer), model.heads_per_layer, torch.float64)
     fast = MaskEvaluator(model, batches, masks_per_pass=3).evaluate(gates_MLH)
     for m, gates_LH in enumerate(gates_MLH):  # one forward pass per mask (both batches hold 4 x 11 targets)
-        losses = [masked_loss_and_accuracy(model(b["input_ids"], gates=gates_LH), **b_args(b))[0] for b in batches]
+        losses = [masked_loss_and_accuracy(model(b["input_ids"], gated(gates_LH)), **b_args(b))[0] for b in batches]
         torch.testing.assert_close(fast["loss"][m], torch.stack(losses).mean(), rtol=0, atol=1e-10)
     importance_LH = gradient_importance(model, batches)
     assert importance_LH.shape == (2, 4) and bool((importance_LH > 0).all())

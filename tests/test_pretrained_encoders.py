@@ -11,6 +11,7 @@ pytest.importorskip("transformers")
 
 from encoder_helpers import CASES, converted, hf_output, our_output, out_projection  # noqa: E402
 
+from headcount.model.intervention import gated, reads
 from headcount.model.transformer import Transformer  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
@@ -24,7 +25,7 @@ def test_converted_encoder_gives_transformers_outputs(case, dtype):
         expected = hf_output(hf, case)
         got = our_output(model, case)
         # the explicit softmax path (the one that returns patterns) agrees too
-        patterned = our_output(model, case, cache={}, need_patterns=True)
+        patterned = our_output(model, case, reads(["attn.pattern"], range(model.n_layers)))
     assert got.dtype == dtype and not model.training and not model.cfg.causal and model.cfg.post_ln
     torch.testing.assert_close(got, expected, rtol=0, atol=TOL[dtype])
     torch.testing.assert_close(patterned, expected, rtol=0, atol=TOL[dtype])
@@ -52,7 +53,7 @@ def test_every_head_zero_ablated_equals_its_slice_zeroed_in_transformers(case, d
             finally:
                 handle.remove()
             with torch.no_grad():
-                got = our_output(model, case, gates=gates)
+                got = our_output(model, case, gated(gates))
             torch.testing.assert_close(got, expected, rtol=0, atol=TOL[dtype], msg=f"L{layer}H{head}")
 
 
@@ -106,6 +107,6 @@ def test_an_encoder_prunes_structurally_to_its_masked_self_and_counts_transforme
     keep[0, 1] = keep[1, 3] = False
     pruned = model.select_heads(keep)
     with torch.no_grad():
-        masked = our_output(model, case, gates=keep.double())
+        masked = our_output(model, case, gated(keep.double()))
         torch.testing.assert_close(our_output(pruned, case), masked, rtol=0, atol=1e-10)
     assert pruned.heads_per_layer == [3, 3] and not pruned.cfg.causal

@@ -16,6 +16,7 @@ from family_cases import CASES, FEATURES, attention_layers, hf_model, tokens  # 
 
 from headcount.config.model import RopeScalingConfig  # noqa: E402
 from headcount.errors import ConfigError  # noqa: E402
+from headcount.model.intervention import gated, reads
 from headcount.model.transformer import Transformer  # noqa: E402
 from headcount.pretrained import hf_model_config, load_pretrained  # noqa: E402
 
@@ -90,7 +91,8 @@ def test_family_gives_transformers_logits_and_head_ablations(case, dtype, folder
     with torch.no_grad():
         expected = hf(x).logits
         torch.testing.assert_close(model(x), expected, rtol=0, atol=TOL[dtype])
-        torch.testing.assert_close(model(x, cache={}, need_patterns=True), expected, rtol=0, atol=TOL[dtype])
+        patterned = model(x, reads(["attn.pattern"], range(model.n_layers)))  # the explicit attention path
+        torch.testing.assert_close(patterned, expected, rtol=0, atol=TOL[dtype])
     D, L, H = model.head_dim, model.n_layers, model.max_heads
     for layer in range(L):
         for head in range(H):
@@ -99,7 +101,7 @@ def test_family_gives_transformers_logits_and_head_ablations(case, dtype, folder
             with torch.no_grad(), zeroed_head(attention_layers(hf)[layer].self_attn.o_proj, head, D):
                 ablated_expected = hf(x).logits
             with torch.no_grad():
-                torch.testing.assert_close(model(x, gates=gates), ablated_expected, rtol=0, atol=TOL[dtype])
+                torch.testing.assert_close(model(x, gated(gates)), ablated_expected, rtol=0, atol=TOL[dtype])
 
 
 class zeroed_head:
@@ -200,7 +202,7 @@ def test_the_evaluator_restarts_mid_block_exactly_on_a_converted_family(case, fo
     fast = MaskEvaluator(model, batches, masks_per_pass=3).evaluate(gates_MLH)
     for m, gates_LH in enumerate(gates_MLH):
         losses = [
-            masked_loss_and_accuracy(model(b["input_ids"], gates=gates_LH), b["input_ids"], b["loss_mask"])[0]
+            masked_loss_and_accuracy(model(b["input_ids"], gated(gates_LH)), b["input_ids"], b["loss_mask"])[0]
             for b in batches
         ]
         torch.testing.assert_close(fast["loss"][m], torch.stack(losses).mean(), rtol=0, atol=1e-10)

@@ -8,6 +8,8 @@ from importlib.metadata import PackageNotFoundError, distribution
 import pytest
 import torch
 
+from headcount.model.intervention import gated
+
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
@@ -77,4 +79,4 @@ def test_gemma3_zeroed_head_matches_transformers_o_proj_hook(ours, theirs):
     finally:
         handle.remove()
     with torch.no_grad():
-        torch.testing.assert_close(ours.model(ids, gates=gates), expected, rtol=0, atol=1e-3)
+        torch.testing.assert_close(ours.model(ids, gated(gates)), expected, rtol=0, atol=1e-3)

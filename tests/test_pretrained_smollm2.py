@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from headcount.model.intervention import gated
+
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
@@ -81,7 +83,7 @@ def test_smollm2_logits_and_an_ablated_head_match_transformers(ours, theirs):
     finally:
         handle.remove()
     with torch.no_grad():
-        torch.testing.assert_close(ours.model(ids, gates=gates), expected, rtol=0, atol=1e-4)
+        torch.testing.assert_close(ours.model(ids, gated(gates)), expected, rtol=0, atol=1e-4)
 
 
 def test_smollm2_greedy_generation_is_identical(ours, theirs):
@@ -116,8 +118,8 @@ def test_single_head_scan_on_smollm2_equals_one_forward_per_mask(ours):
         model64 = copy.deepcopy(model).double()
         scan64 = MaskEvaluator(model64, batches).evaluate(gates_MLH[checked].double())
         for i, m in enumerate(checked):
-            loss, _ = masked_loss_and_accuracy(model(ids_BT, gates=gates_MLH[m]), ids_BT, batches[0]["loss_mask"])
+            loss, _ = masked_loss_and_accuracy(model(ids_BT, gated(gates_MLH[m])), ids_BT, batches[0]["loss_mask"])
             torch.testing.assert_close(scan["loss"][m], loss.double(), rtol=0, atol=1e-3)
             gates64 = gates_MLH[m].double()
-            loss64, _ = masked_loss_and_accuracy(model64(ids_BT, gates=gates64), ids_BT, batches[0]["loss_mask"])
+            loss64, _ = masked_loss_and_accuracy(model64(ids_BT, gated(gates64)), ids_BT, batches[0]["loss_mask"])
             torch.testing.assert_close(scan64["loss"][i], loss64, rtol=0, atol=1e-10)

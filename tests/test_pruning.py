@@ -12,6 +12,7 @@ from headcount.config.ablation import PruningConfig
 from headcount.errors import ConfigError
 from headcount.metrics import token_nll_and_correct
 from headcount.model import AttentionConfig, ModelConfig, Transformer
+from headcount.model.intervention import gated
 
 BASE_LOSS = 2.0
 # Toy model: 2 layers, layer 1 pruned to 2 of 3 heads. Removing a head adds its cost to the loss.
@@ -150,7 +151,8 @@ def test_real_model_curves_start_at_the_baseline():
     batch = {"input_ids": torch.randint(0, 10, (4, 8), generator=g), "loss_mask": torch.ones(4, 8, dtype=torch.bool)}
 
     def loss_and_acc(gates=None) -> tuple[float, float]:
-        nll, correct = token_nll_and_correct(model(batch["input_ids"], gates=gates), batch["input_ids"])
+        logits = model(batch["input_ids"], None if gates is None else gated(gates))
+        nll, correct = token_nll_and_correct(logits, batch["input_ids"])
         return nll.mean().item(), correct.mean().item()
 
     def evaluate(masks_MLH):

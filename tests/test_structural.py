@@ -7,6 +7,7 @@ import torch
 from headcount.ablation.methods.structural import measure_speed, prune_heads, save_pruned_checkpoint
 from headcount.errors import ConfigError
 from headcount.model import AttentionConfig, ModelConfig, Transformer
+from headcount.model.intervention import gated
 from headcount.run_dir import load_model
 from headcount.train.module import HeadcountModule
 
@@ -47,7 +48,7 @@ def remove_masks() -> dict[str, torch.Tensor]:
 
 def masked_logits(model, remove_LH, replacements) -> torch.Tensor:
     gates_LH = (~remove_LH).to(next(model.parameters()).dtype)
-    return model(tokens(), gates=gates_LH, replacements=replacements)
+    return model(tokens(), gated(gates_LH, replacements))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -178,7 +179,7 @@ def test_pruned_converted_family_equals_masked(case, mask, mode):
     g = torch.Generator().manual_seed(2)
     replacements = [torch.randn(4, model.head_dim, generator=g).double() for _ in range(2)] if mode == "mean" else None
     pruned = prune_heads(model, remove_LH, replacements)
-    masked = model(tokens(), gates=(~remove_LH).double(), replacements=replacements)
+    masked = model(tokens(), gated((~remove_LH).double(), replacements))
     torch.testing.assert_close(pruned(tokens()), masked, rtol=0, atol=1e-10)
     if model.cfg.attn.n_kv_heads is not None:  # a key/value head goes only with the last query head of its group
         kv_groups = model.blocks[0].attn.kv_groups

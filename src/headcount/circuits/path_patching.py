@@ -17,7 +17,8 @@ Nothing before the first receiver's layer changes, so the pass starts there from
 and P (sender set, receiver set) pairs of B examples run as P * B rows, in passes of some pairs of some examples
 sized to a memory budget (passes.py). A pair costs about the model's forward from that layer on: its receivers'
 inputs are the clean streams into them plus one change (patched_inputs), and each layer runs as the model runs it,
-only its receiver heads again from their own inputs (run_with_inputs). For one sender and one receiver, or receivers
+only its receiver heads again from their own inputs (run_with_inputs: the model's forward with an intervention at the
+receivers' sites). For one sender and one receiver, or receivers
 all in one layer, path patching equals the edge-patched forward with the edges S x R removed.
 The result is the effect, metric(patched) - metric(clean), per pair (float64, summed over the points).
 """
@@ -37,6 +38,9 @@ from headcount.circuits.graph import Graph, Node, Receiver
 from headcount.circuits.metric import Metric, metric_at, point_values, points_mask
 from headcount.circuits.passes import budget_of, path_example_bytes, path_unit_bytes, plan_passes
 from headcount.errors import ConfigError
+from headcount.model.block import Block
+from headcount.model.intervention import Hook, Intervention, keep
+from headcount.model.sites import Site
 from headcount.model.transformer import Transformer
 
 
@@ -154,32 +158,50 @@ def run_with_inputs(
     model: Transformer, graph: Graph, clean: NodeOutputs, patched: dict[tuple[int, Receiver], Tensor], n_pairs: int
 ) -> Tensor:
     """The logits' input (n_pairs * B, T, C) of the model run with the receivers' inputs replaced, pair p in rows
-    p*B.. (the unembedding is the caller's, at its score points). Each layer runs as the model does, from the stream;
-    only its receiver heads run again from their patched inputs (a head's other two inputs read the stream), and their
-    z replaces the plain one."""
+    p*B.. (the unembedding is the caller's, at its score points): the model's own forward from the first receiver's
+    layer, with an intervention at the receivers' layers. A receiver head's z is recomputed from its patched input
+    (its other two inputs the stream into its layer, read at resid_pre) by the model's heads_from_inputs and replaces
+    the plain z at attn.z; a receiver MLP's rows of mlp_in are its patched input through the MLP's norm."""
     B = clean.emb.shape[0]
     start = min(r.node.layer for _, r in patched)
     stream = plain_streams(model, graph, clean, {graph.sender_start(start)})[graph.sender_start(start)]
-    stream = stream.repeat(n_pairs, 1, 1)
+    hooks: list[tuple[Site, Hook]] = []
     for layer in range(start, graph.n_layers):
-        block = model.blocks[layer]
-        z_RTHD = block.attn.heads(block.ln_attn(stream))
         head_inputs = {(p, r): x for (p, r), x in patched.items() if r.node.kind == "head" and r.node.layer == layer}
         if head_inputs:
-            heads = sorted({r.node.head for _, r in head_inputs})
-            x_RKWTC = stream[:, None, None].repeat(1, len(heads), 3, 1, 1)
-            for (p, r), x in head_inputs.items():
-                x_RKWTC[p * B : (p + 1) * B, heads.index(r.node.head), "qkv".index(r.input)] = x
-            index_K = torch.tensor(heads, device=stream.device)
-            z_RTHD = z_RTHD.index_copy(2, index_K, block.heads_from_inputs(x_RKWTC, index_K))
-        attn = attention_contribution(block, z_RTHD, None, None)[:, 0]
-        if block.mlp is None:
-            stream = stream + attn
-            continue
-        mlp_in = stream if block.parallel_residual else stream + attn
-        mlp_in = _replace(mlp_in, patched, Node("mlp", layer), B)
-        stream = stream + attn + block.drop(block.mlp_out(mlp_in))
-    return _replace(stream, patched, Node("logits", graph.n_layers), B)
+            hooks.extend(receiver_heads(model.blocks[layer], head_inputs, B))
+        mlp_inputs = {p: x for (p, r), x in patched.items() if r.node == Node("mlp", layer)}
+        if mlp_inputs:
+            norm = model.blocks[layer].ln_mlp
+            hooks.append((Site("mlp_in", layer), lambda x, site, rows=mlp_inputs, norm=norm: _rows(x, rows, B, norm)))
+    final = model.forward_layers(stream.repeat(n_pairs, 1, 1), start, Intervention(hooks))
+    return _replace(final, patched, Node("logits", graph.n_layers), B)
+
+
+def receiver_heads(block: Block, head_inputs: dict[tuple[int, Receiver], Tensor], B: int) -> list[tuple[Site, Hook]]:
+    """Hooks that keep the stream into the block (resid_pre) and put the receiver heads' z, each from its patched
+    input and the stream for its other two, in place of theirs (attn.z)."""
+    into: dict[str, Tensor] = {}
+    heads = sorted({r.node.head for _, r in head_inputs})
+    layer = block.layer
+
+    def recompute(z_RTHD: Tensor, site: Site) -> Tensor:
+        stream = into[Site("resid_pre", layer).name]
+        x_RKWTC = stream[:, None, None].repeat(1, len(heads), 3, 1, 1)
+        for (p, r), x in head_inputs.items():
+            x_RKWTC[p * B : (p + 1) * B, heads.index(r.node.head), "qkv".index(r.input)] = x
+        index_K = torch.tensor(heads, device=stream.device)
+        return z_RTHD.index_copy(2, index_K, block.heads_from_inputs(x_RKWTC, index_K))
+
+    return [(Site("resid_pre", layer), keep(into)), (Site("attn.z", layer), recompute)]
+
+
+def _rows(x_RTC: Tensor, rows: dict[int, Tensor], B: int, norm) -> Tensor:
+    """x with pair p's rows replaced by norm(rows[p])."""
+    x_RTC = x_RTC.clone()
+    for p, x in rows.items():
+        x_RTC[p * B : (p + 1) * B] = norm(x)
+    return x_RTC
 
 
 def _replace(x_RTC: Tensor, patched: dict[tuple[int, Receiver], Tensor], node: Node, B: int) -> Tensor:

@@ -11,7 +11,10 @@ calls these rather than re-deriving the weight layout:
 - `project_inputs` / `heads_from_inputs`: the same per-head projection, q/k norms, rotary positions and attention
   for heads that each read q, k and v from inputs of their own (path patching, the edge-patched forward, EAP's
   gradient taps, an intervention at a head's q/k/v input): the one place outside `project` that knows the layout.
-- `gate_z`: a gate g and a replacement r act on z before heads combine, z_h <- g z_h + (1 - g) r_h.
+- `attend_allowed`: queries over keys with a mask of which each sees, for the suffix evaluator's slots
+  (model/suffix.py), which `project` projects at their absolute positions (`at`).
+- `gate_z`: a gate g and a replacement r act on z before heads combine, z_h <- g z_h + (1 - g) r_h (the model's
+  forward applies it through the `Gates` hook at the attn.z site, model/intervention.py).
 - `combine_heads`: concatenation (one W_o slice per head) or summation (one W_o shared by all heads, as in the first
   Transformer), then the output projection.
 - `select_heads`: structural pruning, a new module with only the kept heads; a removed head's constant replacement
@@ -117,31 +120,24 @@ class MultiHeadAttention(nn.Module):
             self.q_norm = RMSNorm(q_width, f.norm_eps, f.qk_norm_plus_one) if q_width else None
             self.k_norm = RMSNorm(k_width, f.norm_eps, f.qk_norm_plus_one) if k_width else None
 
-    def forward(
-        self,
-        x_BTC: Tensor,
-        gate: Tensor | None = None,
-        replacement: Tensor | None = None,
-        cache: dict | None = None,
-    ) -> Tensor:
-        """The layer's output (B, T, C): heads, gated, combined. Arguments as in `heads` and `gate_z`."""
-        return self.combine_heads(self.gate_z(self.heads(x_BTC, cache), gate, replacement))
+    def forward(self, x_BTC: Tensor, gate: Tensor | None = None, replacement: Tensor | None = None) -> Tensor:
+        """The layer's output (B, T, C): heads, gated, combined. Arguments as in `gate_z`."""
+        return self.combine_heads(self.gate_z(self.heads(x_BTC), gate, replacement))
 
-    def heads(self, x_BTC: Tensor, cache: dict | None = None) -> Tensor:
-        """z (B, T, H, D). cache: if given, receives "z"."""
-        return self.attend(*self.project(x_BTC), cache)
+    def heads(self, x_BTC: Tensor) -> Tensor:
+        """z (B, T, H, D) from the layer's normed input."""
+        return self.attend(*self.project(x_BTC))
 
     def attend(
         self,
         q_BHTD: Tensor,
         k_BGTD: Tensor,
         v_BGTD: Tensor,
-        cache: dict | None = None,
         pattern_hook: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
-        """z (B, T, H, D) from q (B, H, T, D) and k, v per key/value head (B, G, T, D), cache as in `heads`;
-        pattern_hook: applied to the attention pattern (B, H, T, T) before it weighs the values (the explicit path;
-        an intervention's read or edit of the pattern, Transformer.forward's need_patterns included)."""
+        """z (B, T, H, D) from q (B, H, T, D) and k, v per key/value head (B, G, T, D); pattern_hook: applied to the
+        attention pattern (B, H, T, T) before it weighs the values (the explicit path; an intervention's read or edit
+        of the attn.pattern site)."""
         k_BHTD, v_BHTD = self.per_query_head(k_BGTD), self.per_query_head(v_BGTD)
         if pattern_hook is not None or (self.features.softcap is not None and self.n_heads > 0):
             z_BHTD, _ = self.reference_attention(q_BHTD, k_BHTD, v_BHTD, pattern_hook)
@@ -159,21 +155,21 @@ class MultiHeadAttention(nn.Module):
                 dropout_p=self.dropout if self.training else 0.0,
                 scale=self.score_scale,
             )
-        z_BTHD = z_BHTD.transpose(1, 2)
-        if cache is not None:
-            cache["z"] = z_BTHD
-        return z_BTHD
+        return z_BHTD.transpose(1, 2)
 
-    def project(self, x_BTC: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, x_BTC: Tensor, at: tuple[Tensor, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q (B, H, T, D), and k and v (B, H_kv, T, D) per key/value head, from one fused projection; q and k
         normalised when the model has q/k norms (over the projection before the head split, or per head), then rotated
-        by their positions when the model uses rotary positions."""
+        by their positions when the model uses rotary positions. at: None when x holds positions 0..T-1; else
+        (positions (B, T), the sequences' whole length), x holding those positions of longer sequences (the suffix
+        evaluator's slots, model/suffix.py: rotary angles of the whole length, as dynamic scaling reads it)."""
         B, T, _ = x_BTC.shape
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q_BTX, k_BTX, v_BTX = self.qkv(x_BTC).split([H * D, G * D, G * D], dim=-1)
         if self.pos_emb is not None:  # (x + p_t) W for q and k: p_t W added, the bias already in once
-            qk_TX = F.linear(self.pos_emb.weight[:T], self.qkv.weight[: (H + G) * D])
-            q_BTX, k_BTX = q_BTX + qk_TX[:, : H * D], k_BTX + qk_TX[:, H * D :]
+            p_TC = self.pos_emb.weight[:T] if at is None else self.pos_emb.weight[at[0]]
+            qk_TX = F.linear(p_TC, self.qkv.weight[: (H + G) * D])
+            q_BTX, k_BTX = q_BTX + qk_TX[..., : H * D], k_BTX + qk_TX[..., H * D :]
         if self.features.qk_norm == "projection" and self.q_norm is not None:  # (a layer pruned to no heads has none)
             q_BTX, k_BTX = self.q_norm(q_BTX), self.k_norm(k_BTX)
         q_BTHD, k_BTGD = q_BTX.view(B, T, H, D), k_BTX.view(B, T, G, D)
@@ -181,9 +177,30 @@ class MultiHeadAttention(nn.Module):
             q_BTHD, k_BTGD = self.q_norm(q_BTHD), self.k_norm(k_BTGD)
         q_BHTD, k_BGTD = q_BTHD.transpose(1, 2), k_BTGD.transpose(1, 2)
         v_BGTD = v_BTX.view(B, T, G, D).transpose(1, 2)
-        if self.rotary is not None:
+        if self.rotary is not None and at is None:
             q_BHTD, k_BGTD = self.rotary(q_BHTD, k_BGTD)
+        elif self.rotary is not None:
+            cos_TR, sin_TR = self.rotary.angles(at[1], x_BTC.device, x_BTC.dtype)
+            cos_B1TR, sin_B1TR = cos_TR[at[0]][:, None], sin_TR[at[0]][:, None]
+            q_BHTD = self.rotary.rotate(q_BHTD, cos_B1TR, sin_B1TR)
+            k_BGTD = self.rotary.rotate(k_BGTD, cos_B1TR, sin_B1TR)
         return q_BHTD, k_BGTD, v_BGTD
+
+    def attend_allowed(self, q_BHSD: Tensor, k_BGKD: Tensor, v_BGKD: Tensor, allowed_B1SK: Tensor) -> Tensor:
+        """z (B, S, H, D) of S queries over K keys per key/value head, allowed (broadcastable to (B, H, S, K)) saying
+        which keys each query sees: the suffix evaluator's slots over the clean keys before them and their own
+        (model/suffix.py). SDPA, or the reference path's arithmetic for soft-capped scores."""
+        k_BHKD, v_BHKD = self.per_query_head(k_BGKD), self.per_query_head(v_BGKD)
+        cap = self.features.softcap
+        if cap is None:
+            z_BHSD = F.scaled_dot_product_attention(
+                q_BHSD, k_BHKD, v_BHKD, attn_mask=allowed_B1SK, scale=self.score_scale
+            )
+        else:  # SDPA cannot cap
+            scores = (q_BHSD @ k_BHKD.transpose(-2, -1)) * self.score_scale
+            scores = torch.tanh(scores / cap) * cap
+            z_BHSD = scores.masked_fill(~allowed_B1SK, float("-inf")).softmax(dim=-1) @ v_BHKD
+        return z_BHSD.transpose(1, 2)
 
     def project_inputs(self, x_BKWTC: Tensor, heads_K: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q, k and v (B, K, T, D) of K query heads (`heads_K`, the layer's head indices in x's order; None: all of

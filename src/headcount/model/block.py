@@ -4,16 +4,15 @@ ln_attn, ln_mlp) and on its output before the addition (post_norm: ln_attn_out, 
 "sandwich", OLMo 2 only the second), or, post-LN (BERT, the original Transformer), a norm on the stream after each
 addition: x <- norm(x + attn(x)), x <- norm(x + mlp(x)) (ln_attn_add, ln_mlp_add).
 
-`Block.forward` is heads -> gate -> finish: the attention module produces z, gates it, and `finish` takes the block
-input and that z the rest of the way (combine heads, project, post-norm, add, MLP). The ablation evaluator calls the
-same `finish` on a cached z, so the model and the evaluator share one code path, and a post-attention norm acts after
-the heads combine: gating z means the same with or without it.
+`Block.forward` is heads -> finish: the attention module produces z and `finish` takes the block input and that z the
+rest of the way (combine heads, project, post-norm, add, MLP); with an intervention at this layer the same steps run
+with its hooks at the named sites between them (head gates are a hook at attn.z). The ablation evaluator calls the
+same `finish` on a cached, gated z, so the model and the evaluator share one code path, and a post-attention norm acts
+after the heads combine: gating z means the same with or without it.
 
 A layer's type (model.layer_types: full or sliding) sets its attention window and, with rotary_theta_local, its
 rotary base (Gemma 3's local layers use their own base, unscaled, its global layers the scaled one).
 """
-
-from functools import lru_cache
 
 import torch
 from torch import Tensor, nn
@@ -58,17 +57,13 @@ def layer_features(cfg: ModelConfig, layer_type: str) -> AttentionFeatures:
     )
 
 
-@lru_cache(maxsize=512)
-def layer_sites(layer: int) -> dict[str, Site]:
-    """This layer's sites by kind, built once."""
-    return {kind: Site(kind, layer) for kind in BLOCK_SITES}
-
-
 class Block(nn.Module):
     def __init__(
         self, cfg: ModelConfig, n_heads: int, head_dim: int, kv_groups: list[int] | None = None, layer: int = 0
     ):
         super().__init__()
+        self.layer = layer
+        self.sites = {kind: Site(kind, layer) for kind in BLOCK_SITES}  # this layer's named sites, by kind
         a = cfg.attn
         layer_type = resolve_layer_types(cfg)[layer]
         self.ln_attn = make_norm(cfg) if cfg.pre_norm else nn.Identity()
@@ -95,43 +90,18 @@ class Block(nn.Module):
         self.ln_attn_add = make_norm(cfg) if cfg.post_ln else None
         self.ln_mlp_add = make_norm(cfg) if cfg.post_ln and cfg.mlp else None
 
-    def forward(
-        self,
-        x_BTC: Tensor,
-        gate: Tensor | None = None,
-        replacement: Tensor | None = None,
-        cache: dict | None = None,
-        gate_where: Tensor | None = None,
-    ) -> Tensor:
-        """gate, replacement, cache and gate_where (gate_z's where) as in MultiHeadAttention."""
-        z_BTHD = self.attn.heads(self.ln_attn(x_BTC), cache)
-        gated_BTHD = self.attn.gate_z(z_BTHD, gate, replacement, gate_where)
-        if cache is not None and gate is not None:
-            cache["z_gated"] = gated_BTHD  # what the heads pass on: gradients at the gates read it (attribution.py)
-        return self.finish(x_BTC, gated_BTHD)
-
-    def forward_intervened(
-        self,
-        x_BTC: Tensor,
-        intervention: Intervention,
-        layer: int,
-        gate: Tensor | None = None,
-        replacement: Tensor | None = None,
-        cache: dict | None = None,
-        gate_where: Tensor | None = None,
-    ) -> Tensor:
-        """`forward` with the intervention's hooks at this layer's named sites (model/sites.py); the same operations
-        in the same order as forward, so with hooks that change nothing it gives the same bits."""
-        at, s = intervention.at, layer_sites(layer)
+    def forward(self, x_BTC: Tensor, intervention: Intervention | None = None) -> Tensor:
+        """The block's output; with an intervention that touches this layer, its hooks and reads at the layer's named
+        sites (model/sites.py; head gates are hooks at attn.z), the same operations in the same order as the plain
+        path, so hooks that change nothing give the same bits."""
+        if intervention is None or not intervention.touches(self.layer):
+            return self.finish(x_BTC, self.attn.heads(self.ln_attn(x_BTC)))
+        at, s = intervention.at, self.sites
         x_BTC = at(s["resid_pre"], x_BTC)
         q_BHTD, k_BGTD, v_BGTD = self.intervened_qkv(x_BTC, intervention, s)
         pattern_hook = (lambda p: at(s["attn.pattern"], p)) if intervention.wants(s["attn.pattern"]) else None
-        z_BTHD = self.attn.attend(q_BHTD, k_BGTD, v_BGTD, cache, pattern_hook)
-        gated_BTHD = self.attn.gate_z(z_BTHD, gate, replacement, gate_where)
-        if cache is not None and gate is not None:
-            cache["z_gated"] = gated_BTHD
-        gated_BTHD = at(s["attn.z"], gated_BTHD)
-        attn_BTC = self.attn.combine_heads(gated_BTHD)
+        z_BTHD = at(s["attn.z"], self.attn.attend(q_BHTD, k_BGTD, v_BGTD, pattern_hook))
+        attn_BTC = self.attn.combine_heads(z_BTHD)
         if self.ln_attn_out is not None:
             attn_BTC = self.ln_attn_out(attn_BTC)
         attn_BTC = at(s["attn_out"], self.drop(attn_BTC))
@@ -141,7 +111,7 @@ class Block(nn.Module):
         hidden_hook = (lambda h: at(s["mlp.hidden"], h)) if intervention.wants(s["mlp.hidden"]) else None
         mlp_BTC = self.mlp(at(s["mlp_in"], self.ln_mlp(x_BTC if self.parallel_residual else mid_BTC)), hidden_hook)
         mlp_BTC = at(s["mlp_out"], mlp_BTC if self.ln_mlp_out is None else self.ln_mlp_out(mlp_BTC))
-        # forward's order of additions: (x + attn) + mlp in both residual forms
+        # finish's order of additions: (x + attn) + mlp in both residual forms
         return at(s["resid_post"], self.add_mlp(mid_BTC, mlp_BTC))
 
     def intervened_qkv(self, x_BTC: Tensor, intervention: Intervention, s: dict) -> tuple[Tensor, Tensor, Tensor]:

@@ -10,14 +10,20 @@ replaced and added values and into cached ones. The model's forward asks `touche
 plain code where nothing is asked, so an empty intervention costs nothing measurable (scripts/bench_hooks.py).
 A hook that raises or returns anything but None or a tensor of the site's shape is a one-line ConfigError naming the
 site.
+
+The forward has no other way in: head gates and mode replacements are `Gates`, a hook at every layer's attn.z site
+(z_h <- g z_h + (1 - g) r_h, the ablation evaluator's many masks per batch as gates (B, L, H)); what the forward keeps
+for a caller (the stream into each layer, each head's z, the attention patterns) is a read of its sites, `reads`.
 """
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from headcount.errors import ConfigError
+from headcount.model.attention import MultiHeadAttention
 from headcount.model.sites import KEY, Site, parse_site
 
 Hook = Callable[[Tensor, Site], Tensor | None]
@@ -32,19 +38,16 @@ class Intervention:
                     KEY, str(name), f"a hook must be callable (tensor, site) -> tensor or None, not {fn!r}"
                 )
             self.hooks.setdefault(as_site(name), []).append(fn)
+        # each Gates hook once (it sits at every layer's attn.z), found here, outside a compiled forward
+        self.gates = list({id(fn): fn for fns in self.hooks.values() for fn in fns if isinstance(fn, Gates)}.values())
         self.cached_sites: set[Site] = {as_site(name) for name in cache}
         self.cache: dict[str, Tensor] = {}
         self.sites = set(self.hooks) | self.cached_sites
         self.layers = {site.layer for site in self.sites}
 
-    def with_reads(self, sites: list[Site]) -> "Intervention":
-        """This intervention with these sites read too, into its own cache (the hooks and the cache dict shared)."""
-        both = Intervention()
-        both.hooks, both.cache = self.hooks, self.cache
-        both.cached_sites = self.cached_sites | set(sites)
-        both.sites = set(both.hooks) | both.cached_sites
-        both.layers = {site.layer for site in both.sites}
-        return both
+    def read(self, kind: str, layer: int | None = None) -> Tensor:
+        """The cached activation of the site `kind` of `layer` (None: a model site), e.g. read("attn.z", 1)."""
+        return self.cache[Site(kind, layer).name]
 
     def __bool__(self) -> bool:
         return bool(self.sites)
@@ -56,13 +59,16 @@ class Intervention:
     def wants(self, site: Site) -> bool:
         return site in self.sites
 
-    def check_layers(self, n_layers: int, mlp: bool) -> None:
+    def check(self, model, batch: int) -> None:
         """ConfigError for a site the model does not have (a layer past its last, an MLP site of an attention-only
-        model)."""
+        model) and for gates of the wrong shape or outside [0, 1] (`Gates.check`). model: the Transformer."""
+        for gates in self.gates:
+            gates.check(model, batch)
+        n_layers = model.n_layers
         for site in self.sites:
             if site.layer is not None and site.layer >= n_layers:
                 raise ConfigError(KEY, site.name, f"this model has layers 0..{n_layers - 1}")
-            if not mlp and site.kind.startswith("mlp"):
+            if not model.cfg.mlp and site.kind.startswith("mlp"):
                 raise ConfigError(KEY, site.name, "this model has no MLPs (model.mlp=false)")
 
     def at(self, site: Site, x: Tensor) -> Tensor:
@@ -117,3 +123,66 @@ def add(value: Tensor) -> Hook:
         return x + value.to(x.dtype)
 
     return adding
+
+
+def keep(into: dict[str, Tensor]) -> Hook:
+    """A hook that records the activation as it reaches it, under the site's name, and changes nothing: placed before
+    another hook of the same site, it keeps what that hook received (the z before the gates)."""
+
+    def keeping(x: Tensor, site: Site) -> None:
+        into[site.name] = x
+
+    return keeping
+
+
+def reads(kinds: Iterable[str], layers: Iterable[int], hooks: Iterable[tuple[str | Site, Hook]] = ()) -> Intervention:
+    """An intervention that caches the sites `kinds` of every layer in `layers` (and applies `hooks`): how a caller
+    keeps the stream into each layer, each head's z or the attention patterns (attn.pattern takes the explicit
+    attention path, which computes them)."""
+    return Intervention(hooks, [Site(kind, layer) for layer in layers for kind in kinds])
+
+
+@dataclass(frozen=True, eq=False)
+class Gates:
+    """Head gates as a hook at attn.z: z_h <- g z_h + (1 - g) r_h at layer l with g = gates[..., l, h].
+
+    gates: (L, H) or (B, L, H) in [0, 1] (H the model's largest head count; per-example gates run many masks in one
+    batched forward), replacements: one tensor per layer broadcastable to z (B, T, H, D), or None (zero ablation),
+    where: (B, T), the positions the gates act at (None: all; elsewhere every head keeps its z). The arithmetic is
+    MultiHeadAttention.gate_z's, the one place it is written."""
+
+    gates: Tensor
+    replacements: list[Tensor | None] | None = None
+    where: Tensor | None = None
+
+    def __call__(self, z_BTHD: Tensor, site: Site) -> Tensor:
+        layer = site.layer
+        replacement = None if self.replacements is None else self.replacements[layer]
+        return MultiHeadAttention.gate_z(z_BTHD, self.gates[..., layer, : z_BTHD.shape[2]], replacement, self.where)
+
+    def hooks(self, start: int = 0) -> list[tuple[Site, Hook]]:
+        """This hook at attn.z of layers start..L-1."""
+        return [(Site("attn.z", layer), self) for layer in range(start, self.gates.shape[-2])]
+
+    def check(self, model, batch: int) -> None:
+        shape = (model.n_layers, model.max_heads)
+        gates = self.gates
+        batch_ok = gates.ndim == 2 or (gates.ndim == 3 and gates.shape[0] == batch)
+        if not batch_ok or tuple(gates.shape[-2:]) != shape:
+            allowed = f"allowed shapes: {shape} or ({batch}, {shape[0]}, {shape[1]})"
+            raise ConfigError("gates", tuple(gates.shape), allowed)
+        # A data-dependent check would break the graph under torch.compile; eager calls still get it.
+        if not torch.compiler.is_compiling() and not bool(((gates >= 0) & (gates <= 1)).all()):
+            raise ConfigError("gates", "values outside [0, 1]", "every gate must lie in [0, 1]")
+
+
+def gated(
+    gates: Tensor,
+    replacements: list[Tensor | None] | None = None,
+    where: Tensor | None = None,
+    start: int = 0,
+    hooks: Iterable[tuple[str | Site, Hook]] = (),
+    cache: Iterable[str | Site] = (),
+) -> Intervention:
+    """The intervention of head gates (`Gates`) from layer `start` on, after `hooks` at the same sites, with `cache`."""
+    return Intervention([*hooks, *Gates(gates, replacements, where).hooks(start)], cache)

@@ -5,20 +5,22 @@ with the clean one up to p_b), every layer's stream, keys and values before p_b 
 after the last one scored cannot reach a score (attention is causal). `SuffixLayout` says which positions of each
 sequence run, [p_b, e_b), left-aligned into S slots; `suffix_block` runs one layer there, reading the clean keys and
 values of positions before p_b: the same numbers as the layer on the whole sequence at those positions, up to float
-rounding. Everything per position (the norms, projections, MLP, gates) is the model's own code (`Block.finish`,
-`MultiHeadAttention.gate_z`, `combine_heads`); what depends on position is redone here with absolute positions:
-rotary angles (computed for the whole length T, so dynamic scaling sees the same T), shortformer's learned q/k
-positions, the causal and sliding-window mask, soft-capped scores.
+rounding. Every operation on heads is the model's own code: `MultiHeadAttention.project` at the slots' absolute
+positions (rotary angles computed for the whole length T, so dynamic scaling sees the same T; shortformer's learned
+q/k positions), `attend_allowed` over the clean keys and the slots' own (soft-capped scores included), the `Gates`
+hook and `Block.finish`; what is here is which keys each slot sees (the causal and sliding-window mask by absolute
+position) and the gathering and scattering of slots.
 """
 
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from headcount.model.attention import MultiHeadAttention
 from headcount.model.block import Block
+from headcount.model.intervention import Gates
+from headcount.model.sites import Site
 
 
 @dataclass
@@ -76,56 +78,27 @@ def clean_keys_values(block: Block, resid_BTC: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def suffix_block(
-    block: Block,
-    x_XSC: Tensor,
-    layout: SuffixLayout,
-    clean_kv: tuple[Tensor, Tensor],
-    gate: Tensor | None = None,
-    replacement: Tensor | None = None,
-    gate_where: Tensor | None = None,
+    block: Block, x_XSC: Tensor, layout: SuffixLayout, clean_kv: tuple[Tensor, Tensor], gates: Gates | None = None
 ) -> Tensor:
     """The block's output at the layout's slots, x the stream into it there (X = copies * B rows, mask-major).
-    clean_kv: the clean keys and values (B, G, T, D) (`clean_keys_values`); gate, replacement (at the slots) and
-    gate_where (X, S) as in Block.forward."""
-    attn = block.attn
-    z_XSHD = suffix_heads(attn, block.ln_attn(x_XSC), layout, clean_kv)
-    return block.finish(x_XSC, attn.gate_z(z_XSHD, gate, replacement, gate_where))
+    clean_kv: the clean keys and values (B, G, T, D) (`clean_keys_values`); gates: the head gates' hook at the
+    layer's attn.z site, its replacements and positions given at the slots (X, S, ...), or None."""
+    z_XSHD = suffix_heads(block.attn, block.ln_attn(x_XSC), layout, clean_kv)
+    if gates is not None:
+        z_XSHD = gates(z_XSHD, Site("attn.z", block.layer))
+    return block.finish(x_XSC, z_XSHD)
 
 
 def suffix_heads(attn: MultiHeadAttention, x_XSC: Tensor, layout: SuffixLayout, clean_kv: tuple[Tensor, Tensor]):
-    """z (X, S, H, D) at the slots: the slots' queries over the clean keys before p_b and the slots' own keys."""
+    """z (X, S, H, D) at the slots: the slots' queries over the clean keys before p_b and the slots' own keys (the
+    projection and the attention are MultiHeadAttention's, at the slots' absolute positions)."""
     X, S, _ = x_XSC.shape
     copies = X // len(layout.start_B)
-    H, G, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    if H == 0:  # a layer pruned to no heads: z is empty (SDPA refuses zero-size inputs)
-        return x_XSC.new_zeros(X, S, 0, D)
-    q_XSX, k_XSX, v_XSX = attn.qkv(x_XSC).split([H * D, G * D, G * D], dim=-1)
-    pos_XS = layout.positions_BS.repeat(copies, 1)
-    if attn.pos_emb is not None:  # shortformer: (x + p_t) W for q and k at each slot's own position
-        qk_XSX = F.linear(attn.pos_emb.weight[pos_XS], attn.qkv.weight[: (H + G) * D])
-        q_XSX, k_XSX = q_XSX + qk_XSX[..., : H * D], k_XSX + qk_XSX[..., H * D :]
-    if attn.features.qk_norm == "projection" and attn.q_norm is not None:
-        q_XSX, k_XSX = attn.q_norm(q_XSX), attn.k_norm(k_XSX)
-    q_XSHD, k_XSGD = q_XSX.view(X, S, H, D), k_XSX.view(X, S, G, D)
-    if attn.features.qk_norm == "head":
-        q_XSHD, k_XSGD = attn.q_norm(q_XSHD), attn.k_norm(k_XSGD)
-    q_XHSD, k_XGSD = q_XSHD.transpose(1, 2), k_XSGD.transpose(1, 2)
-    v_XGSD = v_XSX.view(X, S, G, D).transpose(1, 2)
-    if attn.rotary is not None:  # the angles of the whole length T (dynamic scaling reads T), at each slot's position
-        cos_TR, sin_TR = attn.rotary.angles(layout.T, x_XSC.device, x_XSC.dtype)
-        cos_X1SR, sin_X1SR = cos_TR[pos_XS][:, None], sin_TR[pos_XS][:, None]
-        q_XHSD = attn.rotary.rotate(q_XHSD, cos_X1SR, sin_X1SR)
-        k_XGSD = attn.rotary.rotate(k_XGSD, cos_X1SR, sin_X1SR)
+    if attn.n_heads == 0:  # a layer pruned to no heads: z is empty (SDPA refuses zero-size inputs)
+        return x_XSC.new_zeros(X, S, 0, attn.head_dim)
+    q_XHSD, k_XGSD, v_XGSD = attn.project(x_XSC, at=(layout.positions_BS.repeat(copies, 1), layout.T))
     clean_k_BGTD, clean_v_BGTD = clean_kv
     k_XGKD = torch.cat([clean_k_BGTD.repeat(copies, 1, 1, 1), k_XGSD], dim=2)
     v_XGKD = torch.cat([clean_v_BGTD.repeat(copies, 1, 1, 1), v_XGSD], dim=2)
-    k_XHKD, v_XHKD = attn.per_query_head(k_XGKD), attn.per_query_head(v_XGKD)
     allowed_X1SK = layout.allowed_BSK(attn.features.window).repeat(copies, 1, 1)[:, None]
-    cap = attn.features.softcap
-    if cap is None:
-        z_XHSD = F.scaled_dot_product_attention(q_XHSD, k_XHKD, v_XHKD, attn_mask=allowed_X1SK, scale=attn.score_scale)
-    else:  # SDPA cannot cap: the reference path's arithmetic
-        scores = (q_XHSD @ k_XHKD.transpose(-2, -1)) * attn.score_scale
-        scores = torch.tanh(scores / cap) * cap
-        z_XHSD = scores.masked_fill(~allowed_X1SK, float("-inf")).softmax(dim=-1) @ v_XHKD
-    return z_XHSD.transpose(1, 2)
+    return attn.attend_allowed(q_XHSD, k_XGKD, v_XGKD, allowed_X1SK)

@@ -117,33 +117,18 @@ class Transformer(nn.Module):
         return max(max(self.heads_per_layer), 1)
 
     def forward(
-        self,
-        idx_BT: Tensor,
-        gates: Tensor | None = None,
-        replacements: list[Tensor | None] | None = None,
-        cache: dict | None = None,
-        need_patterns: bool = False,
-        gate_where: Tensor | None = None,
-        intervention: Intervention | None = None,
-        token_types: Tensor | None = None,
+        self, idx_BT: Tensor, intervention: Intervention | None = None, token_types: Tensor | None = None
     ) -> Tensor:
         """Logits (B, T, vocab).
 
-        gates: (L, H) or (B, L, H) in [0, 1], one per head (H is the largest head count), or None for the plain model.
-        replacements: one tensor per layer broadcastable to z (B, T, H, D), or None (zero ablation).
-        cache: if a dict, receives ("resid_pre", l), ("z", l) and, with need_patterns, ("pattern", l).
-        gate_where: (B, T), the positions gates act at (None: all); elsewhere every head keeps its z.
-        intervention: hooks and reads at named sites (model/intervention.py, model/sites.py); the attention z site
-        sees z after the gates.
+        intervention: hooks and reads at named sites (model/intervention.py, model/sites.py), the forward's one way
+        in: head gates and mode replacements are `Gates` at the attn.z sites (`gated(gates, replacements)`), what a
+        caller keeps (the stream into a layer, z, the patterns) the cache of `reads(...)`; None: the plain model.
         token_types: (B, T) segment ids when the model has token types (model.type_vocab_size); None: all 0."""
-        if intervention is not None:
-            intervention.check_layers(self.n_layers, self.cfg.mlp)
         resid_BTC = self.embed(idx_BT, token_types)
         if intervention is not None and intervention.touches(None):
             resid_BTC = intervention.at(EMBED, resid_BTC)
-        final_BTC = self.forward_layers(
-            resid_BTC, 0, gates, replacements, cache, need_patterns, gate_where, intervention
-        )
+        final_BTC = self.forward_layers(resid_BTC, 0, intervention)
         if intervention is None or not intervention.touches(None):
             return self.unembed(final_BTC)
         normed_BTC = intervention.at(FINAL_NORM, self.ln_f(final_BTC))
@@ -173,62 +158,18 @@ class Transformer(nn.Module):
             tok_BTC = self.emb_proj(tok_BTC)
         return self.drop(tok_BTC)  # rotary and shortformer positions enter in every layer's attention
 
-    def forward_layers(
-        self,
-        resid_BTC: Tensor,
-        start: int = 0,
-        gates: Tensor | None = None,
-        replacements: list[Tensor | None] | None = None,
-        cache: dict | None = None,
-        need_patterns: bool = False,
-        gate_where: Tensor | None = None,
-        intervention: Intervention | None = None,
-    ) -> Tensor:
+    def forward_layers(self, resid_BTC: Tensor, start: int = 0, intervention: Intervention | None = None) -> Tensor:
         """The stream after the last layer, starting at layer `start` from the stream before it, resid (B, T, C):
-        runs blocks start..L-1. gates, replacements, cache, need_patterns, gate_where and intervention as in forward;
-        they index layers absolutely (gates[..., start, :] is layer start's)."""
-        if need_patterns and cache is None:
-            raise ValueError("need_patterns=True needs a cache dict to put the patterns in")
-        if need_patterns:  # a client of the interventions: reads at every layer's attn.pattern site
-            patterns = [Site("attn.pattern", layer) for layer in range(start, self.n_layers)]
-            asked = set() if intervention is None else intervention.cached_sites  # the caller's own reads stay
-            intervention = (intervention or Intervention()).with_reads(patterns)
-        if gates is not None:
-            self.check_gates(gates, resid_BTC.shape[0])
-        for layer in range(start, self.n_layers):
-            block_cache = {} if cache is not None else None
-            if cache is not None:
-                cache["resid_pre", layer] = resid_BTC
-            gate = None if gates is None else gates[..., layer, : self.heads_per_layer[layer]]
-            replacement = None if replacements is None else replacements[layer]
-            if intervention is not None and intervention.touches(layer):
-                resid_BTC = self.blocks[layer].forward_intervened(
-                    resid_BTC, intervention, layer, gate, replacement, block_cache, gate_where
-                )
-            else:
-                resid_BTC = self.blocks[layer](resid_BTC, gate, replacement, block_cache, gate_where)
-            if cache is not None:
-                cache.update({(name, layer): value for name, value in block_cache.items()})
-                if need_patterns:
-                    site = patterns[layer - start]
-                    read = intervention.cache.get if site in asked else intervention.cache.pop
-                    cache["pattern", layer] = read(site.name)
+        runs blocks start..L-1, with the intervention as in forward (its sites name layers absolutely)."""
+        if intervention is not None:
+            intervention.check(self, resid_BTC.shape[0])
+        for block in self.blocks[start:]:
+            resid_BTC = block(resid_BTC, intervention)
         return resid_BTC
 
     def unembed(self, resid_BTC: Tensor) -> Tensor:
         normed_BTC = self.ln_f(resid_BTC)
         return self.lm_head(normed_BTC if self.mlm is None else self.mlm(normed_BTC))
-
-    def check_gates(self, gates: Tensor, batch: int) -> None:
-        shape = (self.n_layers, self.max_heads)
-        batch_ok = gates.ndim == 2 or (gates.ndim == 3 and gates.shape[0] == batch)
-        if not batch_ok or tuple(gates.shape[-2:]) != shape:
-            raise ConfigError(
-                "gates", tuple(gates.shape), f"allowed shapes: {shape} or ({batch}, {shape[0]}, {shape[1]})"
-            )
-        # A data-dependent check would break the graph under torch.compile; eager calls still get it.
-        if not torch.compiler.is_compiling() and not bool(((gates >= 0) & (gates <= 1)).all()):
-            raise ConfigError("gates", "values outside [0, 1]", "every gate must lie in [0, 1]")
 
     def select_heads(self, keep_LH: Tensor, replacements: list[Tensor | None] | None = None) -> "Transformer":
         """A new, smaller Transformer with only the heads keep_LH (bool, (L, max_heads)) marks, equal to this one with

@@ -1,8 +1,9 @@
 """The fast evaluator: the exact metric of many head masks on one evaluation set.
 
 Every scan, the pruning curves and the baseline run through `MaskEvaluator`. Each mask's result equals one plain
-forward pass per mask, `model(x, gates=mask, replacements=r)`, read by the metric at the evaluation set's score points
-(ablation/engine/metrics.py), up to float rounding. Three kinds of reuse make it cheaper, all exact:
+forward pass per mask, `model(x, gated(mask, r))` (head gates at the attn.z sites, model/intervention.py), read by
+the metric at the evaluation set's score points (ablation/engine/metrics.py), up to float rounding. Three kinds of
+reuse make it cheaper, all exact:
 
 - Prefix caching: one clean forward pass per eval batch caches the residual stream before every layer. A mask whose
   first touched layer is f runs only layers f..L-1 from the cached stream; a mask that touches nothing costs nothing.
@@ -44,7 +45,9 @@ from torch import Tensor
 from headcount.ablation.engine.heads import existing_heads
 from headcount.ablation.engine.metrics import Loss, Metric, Targets, batch_sums
 from headcount.ablation.engine.modes import BatchReplacement, Replacements, Zero
+from headcount.model.intervention import Gates, Intervention, reads
 from headcount.model.memory import default_memory_budget
+from headcount.model.sites import Site
 from headcount.model.suffix import SuffixLayout, clean_keys_values, suffix_block
 from headcount.model.transformer import Transformer
 
@@ -249,15 +252,16 @@ class MaskEvaluator:
         return layout if layout.S * 4 <= T * 3 else None
 
     def clean_pass(self, batch: dict[str, Tensor]) -> CleanPass:
-        model, cache = self.model, {}
-        final_BTC = model.forward_layers(model.embed(batch["input_ids"]), 0, cache=cache)
-        targets = Targets.of(batch)
+        model = self.model
         L = model.n_layers
+        read = reads(["resid_pre", "attn.z"], range(L))
+        final_BTC = model.forward_layers(model.embed(batch["input_ids"]), 0, read)
+        targets = Targets.of(batch)
         layout = self.layout(batch)
-        resid_pre = [cache["resid_pre", layer] for layer in range(L)]
+        resid_pre = [read.read("resid_pre", layer) for layer in range(L)]
         return CleanPass(
             resid_pre=resid_pre + [final_BTC],
-            z=[cache["z", layer] for layer in range(L)],
+            z=[read.read("attn.z", layer) for layer in range(L)],
             replacement=self.replacements.for_batch(model, batch),
             targets=targets,
             named_pos=batch.get("named_pos"),
@@ -279,17 +283,14 @@ class MaskEvaluator:
         if clean.layout is not None:
             return self.suffix_pass(clean, gates_XLH, start, touched_L, replacements, where_XT, P)
         resid_XTC = clean.resid_pre[start].repeat(P, 1, 1)
+        gates = Gates(gates_XLH, replacements, where_XT)
         if self.clean_attention:
-            block = self.model.blocks[start]
-            z_XTHD = clean.z[start].repeat(P, 1, 1, 1)
-            gate_XH = gates_XLH[:, start, : z_XTHD.shape[2]]
-            replacement = None if replacements is None else replacements[start]
-            resid_XTC = block.finish(resid_XTC, block.attn.gate_z(z_XTHD, gate_XH, replacement, where_XT))
+            z_XTHD = gates(clean.z[start].repeat(P, 1, 1, 1), Site("attn.z", start))
+            resid_XTC = self.model.blocks[start].finish(resid_XTC, z_XTHD)
             start += 1
-        if not touched_L[start:].any():
-            # Every later gate is 1: the plain layers give the same numbers without the gating arithmetic.
-            gates_XLH = replacements = where_XT = None
-        final_XTC = self.model.forward_layers(resid_XTC, start, gates_XLH, replacements, gate_where=where_XT)
+        # Every later gate 1: the plain layers give the same numbers without the gating arithmetic.
+        intervention = Intervention(gates.hooks(start)) if touched_L[start:].any() else None
+        final_XTC = self.model.forward_layers(resid_XTC, start, intervention)
         return batch_sums(self.model, final_XTC, clean.targets, self.metric, copies=P)
 
     def suffix_pass(
@@ -308,27 +309,15 @@ class MaskEvaluator:
         if replacements is not None:
             replacements = [slot_values(layout, r, len(gates_XLH)) for r in replacements]
         resid_XSC = layout.gather(clean.resid_pre[start]).repeat(P, 1, 1)
+        gates = Gates(gates_XLH, replacements, where_XS)
         first = start
         if self.clean_attention:
-            block = model.blocks[start]
-            z_XSHD = layout.gather(clean.z[start]).repeat(P, 1, 1, 1)
-            gate_XH = gates_XLH[:, start, : z_XSHD.shape[2]]
-            replacement = None if replacements is None else replacements[start]
-            resid_XSC = block.finish(resid_XSC, block.attn.gate_z(z_XSHD, gate_XH, replacement, where_XS))
+            z_XSHD = gates(layout.gather(clean.z[start]).repeat(P, 1, 1, 1), Site("attn.z", start))
+            resid_XSC = model.blocks[start].finish(resid_XSC, z_XSHD)
             first += 1
-        gated = bool(touched_L[first:].any())
+        later = gates if touched_L[first:].any() else None
         for layer in range(first, model.n_layers):
-            gate = gates_XLH[:, layer, : model.heads_per_layer[layer]] if gated else None
-            replacement = None if not gated or replacements is None else replacements[layer]
-            resid_XSC = suffix_block(
-                model.blocks[layer],
-                resid_XSC,
-                layout,
-                clean.clean_kv[layer],
-                gate,
-                replacement,
-                where_XS if gated else None,
-            )
+            resid_XSC = suffix_block(model.blocks[layer], resid_XSC, layout, clean.clean_kv[layer], later)
         final_XTC = layout.scatter_into(clean.resid_pre[-1].repeat(P, 1, 1), resid_XSC)
         return batch_sums(model, final_XTC, clean.targets, self.metric, copies=P)
 

@@ -29,6 +29,7 @@ from headcount.config.ablation import AblationConfig
 from headcount.data.examples import to_batches
 from headcount.errors import ConfigError
 from headcount.io import atomic_write
+from headcount.model.intervention import reads
 from headcount.model.transformer import Transformer
 from headcount.registry import Registry
 
@@ -244,9 +245,9 @@ def aligned_positions(valid_BT: Tensor, source_valid_BT: Tensor, shift_B: Tensor
 
 def clean_z(model: Transformer, idx_BT: Tensor) -> list[Tensor]:
     """Every layer's z (B, T, H, D) on the plain model."""
-    cache: dict = {}
-    model.forward_layers(model.embed(idx_BT), 0, cache=cache)
-    return [cache["z", layer] for layer in range(model.n_layers)]
+    read = reads(["attn.z"], range(model.n_layers))
+    model.forward_layers(model.embed(idx_BT), 0, read)
+    return [read.read("attn.z", layer) for layer in range(model.n_layers)]
 
 
 @torch.no_grad()

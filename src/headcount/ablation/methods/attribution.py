@@ -23,6 +23,8 @@ from torch import Tensor
 
 from headcount.ablation.engine.metrics import Metric, Targets, point_values
 from headcount.ablation.engine.modes import Replacements
+from headcount.model.intervention import Intervention, gated, keep, reads
+from headcount.model.sites import Site
 from headcount.model.transformer import Transformer
 
 
@@ -93,18 +95,24 @@ def batch_contributions(
     """(B, T, L, H) float64: (r - z) . dS/dz at each position of each head, S the batch's metric sum; and the
     batch's score points."""
     targets = Targets.of(batch)
-    cache: dict = {}
+    L = model.n_layers
     with torch.enable_grad():
         # The stream requires grad, so z does whatever the parameters' flags are (L0 training freezes them).
         resid_BTC = model.embed(batch["input_ids"]).detach().requires_grad_(True)
-        values = replacement.values if gates_LH is not None else None
-        where_BT = replacement.where_BT if gates_LH is not None else None
-        final_BTC = model.forward_layers(resid_BTC, 0, gates_LH, values, cache=cache, gate_where=where_BT)
+        before: dict[str, Tensor] = {}  # z before the gates (a hook ahead of them at the same site)
+        z_sites = reads(["attn.z"], range(L)).cached_sites
+        if gates_LH is None:
+            intervention = Intervention(cache=z_sites)
+        else:
+            keeps = [(site, keep(before)) for site in z_sites]
+            intervention = gated(gates_LH, replacement.values, replacement.where_BT, hooks=keeps, cache=z_sites)
+        final_BTC = model.forward_layers(resid_BTC, 0, intervention)
         total = point_values(model, final_BTC, targets, metric)[0, :, 0].sum()
-        # The gradient at what the heads pass on (z itself without gates): (z - r) . dS/dz' is dS/dg at any gate.
-        passed = "z" if gates_LH is None else "z_gated"
-        grads = torch.autograd.grad(total, [cache[passed, layer] for layer in range(model.n_layers)], allow_unused=True)
-        z = [cache["z", layer] for layer in range(model.n_layers)]
+        # The gradient at what the heads pass on (the cached z, after any gates): (z - r) . dS/dz' is dS/dg at any
+        # gate.
+        passed = [intervention.read("attn.z", layer) for layer in range(L)]
+        grads = torch.autograd.grad(total, passed, allow_unused=True)
+        z = [before.get(Site("attn.z", layer).name, passed[layer]) for layer in range(L)]
     B, T = batch["input_ids"].shape
     out_BTLH = torch.zeros(B, T, model.n_layers, model.max_heads, dtype=torch.float64, device=resid_BTC.device)
     for layer, (z_BTHD, grad_BTHD) in enumerate(zip(z, grads)):

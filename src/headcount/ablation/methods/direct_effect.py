@@ -15,6 +15,7 @@ from torch import Tensor
 
 from headcount.ablation.engine.metrics import Metric, Targets
 from headcount.ablation.engine.modes import Replacements
+from headcount.model.intervention import Intervention, gated, reads
 from headcount.model.norm import frozen_norm
 from headcount.model.transformer import Transformer
 
@@ -52,13 +53,15 @@ def direct_effects(
         if gates_LH is not None and replacements is not None:
             replaced = replacements.for_batch(model, batch)
             values, where = replaced.values, replaced.where_BT
-        cache: dict = {}
         resid_BTC = model.embed(batch["input_ids"])
-        final_BTC = model.forward_layers(resid_BTC, 0, gates_LH, values, cache=cache, gate_where=where)
+        z_sites = reads(["attn.z"], range(L)).cached_sites  # z as the heads pass it on, after any gates
+        plain = gates_LH is None
+        intervention = Intervention(cache=z_sites) if plain else gated(gates_LH, values, where, cache=z_sites)
+        final_BTC = model.forward_layers(resid_BTC, 0, intervention)
         normed = frozen_norm(model.ln_f, final_BTC[targets.where_BT])
         direction_N1C = unembedding_direction(model, targets, metric)[:, None]
         for layer, block in enumerate(model.blocks):
-            z_NHD = cache["z" if gates_LH is None else "z_gated", layer][targets.where_BT]
+            z_NHD = intervention.read("attn.z", layer)[targets.where_BT]
             out_NHC = torch.einsum("nhd,hdc->nhc", z_NHD, block.attn.W_O)
             if block.ln_attn_out is not None:  # sandwich norms (Gemma 2/3): the attention output is normalised before
                 # it is added, its scale frozen at the layer's whole output, as the final norm's is

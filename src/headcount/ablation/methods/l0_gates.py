@@ -38,6 +38,7 @@ from headcount.ablation.engine.metrics import Loss, Metric, Targets, point_value
 from headcount.ablation.engine.modes import Replacements
 from headcount.config.ablation import KEY, L0GatesConfig, validate_l0_config
 from headcount.errors import ConfigError
+from headcount.model.intervention import gated
 from headcount.model.transformer import Transformer
 
 
@@ -119,7 +120,7 @@ def train_l0_gates(
                     replaced = replacements.for_batch(model, batch)
                 values, where_BT = replaced.values, replaced.where_BT
             resid_BTC = model.embed(input_ids_BT)
-            final_BTC = model.forward_layers(resid_BTC, 0, gates_BLH.to(param.dtype), values, gate_where=where_BT)
+            final_BTC = model.forward_layers(resid_BTC, 0, gated(gates_BLH.to(param.dtype), values, where_BT))
             task_loss = metric.badness(point_values(model, final_BTC, Targets.of(batch), metric)[0, :, 0]).mean()
             expected_l0 = (expected_open(log_alpha_LH, cfg) * exists_LH).sum()
             if target_heads is None:

@@ -15,6 +15,7 @@ import torch
 
 from headcount.ablation.scans.base import KINDS, Scan
 from headcount.model import Transformer
+from headcount.model.intervention import reads
 from headcount.plotting import head_heatmap
 
 SCORES = ("prev_token_score", "induction_score")
@@ -52,8 +53,8 @@ def head_pattern_scores(model: Transformer, batches: list[dict]) -> pd.DataFrame
     prev_count = induction_count = 0
     for batch in batches:
         ids_BT = batch["input_ids"].to(device)
-        cache: dict = {}
-        model(ids_BT, cache=cache, need_patterns=True)
+        patterns = reads(["attn.pattern"], range(L))
+        model(ids_BT, patterns)
         B, T = ids_BT.shape
         # Positions inside an example: a task's prompts are padded, and padding says nothing about a head.
         valid_BT = batch.get("valid", torch.ones(B, T, dtype=torch.bool)).to(device)
@@ -66,7 +67,7 @@ def head_pattern_scores(model: Transformer, batches: list[dict]) -> pd.DataFrame
         induction_count += int(has_earlier_BT.sum())
         prev_count += int(valid_BT[:, 1:].sum())
         for layer in range(L):
-            pattern_BHTT = cache["pattern", layer].double()
+            pattern_BHTT = patterns.read("attn.pattern", layer).double()
             h = pattern_BHTT.shape[1]
             previous_BHT = pattern_BHTT.diagonal(offset=-1, dim1=-2, dim2=-1) * valid_BT[:, None, 1:]
             prev_sum[layer, :h] += previous_BHT.sum(dim=(0, 2)).cpu()

@@ -17,6 +17,7 @@ from headcount.ablation.engine.metrics import Targets
 from headcount.ablation.scans.base import KINDS, Scan
 from headcount.config.scans import PositionAttentionSettings
 from headcount.errors import ConfigError
+from headcount.model.intervention import reads
 from headcount.plotting import head_heatmap
 
 
@@ -56,16 +57,16 @@ class PositionAttentionScan(Scan):
         sums = torch.zeros(len(names), L, H, dtype=torch.float64)
         counts = torch.zeros(len(names), dtype=torch.float64)
         for batch in session.batches:
-            cache: dict = {}
+            patterns = reads(["attn.pattern"], range(L))
             with torch.no_grad():
-                session.model(batch["input_ids"], cache=cache, need_patterns=True)
+                session.model(batch["input_ids"], patterns)
             b, t = self.query_points(batch)
             for k, name in enumerate(names):
                 to = batch["named_pos"][b, session.positions.index(name)]
                 has = to >= 0
                 counts[k] += float(has.sum())
                 for layer in range(L):
-                    pattern_BHTT = cache["pattern", layer]
+                    pattern_BHTT = patterns.read("attn.pattern", layer)
                     h = pattern_BHTT.shape[1]
                     at_NH = pattern_BHTT[b[has], :, t[has], to[has]]
                     sums[k, layer, :h] += at_NH.double().sum(0).cpu()

@@ -12,6 +12,7 @@ from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import Targets
 from headcount.ablation.scans.base import KINDS, Scan
 from headcount.errors import ConfigError
+from headcount.model.intervention import reads
 from headcount.plotting import head_heatmap
 
 
@@ -37,9 +38,9 @@ class RetrievalScoresScan(Scan):
         hits = torch.zeros(L, H, dtype=torch.float64)
         n_copied = 0
         for batch in session.batches:
-            cache: dict = {}
+            patterns = reads(["attn.pattern"], range(L))
             with torch.no_grad():
-                logits_BTV = model(batch["input_ids"], cache=cache, need_patterns=True)
+                logits_BTV = model(batch["input_ids"], patterns)
             targets = Targets.of(batch)
             b, t = targets.where_BT.nonzero(as_tuple=True)  # row-major: a prompt's points in order
             order = torch.cat([torch.arange(int(n)) for n in targets.where_BT.sum(1)])
@@ -48,7 +49,7 @@ class RetrievalScoresScan(Scan):
             copied = logits_BTV[b, t].argmax(-1) == targets.answer_N
             n_copied += len(t)
             for layer in range(L):
-                pattern_BHTT = cache["pattern", layer]
+                pattern_BHTT = patterns.read("attn.pattern", layer)
                 strongest_NH = pattern_BHTT[b, :, t].argmax(-1)
                 h = pattern_BHTT.shape[1]
                 hits[layer, :h] += ((strongest_NH == source[:, None]) & copied[:, None]).double().sum(0).cpu()
