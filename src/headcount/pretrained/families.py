@@ -9,7 +9,7 @@ from torch import Tensor
 
 from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
-from headcount.pretrained import bert, distilbert, gemma, gpt2, gpt_neox, llama
+from headcount.pretrained import bert, distilbert, gemma, gpt2, gpt_neox, llama, t5
 from headcount.pretrained.checks import KEY
 from headcount.pretrained.weights import HFWeights
 from headcount.registry import Registry
@@ -45,15 +45,19 @@ FAMILIES.register(Family.of("phi3", llama))
 FAMILIES.register(Family.of("qwen2", llama))
 FAMILIES.register(Family.of("qwen3", llama))
 FAMILIES.register(Family.of("roberta", bert))
+FAMILIES.register(Family.of("t5", t5))
 SUPPORTED = tuple(sorted(FAMILIES))
 
 
 ENCODERS = ("bert", "distilbert", "electra", "roberta")  # bidirectional: read as *ForMaskedLM or the bare *Model
+ENCODER_DECODERS = ("t5",)  # read as *ForConditionalGeneration (AutoModelForSeq2SeqLM)
 
 
 def auto_model_class(transformers: Any, hf_config: Any, source: str) -> Any:
     """The transformers Auto class that reads a checkpoint of this config: a causal LM, or for an encoder its
     masked-LM model or, for a bare encoder (sentence-transformers' checkpoints), AutoModel."""
+    if hf_config.model_type in ENCODER_DECODERS:
+        return transformers.AutoModelForSeq2SeqLM
     if hf_config.model_type not in ENCODERS:
         return transformers.AutoModelForCausalLM
     return transformers.AutoModelForMaskedLM if bert.has_mlm_head(hf_config, source) else transformers.AutoModel
