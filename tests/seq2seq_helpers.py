@@ -27,9 +27,32 @@ T5 = {
     "eos_token_id": 1,
 }
 
+BART = {
+    "vocab_size": VOCAB,
+    "d_model": 16,
+    "encoder_layers": 2,
+    "decoder_layers": 3,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 24,
+    "decoder_ffn_dim": 24,
+    "max_position_embeddings": 16,
+    "dropout": 0.0,
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+    "scale_embedding": True,
+    "pad_token_id": 0,
+    "decoder_start_token_id": 2,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "forced_eos_token_id": None,
+}
+
 CASES = {
     "t5_v1_0": lambda: tf.T5Config(**T5, feed_forward_proj="relu"),
     "t5_v1_1": lambda: tf.T5Config(**T5, feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    "bart": lambda: tf.BartConfig(**BART, activation_function="gelu"),
+    "marian": lambda: tf.MarianConfig(**BART, activation_function="swish"),
 }
 
 

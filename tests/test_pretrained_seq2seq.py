@@ -1,8 +1,8 @@
-"""Encoder-decoders converted exactly: T5 v1.0 and v1.1 give transformers' eager logits in float32 (1e-5) and float64
-(1e-10); every head's zero ablation, of every kind (encoder self-attention, decoder self-attention, cross-attention),
-equals transformers with that head's slice of the output projection's input zeroed; switching any converted feature
-off breaks the match. In float64, transformers' T5 runs with its norm's variance in float64 (it computes it in float32
-whatever the dtype: seq2seq_helpers.t5_norm_in_its_dtype)."""
+"""Encoder-decoders converted exactly: T5 v1.0 and v1.1, BART and Marian give transformers' eager logits in float32
+(1e-5) and float64 (1e-10); every head's zero ablation, of every kind (encoder self-attention, decoder self-attention,
+cross-attention), equals transformers with that head's slice of the output projection's input zeroed; switching any
+converted feature off breaks the match. In float64, transformers' T5 runs with its norm's variance in float64 (it
+computes it in float32 whatever the dtype: seq2seq_helpers.t5_norm_in_its_dtype)."""
 
 import copy
 import dataclasses
@@ -14,7 +14,9 @@ pytest.importorskip("transformers")
 
 import transformers as tf  # noqa: E402
 from seq2seq_helpers import (  # noqa: E402
+    BART,
     CASES,
+    T5,
     converted,
     hf_logits,
     our_logits,
@@ -23,7 +25,9 @@ from seq2seq_helpers import (  # noqa: E402
 )
 
 from headcount.config.model import AttentionConfig  # noqa: E402
+from headcount.errors import ConfigError  # noqa: E402
 from headcount.model.encoder_decoder import EncoderDecoder  # noqa: E402
+from headcount.pretrained import hf_model_config  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
@@ -100,6 +104,12 @@ def decoder_bias_both_ways(model: EncoderDecoder) -> EncoderDecoder:
     return model
 
 
+def encoder_causal(model: EncoderDecoder) -> EncoderDecoder:
+    for block in model.encoder.blocks:
+        block.attn.features = dataclasses.replace(block.attn.features, causal=True)
+    return model
+
+
 def decoder_not_causal(model: EncoderDecoder) -> EncoderDecoder:
     for block in model.decoder.blocks:
         block.attn.features = dataclasses.replace(block.attn.features, causal=False)
@@ -123,10 +133,24 @@ SWITCHES = [
     ("t5_v1_0", "encoder_bias_bidirectional", encoder_bias_one_way),
     ("t5_v1_0", "decoder_bias_causal", decoder_bias_both_ways),
     ("t5_v1_0", "decoder_causal", decoder_not_causal),
+    ("t5_v1_0", "encoder_bidirectional", encoder_causal),
     ("t5_v1_0", "cross_attention", cross_reads_no_source),
     ("t5_v1_1", "gated_gelu", {"mlp_act": "swiglu"}),
     ("t5_v1_1", "untied", {"tie_embeddings": True}),
     ("t5_v1_1", "unscaled_unembedding", {"unembed_scale": True}),
+    ("bart", "embed_scale", {"embed_scale": False}),
+    ("bart", "position_offset", {"position_offset": 0, "n_ctx": 18}),
+    ("bart", "embed_norm", {"embed_norm": False}),
+    ("bart", "post_ln", {"post_ln": False, "pre_norm": True}),
+    ("bart", "logits_bias", {"logits_bias": False}),
+    ("bart", "gelu", {"mlp_act": "relu"}),
+    ("bart", "encoder_bidirectional", encoder_causal),
+    ("bart", "decoder_causal", decoder_not_causal),
+    ("bart", "cross_attention", cross_reads_no_source),
+    ("marian", "silu", {"mlp_act": "gelu"}),
+    ("marian", "embed_scale", {"embed_scale": False}),
+    ("marian", "logits_bias", {"logits_bias": False}),
+    ("marian", "post_ln", {"post_ln": False, "pre_norm": True}),
 ]
 
 
@@ -139,3 +163,20 @@ def test_switching_a_converted_feature_off_breaks_the_match(case, feature, chang
         other = change(model) if callable(change) else switched(model, **change)
         got = our_logits(other)
     assert (got - expected).abs().max() > 1e-6, f"{feature} off still matched"
+
+
+REFUSED = [
+    (lambda: tf.BartConfig(**{**BART, "decoder_attention_heads": 2}), "with encoder_attention_heads=4 != decoder_"),
+    (lambda: tf.BartConfig(**{**BART, "decoder_ffn_dim": 8}), "with encoder_ffn_dim=24 != decoder_ffn_dim=8"),
+    (lambda: tf.MarianConfig(**BART, share_encoder_decoder_embeddings=False), "share_encoder_decoder_embeddings=false"),
+    (lambda: tf.BartConfig(**BART, activation_function="tanh"), "activation_function='tanh'"),
+    (lambda: tf.T5Config(**T5, feed_forward_proj="gated-relu"), "feed_forward_proj='gated-relu'"),
+]
+
+
+@pytest.mark.parametrize(("make", "message"), REFUSED, ids=[m for _, m in REFUSED])
+def test_what_the_model_cannot_reproduce_is_refused_in_one_line(make, message):
+    with pytest.raises(ConfigError) as error:
+        hf_model_config(make(), "tiny")
+    assert message in str(error.value) and str(error.value).startswith("model.pretrained='tiny': ")
+    assert "\n" not in str(error.value)
