@@ -94,6 +94,9 @@ class Transformer(nn.Module):
         which has no logits."""
         super().__init__()
         validate_model_config(cfg)
+        if cfg.encoder_layers:
+            allowed = "is an encoder-decoder: build it with headcount.model.build_model (an EncoderDecoder)"
+            raise ConfigError("model.encoder_layers", cfg.encoder_layers, allowed)
         self.cfg = cfg
         self.head_dim = resolve_head_dim(cfg.d_model, cfg.attn)
         self.heads_per_layer = list(cfg.heads_per_layer or [cfg.attn.n_heads] * cfg.n_layers)
