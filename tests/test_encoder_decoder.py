@@ -232,3 +232,22 @@ def test_a_scan_mask_naming_a_kind_is_refused_on_a_one_stack_model():
     message = str(error.value)
     assert message.startswith("ablation.masks='cross.L0H1': names cross-attention heads, which this one-stack model")
     assert "\n" not in message
+
+
+def test_the_cache_names_activations_by_site_and_kind():
+    from headcount.model.sites import parse_stack_site
+
+    model, src, tgt = model_and_inputs("t5_like", torch.float64)
+    gates = gates_off(model, ["cross.L1H2", "enc.L0H3"], dtype=torch.float64)
+    cache = {}
+    with torch.no_grad():
+        model(src, tgt, gates=gates, cache=cache)
+    assert cache["dec.blocks.1.cross.z"].shape == (3, 7, 3, 5)
+    assert torch.equal(cache["dec.blocks.1.cross.z"][:, :, 2], torch.zeros(3, 7, 5, dtype=torch.float64))
+    assert torch.equal(cache["enc.blocks.0.attn.z"][:, :, 3], torch.zeros(3, 11, 6, dtype=torch.float64))
+    assert cache["dec.blocks.0.attn.z"].shape == (3, 7, 4, 6) and cache["enc.out"].shape == (3, 11, 24)
+    for name in cache:
+        stack, site = parse_stack_site(name)
+        assert name.startswith(stack) and (site.layer is None) == (name == "enc.out")
+    with pytest.raises(ConfigError, match="hooks.site='enc.blocks.0.cross.z': allowed: enc.out or"):
+        parse_stack_site("enc.blocks.0.cross.z")

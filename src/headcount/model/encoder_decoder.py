@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from headcount.config.model import ModelConfig, cross_attention, validate_model_config
 from headcount.errors import ConfigError
 from headcount.labels import HEAD_KINDS, KIND_NAMES, kind_head_label, parse_kind_head
+from headcount.model.sites import stack_site_name
 from headcount.model.transformer import Memory, Transformer
 
 Gates = dict[str, Tensor]
@@ -75,14 +76,19 @@ class EncoderDecoder(nn.Module):
 
         gates: a dict by kind ("enc", "dec", "cross"), each (L, H) or (B, L, H) in [0, 1]; replacements: a dict by
         kind, each one tensor per layer broadcastable to that kind's z (B, T, H, D) or None (zero ablation);
-        src_keep: (B, S) bool, False at padded source positions (no head attends to them); cache: if a dict, gets
-        "enc" and "dec" dicts, each as Transformer.forward_layers fills it (("z", l), ("resid_pre", l); the decoder's
-        also ("cross_z", l))."""
+        src_keep: (B, S) bool, False at padded source positions (no head attends to them); cache: if a dict, gets the
+        activations by site name (model/sites.py): <enc|dec>.blocks.<l>.resid_pre and .attn.z, dec.blocks.<l>.cross.z
+        (z after the gates) and enc.out."""
         gates, replacements = self.check_kinds(gates, "gates"), self.check_kinds(replacements, "replacements")
-        memory = self.encode(src_BS, gates.get("enc"), replacements.get("enc"), src_keep, self.part(cache, "enc"))
-        return self.decode(
-            tgt_BT, memory, src_keep, gates.get("dec"), gates.get("cross"), replacements, self.part(cache, "dec")
+        parts = None if cache is None else {"enc": {}, "dec": {}}
+        memory = self.encode(src_BS, gates.get("enc"), replacements.get("enc"), src_keep, parts and parts["enc"])
+        logits = self.decode(
+            tgt_BT, memory, src_keep, gates.get("dec"), gates.get("cross"), replacements, parts and parts["dec"]
         )
+        if cache is not None:
+            cache.update(named_activations(parts))
+            cache["enc.out"] = memory
+        return logits
 
     def encode(
         self,
@@ -116,12 +122,6 @@ class EncoderDecoder(nn.Module):
         return dec.unembed(stream_BTC)
 
     @staticmethod
-    def part(cache: dict | None, kind: str) -> dict | None:
-        if cache is None:
-            return None
-        return cache.setdefault(kind, {})
-
-    @staticmethod
     def check_kinds(by_kind: dict | None, key: str) -> dict:
         if by_kind is None:
             return {}
@@ -135,6 +135,26 @@ class EncoderDecoder(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+# Transformer.forward_layers's cache keys -> site kinds; z after the gates where the pass had gates
+SITE_OF = {
+    "resid_pre": "resid_pre",
+    "z": "attn.z",
+    "z_gated": "attn.z",
+    "cross_z": "cross.z",
+    "cross_z_gated": "cross.z",
+}
+
+
+def named_activations(parts: dict[str, dict]) -> dict[str, Tensor]:
+    """The stacks' caches by site name (enc.blocks.0.attn.z), z after the gates."""
+    named = {}
+    for stack, cache in parts.items():
+        for (what, layer), value in sorted(cache.items(), key=lambda item: item[0][0].endswith("_gated")):
+            if what in SITE_OF:  # the gated z comes last and replaces the ungated one
+                named[stack_site_name(stack, layer, SITE_OF[what])] = value
+    return named
 
 
 def build_model(cfg: ModelConfig) -> "Transformer | EncoderDecoder":
