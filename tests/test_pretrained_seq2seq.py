@@ -24,6 +24,7 @@ from seq2seq_helpers import (  # noqa: E402
     t5_norm_in_its_dtype,
 )
 
+import headcount  # noqa: E402
 from headcount.config.model import AttentionConfig  # noqa: E402
 from headcount.errors import ConfigError  # noqa: E402
 from headcount.model.encoder_decoder import EncoderDecoder  # noqa: E402
@@ -192,5 +193,7 @@ def test_a_saved_folder_loads_as_the_encoder_decoder_it_converts_to(case, tmp_pa
     hf.save_pretrained(tmp_path)
     model, _, _ = load_pretrained(str(tmp_path))
     assert isinstance(model, EncoderDecoder)
+    with pytest.raises(ConfigError, match="is an encoder-decoder, which HookedModel does not hook yet"):
+        headcount.load_model(str(tmp_path))
     with torch.no_grad():
         torch.testing.assert_close(our_logits(model), hf_logits(hf), rtol=0, atol=1e-5)
