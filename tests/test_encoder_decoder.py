@@ -265,3 +265,54 @@ def test_training_preflight_builds_an_encoder_decoder_and_scans_refuse_it_in_one
     with pytest.raises(ConfigError) as error:
         check_ablation(None, model)
     assert str(error.value).startswith("model.encoder_layers=3: headcount-ablate's scans run on one-stack models")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_stacks_run_the_one_forward_cross_heads_gated_at_their_own_site(dtype):
+    from headcount.model.intervention import Intervention, gated, reads
+    from headcount.model.sites import Site
+    from headcount.model.transformer import Memory
+
+    model, src, tgt = model_and_inputs("t5_like", dtype)
+    keep = torch.ones(3, 11, dtype=torch.bool)
+    keep[1, 8:] = False
+    dec = model.decoder
+    with torch.no_grad():
+        memory = Memory(model.encode(src, src_keep=keep), keep)
+        stream = dec.embed(tgt)
+        plain = dec.forward_layers(stream, 0, None, memory=memory)
+        # reads at every site of every decoder layer take the hooked path with the relative bias and cross-attention:
+        # the same bits as the plain path
+        sites = ("resid_pre", "attn.q", "attn.z", "cross.z", "mlp.hidden", "resid_post")
+        read = reads(sites, range(dec.n_layers))
+        assert torch.equal(dec.forward_layers(stream, 0, read, memory=memory), plain)
+        # the pattern takes the explicit path (bias and causal mask in it), SDPA's result to rounding
+        patterns = reads(["attn.pattern"], range(dec.n_layers))
+        explicit = dec.forward_layers(stream, 0, patterns, memory=memory)
+        torch.testing.assert_close(explicit, plain, rtol=0, atol=TOL[dtype] * 10)
+        assert patterns.read("attn.pattern", 0)[:, :, 0, 1:].abs().max() == 0  # causal
+        assert read.read("cross.z", 1).shape == (3, 7, 3, 5)
+        # the cross kind's gates are Gates at cross.z: the same as a hook zeroing that head there
+        gates = torch.ones(2, 3, dtype=dtype)
+        gates[1, 2] = 0
+        by_gates = dec.forward_layers(stream, 0, gated(gates, site="cross.z"), memory=memory)
+
+        def zero_head(z, site):
+            return z.index_fill(2, torch.tensor([2]), 0)
+
+        by_hook = dec.forward_layers(stream, 0, Intervention([(Site("cross.z", 1), zero_head)]), memory=memory)
+        assert not torch.equal(by_gates, plain)
+        torch.testing.assert_close(by_gates, by_hook, rtol=0, atol=0)
+        logits = model(src, tgt, gates={"cross": gates}, src_keep=keep)
+        torch.testing.assert_close(logits, dec.unembed(by_gates), rtol=0, atol=TOL[dtype])
+
+
+def test_a_cross_site_on_a_stack_without_cross_attention_is_one_line():
+    from headcount.model.intervention import gated, reads
+
+    model, src, _ = model_and_inputs("t5_like", torch.float64)
+    stream = model.encoder.embed(src)
+    with pytest.raises(ConfigError, match=r"^hooks.site='blocks.0.cross.z': this stack has no cross-attention$"):
+        model.encoder.forward_layers(stream, 0, reads(["cross.z"], [0]))
+    with pytest.raises(ConfigError, match=r"^gates='cross.z': this stack has no cross-attention heads$"):
+        model.encoder.forward_layers(stream, 0, gated(torch.ones(3, 4), site="cross.z"))

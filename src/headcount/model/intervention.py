@@ -191,6 +191,8 @@ def gated(
     start: int = 0,
     hooks: Iterable[tuple[str | Site, Hook]] = (),
     cache: Iterable[str | Site] = (),
+    site: str = "attn.z",
 ) -> Intervention:
-    """The intervention of head gates (`Gates`) from layer `start` on, after `hooks` at the same sites, with `cache`."""
-    return Intervention([*hooks, *Gates(gates, replacements, where).hooks(start)], cache)
+    """The intervention of head gates (`Gates`) from layer `start` on, after `hooks` at the same sites, with `cache`;
+    site: the heads' site kind (cross.z: a decoder stack's cross-attention heads)."""
+    return Intervention([*hooks, *Gates(gates, replacements, where, site).hooks(start)], cache)
