@@ -85,14 +85,18 @@ def test_cached_sites_equal_the_blocks_own_steps():
 def test_the_forward_has_one_way_in():
     import inspect
 
+    from headcount.model.attention import MultiHeadAttention
     from headcount.model.block import Block
 
     def params(fn) -> list[str]:
         return list(inspect.signature(fn).parameters)
 
     assert params(Transformer.forward) == ["self", "idx_BT", "intervention", "token_types"]
-    assert params(Transformer.forward_layers) == ["self", "resid_BTC", "start", "intervention"]
-    assert params(Block.forward) == ["self", "x_BTC", "intervention"]
+    # beside the intervention only an encoder-decoder stack's inputs: padded source keys, the encoder's memory
+    assert params(Transformer.forward_layers) == ["self", "resid_BTC", "start", "intervention", "keep_BT", "memory"]
+    assert params(Block.forward) == ["self", "x_BTC", "intervention", "bias", "cross"]
+    for old in ("gates", "replacements", "gate_where", "cache", "need_patterns"):
+        assert old not in params(MultiHeadAttention.forward) + params(MultiHeadAttention.heads)
 
 
 def test_gates_of_a_wrong_shape_are_one_line_naming_gates():

@@ -1,13 +1,23 @@
 """Head labels, built and parsed here alone: a head is `L1H3` (layer 1, head 3) in masks, tables, figures, findings
 and the circuits graph; a head's input is `L1H3.q` (.k, .v); an edge is `L0H1 -> L1H3.q`; a set of names in one
 table cell (path_patching's receivers) is joined by ", ", a set of heads (head_circuit's kept heads) by " " and a
-mask's heads by "+". Every reader of a table parses its names with the functions that wrote them."""
+mask's heads by "+". Every reader of a table parses its names with the functions that wrote them.
+
+An encoder-decoder has three kinds of heads, and its labels name the kind before the head: `enc.L1H3` (encoder
+self-attention), `dec.L1H3` (decoder self-attention), `cross.L1H3` (the decoder's cross-attention to the encoder);
+a one-stack model's heads (a decoder or an encoder) keep the bare `L1H3`. The same kinds key an encoder-decoder's
+gates (`{"enc": (L_enc, H), "dec": (L_dec, H), "cross": (L_dec, H_cross)}`) and prefix its named sites."""
 
 import re
 
 Head = tuple[int, int]  # (layer, head)
 
 HEAD = re.compile(r"L(\d+)H(\d+)")
+# An encoder-decoder's head kinds: encoder self-attention, decoder self-attention, the decoder's cross-attention
+HEAD_KINDS = ("enc", "dec", "cross")
+KIND_NAMES = {"enc": "encoder self-attention", "dec": "decoder self-attention", "cross": "cross-attention"}
+KIND_HEAD = re.compile(r"(?:([a-z]+)\.)?L(\d+)H(\d+)")
+KindHead = tuple[str | None, int, int]  # (kind or None for a one-stack model's head, layer, head)
 NAMES_SEPARATOR = ", "  # between the names of one table cell
 HEADS_SEPARATOR = " "  # between the heads of one table cell (head_circuit's kept heads)
 MASK_SEPARATOR = "+"  # between the heads of a mask's name (L0H1+L1H2)
@@ -83,3 +93,15 @@ def receiver_head(label: str) -> str | None:
     """The head whose input a receiver label names (L1H3.q: L1H3); None for another receiver (L0.mlp, logits)."""
     parsed = split_input(label)
     return head_label(*parsed[0]) if parsed is not None else None
+
+
+def kind_head_label(kind: str | None, layer: int, head: int) -> str:
+    """A head's label with its kind (enc.L1H3, dec.L1H3, cross.L1H3), or the bare L1H3 for kind None."""
+    return head_label(layer, head) if kind is None else f"{kind}.{head_label(layer, head)}"
+
+
+def parse_kind_head(label: str) -> KindHead | None:
+    """(kind, layer, head) of L1H3 (kind None) or <kind>.L1H3 (any lower-case kind: the caller checks it against
+    the model's kinds, so a misspelt kind gets a message naming the kinds); None for any other text."""
+    match = KIND_HEAD.fullmatch(str(label).strip())
+    return (match[1], int(match[2]), int(match[3])) if match else None

@@ -31,6 +31,7 @@ from headcount.data.essays import essay_files
 from headcount.data.text import text_files
 from headcount.errors import ConfigError
 from headcount.findings import validate_finding
+from headcount.model.encoder_decoder import EncoderDecoder, build_model
 from headcount.model.transformer import Transformer
 from headcount.pretrained.run_config import resolve_pretrained
 
@@ -78,11 +79,11 @@ def largest_dimension(cfg: ModelConfig) -> tuple[str, int]:
     return key, value
 
 
-def model_on_meta(cfg: ModelConfig, trainer: DictConfig) -> Transformer:
+def model_on_meta(cfg: ModelConfig, trainer: DictConfig) -> Transformer | EncoderDecoder:
     """The model as training would build it, on the meta device: every shape and check, no memory."""
     try:
         with torch.device("meta"):
-            return Transformer(cfg)
+            return build_model(cfg)
     except RuntimeError as error:
         if "overflow" not in str(error):  # a bug, not a size: let it show as one
             raise
@@ -159,6 +160,9 @@ class ModelShape:
 def check_ablation(settings: AblationConfig, model: Transformer, cfg: DictConfig | None = None) -> None:
     """The ablation section and each listed scan's checks, those against the model's heads included, and the task
     the config names: its prompts encoded for the model, every prompt checked, the metric and mode against it."""
+    if isinstance(model, EncoderDecoder):
+        allowed = "headcount-ablate's scans run on one-stack models; gate an encoder-decoder's heads from Python"
+        raise ConfigError("model.encoder_layers", model.cfg.encoder_layers, allowed + " (docs/guide/encoders.md)")
     task_cfg = task_config(cfg) if cfg is not None else None
     checked = validate_settings(settings, task_cfg)
     refuse_decoder_only(settings, None if task_cfg is None else str(task_cfg.source), model.cfg.causal)

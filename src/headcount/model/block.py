@@ -14,15 +14,20 @@ A layer's type (model.layer_types: full or sliding) sets its attention window an
 rotary base (Gemma 3's local layers use their own base, unscaled, its global layers the scaled one).
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
 from headcount.config.model import (
+    AttentionConfig,
     LayerType,
     ModelConfig,
     Norm,
     Positions,
     RopeScalingConfig,
+    resolve_head_dim,
     resolve_layer_types,
     rotary_dims,
 )
@@ -31,7 +36,7 @@ from headcount.model.intervention import Intervention
 from headcount.model.mlp import MLP
 from headcount.model.norm import make_norm
 from headcount.model.rotary import Rotary
-from headcount.model.sites import BLOCK_SITES, HEAD_INPUTS, Site
+from headcount.model.sites import BLOCK_SITES, HEAD_INPUTS, STACK_SITES, Site
 
 
 def layer_rotary(cfg: ModelConfig, layer_type: str) -> Rotary | None:
@@ -57,13 +62,36 @@ def layer_features(cfg: ModelConfig, layer_type: str) -> AttentionFeatures:
     )
 
 
+@dataclass
+class CrossInput:
+    """What one decoder layer's cross-attention reads: the encoder's output and which of its positions are real."""
+
+    memory_BSC: Tensor
+    bias: Tensor | None = None  # (B, 1, 1, S): 0 at real source positions, -inf at padding
+
+
+def cross_features(cfg: ModelConfig, cross: AttentionConfig) -> AttentionFeatures:
+    """Cross-attention sees every source position and has no positions of its own (no rotary, no q/k norm)."""
+    scalar = cross.query_pre_attn_scalar
+    return AttentionFeatures(scale=None if scalar is None else scalar**-0.5, softcap=cross.softcap, causal=False)
+
+
 class Block(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, n_heads: int, head_dim: int, kv_groups: list[int] | None = None, layer: int = 0
+        self,
+        cfg: ModelConfig,
+        n_heads: int,
+        head_dim: int,
+        kv_groups: list[int] | None = None,
+        layer: int = 0,
+        cross: AttentionConfig | None = None,
     ):
+        """cross: the cross-attention heads of a decoder layer of an encoder-decoder (config/model.py
+        cross_attention), or None."""
         super().__init__()
         self.layer = layer
-        self.sites = {kind: Site(kind, layer) for kind in BLOCK_SITES}  # this layer's named sites, by kind
+        # this layer's named sites, by kind
+        self.sites = {kind: Site(kind, layer) for kind in BLOCK_SITES + STACK_SITES}
         a = cfg.attn
         layer_type = resolve_layer_types(cfg)[layer]
         self.ln_attn = make_norm(cfg) if cfg.pre_norm else nn.Identity()
@@ -89,25 +117,58 @@ class Block(nn.Module):
         # post_ln: the stream itself is normalised after each addition (BERT)
         self.ln_attn_add = make_norm(cfg) if cfg.post_ln else None
         self.ln_mlp_add = make_norm(cfg) if cfg.post_ln and cfg.mlp else None
+        # An encoder-decoder's decoder layer: cross-attention to the encoder's output between attention and the MLP,
+        # with the same norms around it (ln_cross, ln_cross_out, ln_cross_add)
+        self.cross = None
+        if cross is not None:
+            n_kv = cross.n_kv_heads
+            groups = None if n_kv is None else [cross.n_heads // n_kv] * n_kv
+            self.ln_cross = make_norm(cfg) if cfg.pre_norm else nn.Identity()
+            self.cross = MultiHeadAttention(
+                cfg.d_model,
+                cross.n_heads,
+                resolve_head_dim(cfg.d_model, cross, "model.cross_attn"),
+                cross.combine,
+                cross.qkv_bias,
+                cross.out_bias,
+                cfg.dropout,
+                groups,
+                features=cross_features(cfg, cross),
+            )
+            self.ln_cross_out = make_norm(cfg) if cfg.post_norm else None
+            self.ln_cross_add = make_norm(cfg) if cfg.post_ln else None
 
-    def forward(self, x_BTC: Tensor, intervention: Intervention | None = None) -> Tensor:
+    def forward(
+        self,
+        x_BTC: Tensor,
+        intervention: Intervention | None = None,
+        bias: Tensor | None = None,
+        cross: CrossInput | None = None,
+    ) -> Tensor:
         """The block's output; with an intervention that touches this layer, its hooks and reads at the layer's named
-        sites (model/sites.py; head gates are hooks at attn.z), the same operations in the same order as the plain
-        path, so hooks that change nothing give the same bits."""
+        sites (model/sites.py; head gates are hooks at attn.z, a decoder layer's cross-attention heads' at cross.z),
+        the same operations in the same order as the plain path, so hooks that change nothing give the same bits.
+        bias: added to the self-attention scores (MultiHeadAttention.attend: T5's relative bias, padded keys); cross:
+        what a decoder layer's cross-attention reads."""
         if intervention is None or not intervention.touches(self.layer):
-            return self.finish(x_BTC, self.attn.heads(self.ln_attn(x_BTC)))
+            return self.finish(x_BTC, self.attn.heads(self.ln_attn(x_BTC), bias), cross)
         at, s = intervention.at, self.sites
         x_BTC = at(s["resid_pre"], x_BTC)
         q_BHTD, k_BGTD, v_BGTD = self.intervened_qkv(x_BTC, intervention, s)
         pattern_hook = (lambda p: at(s["attn.pattern"], p)) if intervention.wants(s["attn.pattern"]) else None
-        z_BTHD = at(s["attn.z"], self.attn.attend(q_BHTD, k_BGTD, v_BGTD, pattern_hook))
+        z_BTHD = at(s["attn.z"], self.attn.attend(q_BHTD, k_BGTD, v_BGTD, pattern_hook, bias))
         attn_BTC = self.attn.combine_heads(z_BTHD)
         if self.ln_attn_out is not None:
             attn_BTC = self.ln_attn_out(attn_BTC)
         attn_BTC = at(s["attn_out"], self.drop(attn_BTC))
-        if self.mlp is None:
+        if self.mlp is None and self.cross is None:
             return at(s["resid_post"], self.add_attn(x_BTC, attn_BTC))
         mid_BTC = self.add_attn(x_BTC, attn_BTC)
+        if self.cross is not None and not self.parallel_residual:
+            cross_hook = (lambda z: at(s["cross.z"], z)) if intervention.wants(s["cross.z"]) else None
+            mid_BTC = self.add_cross(mid_BTC, cross, cross_hook)
+        if self.mlp is None:
+            return at(s["resid_post"], mid_BTC)
         hidden_hook = (lambda h: at(s["mlp.hidden"], h)) if intervention.wants(s["mlp.hidden"]) else None
         mlp_BTC = self.mlp(at(s["mlp_in"], self.ln_mlp(x_BTC if self.parallel_residual else mid_BTC)), hidden_hook)
         mlp_BTC = at(s["mlp_out"], mlp_BTC if self.ln_mlp_out is None else self.ln_mlp_out(mlp_BTC))
@@ -145,18 +206,38 @@ class Block(nn.Module):
         stream before the layer's input norm (MultiHeadAttention.project_inputs after the norm)."""
         return self.attn.heads_from_inputs(self.ln_attn(x_BKWTC), heads_K)
 
-    def finish(self, x_BTC: Tensor, z_BTHD: Tensor) -> Tensor:
-        """The block's output given its input x and its heads' (gated) z: add the combined heads and the MLP."""
+    def finish(self, x_BTC: Tensor, z_BTHD: Tensor, cross: CrossInput | None = None) -> Tensor:
+        """The block's output given its input x and its heads' (gated) z: add the combined heads, then (a decoder
+        layer of an encoder-decoder) the cross-attention to cross's memory, then the MLP."""
         attn_BTC = self.attn.combine_heads(z_BTHD)
         if self.ln_attn_out is not None:
             attn_BTC = self.ln_attn_out(attn_BTC)
         attn_BTC = self.drop(attn_BTC)
-        if self.mlp is None:
+        if self.mlp is None and self.cross is None:
             return self.add_attn(x_BTC, attn_BTC)
         if self.parallel_residual:
             return x_BTC + attn_BTC + self.mlp_out(x_BTC)
         x_BTC = self.add_attn(x_BTC, attn_BTC)
-        return self.add_mlp(x_BTC, self.mlp_out(x_BTC))
+        if self.cross is not None:
+            x_BTC = self.add_cross(x_BTC, cross)
+        return x_BTC if self.mlp is None else self.add_mlp(x_BTC, self.mlp_out(x_BTC))
+
+    def add_cross(
+        self, x_BTC: Tensor, cross: CrossInput | None, z_hook: Callable[[Tensor], Tensor] | None = None
+    ) -> Tensor:
+        """The stream after cross-attention: x + combine(z), z_h = softmax(q_h k_h^T * s + padding) v_h with q from
+        norm(x) and k, v from the memory, z after z_hook (the intervention at cross.z: its head gates); normalised
+        after the addition in a post-LN block."""
+        if cross is None:
+            raise ValueError("a decoder layer with cross-attention needs the encoder's output (memory)")
+        z_BTHD = self.cross.attend(*self.cross.project_cross(self.ln_cross(x_BTC), cross.memory_BSC), bias=cross.bias)
+        if z_hook is not None:
+            z_BTHD = z_hook(z_BTHD)
+        out_BTC = self.cross.combine_heads(z_BTHD)
+        if self.ln_cross_out is not None:
+            out_BTC = self.ln_cross_out(out_BTC)
+        out_BTC = x_BTC + self.drop(out_BTC)
+        return out_BTC if self.ln_cross_add is None else self.ln_cross_add(out_BTC)
 
     def add_attn(self, x_BTC: Tensor, attn_BTC: Tensor) -> Tensor:
         """The stream after attention: x + attn, normalised after the addition in a post-LN block."""

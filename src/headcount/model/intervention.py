@@ -24,7 +24,7 @@ from torch import Tensor
 
 from headcount.errors import ConfigError
 from headcount.model.attention import MultiHeadAttention
-from headcount.model.sites import KEY, Site, parse_site
+from headcount.model.sites import KEY, STACK_SITES, Site, parse_site
 
 Hook = Callable[[Tensor, Site], Tensor | None]
 
@@ -68,6 +68,8 @@ class Intervention:
         for site in self.sites:
             if site.layer is not None and site.layer >= n_layers:
                 raise ConfigError(KEY, site.name, f"this model has layers 0..{n_layers - 1}")
+            if site.kind in STACK_SITES and model.cross_heads is None:
+                raise ConfigError(KEY, site.name, "this stack has no cross-attention")
             if not model.cfg.mlp and site.kind.startswith("mlp"):
                 raise ConfigError(KEY, site.name, "this model has no MLPs (model.mlp=false)")
 
@@ -144,7 +146,8 @@ def reads(kinds: Iterable[str], layers: Iterable[int], hooks: Iterable[tuple[str
 
 @dataclass(frozen=True, eq=False)
 class Gates:
-    """Head gates as a hook at attn.z: z_h <- g z_h + (1 - g) r_h at layer l with g = gates[..., l, h].
+    """Head gates as a hook at attn.z: z_h <- g z_h + (1 - g) r_h at layer l with g = gates[..., l, h]; with
+    site="cross.z", at a decoder stack's cross-attention heads instead (an encoder-decoder's `cross` kind).
 
     gates: (L, H) or (B, L, H) in [0, 1] (H the model's largest head count; per-example gates run many masks in one
     batched forward), replacements: one tensor per layer broadcastable to z (B, T, H, D), or None (zero ablation),
@@ -154,6 +157,8 @@ class Gates:
     gates: Tensor
     replacements: list[Tensor | None] | None = None
     where: Tensor | None = None
+    site: str = "attn.z"  # the heads' site kind: attn.z, or cross.z for cross-attention heads
+    key: str = "gates"  # the name its errors give the gates
 
     def __call__(self, z_BTHD: Tensor, site: Site) -> Tensor:
         layer = site.layer
@@ -161,19 +166,22 @@ class Gates:
         return MultiHeadAttention.gate_z(z_BTHD, self.gates[..., layer, : z_BTHD.shape[2]], replacement, self.where)
 
     def hooks(self, start: int = 0) -> list[tuple[Site, Hook]]:
-        """This hook at attn.z of layers start..L-1."""
-        return [(Site("attn.z", layer), self) for layer in range(start, self.gates.shape[-2])]
+        """This hook at the site (attn.z or cross.z) of layers start..L-1."""
+        return [(Site(self.site, layer), self) for layer in range(start, self.gates.shape[-2])]
 
     def check(self, model, batch: int) -> None:
-        shape = (model.n_layers, model.max_heads)
+        heads = model.cross_heads if self.site in STACK_SITES else model.max_heads
+        if heads is None:
+            raise ConfigError(self.key, self.site, "this stack has no cross-attention heads")
+        shape = (model.n_layers, heads)
         gates = self.gates
         batch_ok = gates.ndim == 2 or (gates.ndim == 3 and gates.shape[0] == batch)
         if not batch_ok or tuple(gates.shape[-2:]) != shape:
             allowed = f"allowed shapes: {shape} or ({batch}, {shape[0]}, {shape[1]})"
-            raise ConfigError("gates", tuple(gates.shape), allowed)
+            raise ConfigError(self.key, tuple(gates.shape), allowed)
         # A data-dependent check would break the graph under torch.compile; eager calls still get it.
         if not torch.compiler.is_compiling() and not bool(((gates >= 0) & (gates <= 1)).all()):
-            raise ConfigError("gates", "values outside [0, 1]", "every gate must lie in [0, 1]")
+            raise ConfigError(self.key, "values outside [0, 1]", "every gate must lie in [0, 1]")
 
 
 def gated(
@@ -183,6 +191,8 @@ def gated(
     start: int = 0,
     hooks: Iterable[tuple[str | Site, Hook]] = (),
     cache: Iterable[str | Site] = (),
+    site: str = "attn.z",
 ) -> Intervention:
-    """The intervention of head gates (`Gates`) from layer `start` on, after `hooks` at the same sites, with `cache`."""
-    return Intervention([*hooks, *Gates(gates, replacements, where).hooks(start)], cache)
+    """The intervention of head gates (`Gates`) from layer `start` on, after `hooks` at the same sites, with `cache`;
+    site: the heads' site kind (cross.z: a decoder stack's cross-attention heads)."""
+    return Intervention([*hooks, *Gates(gates, replacements, where, site).hooks(start)], cache)

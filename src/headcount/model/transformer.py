@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from headcount.config.model import (
+    AttentionConfig,
     ModelConfig,
     Positions,
     embed_width,
@@ -27,10 +28,11 @@ from headcount.config.model import (
     validate_model_config,
 )
 from headcount.errors import ConfigError
-from headcount.model.block import Block
+from headcount.model.block import Block, CrossInput
 from headcount.model.intervention import Intervention
 from headcount.model.mlm import MaskedLMTransform
 from headcount.model.norm import make_norm
+from headcount.model.relative import RelativePositionBias
 from headcount.model.sites import Site
 
 EMBED, FINAL_NORM, LOGITS = Site("embed"), Site("final_norm"), Site("logits")
@@ -60,6 +62,21 @@ class ActivationFloats:
     logits: int  # the unembedding's output
 
 
+@dataclass
+class Memory:
+    """What a decoder stack's cross-attention reads (model/encoder_decoder.py): the encoder's output and which source
+    positions are real (its heads' gates are an intervention's, `Gates` at the cross.z sites)."""
+
+    states_BSC: Tensor
+    keep_BS: Tensor | None = None  # bool, False at padding; None: every position is real
+
+
+def key_padding_bias(keep_BS: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, 1, 1, S): 0 where a key is real, -inf at padding (added to the scores)."""
+    zeros_BS = torch.zeros(keep_BS.shape, dtype=dtype, device=keep_BS.device)
+    return zeros_BS.masked_fill(~keep_BS.bool(), float("-inf"))[:, None, None, :]
+
+
 def sinusoid(T: int, width: int, device: torch.device) -> Tensor:
     """(T, width) float64: PE(t, 2i) = sin(t / 10000^(2i / width)), PE(t, 2i + 1) = cos(the same angle)."""
     pos_T1 = torch.arange(T, dtype=torch.float64, device=device)[:, None]
@@ -68,9 +85,15 @@ def sinusoid(T: int, width: int, device: torch.device) -> Tensor:
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, cross: AttentionConfig | None = None, unembedding: bool = True):
+        """A one-stack model (decoder-only or encoder), or one stack of an encoder-decoder (EncoderDecoder builds
+        them): cross, the cross-attention heads of a decoder stack's layers; unembedding false for an encoder stack,
+        which has no logits."""
         super().__init__()
         validate_model_config(cfg)
+        if cfg.encoder_layers:
+            allowed = "is an encoder-decoder: build it with headcount.model.build_model (an EncoderDecoder)"
+            raise ConfigError("model.encoder_layers", cfg.encoder_layers, allowed)
         self.cfg = cfg
         self.head_dim = resolve_head_dim(cfg.d_model, cfg.attn)
         self.heads_per_layer = list(cfg.heads_per_layer or [cfg.attn.n_heads] * cfg.n_layers)
@@ -84,19 +107,29 @@ class Transformer(nn.Module):
         self.emb_proj = nn.Linear(width, cfg.d_model) if width != cfg.d_model else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
-            Block(cfg, h, self.head_dim, g, layer) for layer, (h, g) in enumerate(zip(self.heads_per_layer, kv_groups))
+            Block(cfg, h, self.head_dim, g, layer, cross)
+            for layer, (h, g) in enumerate(zip(self.heads_per_layer, kv_groups))
         )
+        relative = cfg.positions == Positions.relative
+        buckets, distance = cfg.relative_buckets, cfg.relative_max_distance
+        self.rel_bias = RelativePositionBias(cfg.attn.n_heads, buckets, distance, not cfg.causal) if relative else None
         self.ln_f = make_norm(cfg) if cfg.final_norm else nn.Identity()
         self.mlm = MaskedLMTransform(cfg) if cfg.mlm_head else None
         head_width = width if cfg.mlm_head else cfg.d_model
-        self.lm_head = Unembedding(head_width, cfg.vocab_size, cfg.final_softcap, bias=cfg.mlm_head)
-        if cfg.tie_embeddings:
+        logits_bias = cfg.mlm_head or cfg.logits_bias
+        self.lm_head = Unembedding(head_width, cfg.vocab_size, cfg.final_softcap, logits_bias) if unembedding else None
+        if cfg.tie_embeddings and unembedding:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
         # GPT-2: scale the projections that write into the residual stream by the depth.
         for name, p in self.named_parameters():
             if name.endswith(("attn.out.weight", "mlp.proj.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    def tie_weights(self) -> None:
+        """The unembedding reads the token embedding's tensor again (after a load that assigned tensors)."""
+        if self.cfg.tie_embeddings and self.lm_head is not None:
+            self.lm_head.weight = self.tok_emb.weight
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -132,7 +165,7 @@ class Transformer(nn.Module):
         if intervention is None or not intervention.touches(None):
             return self.unembed(final_BTC)
         normed_BTC = intervention.at(FINAL_NORM, self.ln_f(final_BTC))
-        return intervention.at(LOGITS, self.lm_head(normed_BTC if self.mlm is None else self.mlm(normed_BTC)))
+        return intervention.at(LOGITS, self.lm_head(self.readout(normed_BTC)))
 
     def embed(self, idx_BT: Tensor, token_types: Tensor | None = None) -> Tensor:
         """The stream into layer 0: token embeddings (scaled), plus learned or sinusoidal positions and token types,
@@ -158,18 +191,58 @@ class Transformer(nn.Module):
             tok_BTC = self.emb_proj(tok_BTC)
         return self.drop(tok_BTC)  # rotary and shortformer positions enter in every layer's attention
 
-    def forward_layers(self, resid_BTC: Tensor, start: int = 0, intervention: Intervention | None = None) -> Tensor:
+    def forward_layers(
+        self,
+        resid_BTC: Tensor,
+        start: int = 0,
+        intervention: Intervention | None = None,
+        keep_BT: Tensor | None = None,
+        memory: "Memory | None" = None,
+    ) -> Tensor:
         """The stream after the last layer, starting at layer `start` from the stream before it, resid (B, T, C):
-        runs blocks start..L-1, with the intervention as in forward (its sites name layers absolutely)."""
+        runs blocks start..L-1, with the intervention as in forward (its sites name layers absolutely). The stack
+        options of an encoder-decoder's stacks (model/encoder_decoder.py): keep_BT, bool, False at padded keys of the
+        self-attention (an encoder's padded source); memory, what a decoder stack's cross-attention reads."""
         if intervention is not None:
             intervention.check(self, resid_BTC.shape[0])
+        bias = self.self_attention_bias(resid_BTC, keep_BT)
+        cross = None if memory is None else self.cross_input(memory, resid_BTC.dtype)
         for block in self.blocks[start:]:
-            resid_BTC = block(resid_BTC, intervention)
+            resid_BTC = block(resid_BTC, intervention, bias, cross)
         return resid_BTC
 
+    def self_attention_bias(self, resid_BTC: Tensor, keep_BT: Tensor | None) -> Tensor | None:
+        """What every layer adds to its self-attention scores: the relative position bias (1, H, T, T) and -inf at
+        padded keys (B, 1, 1, T); None without either."""
+        T = resid_BTC.shape[1]
+        bias = None if self.rel_bias is None else self.rel_bias(T).to(resid_BTC.dtype)
+        if keep_BT is not None:
+            padding = key_padding_bias(keep_BT, resid_BTC.dtype)
+            bias = padding if bias is None else bias + padding
+        return bias
+
+    def cross_input(self, memory: "Memory", dtype: torch.dtype) -> CrossInput:
+        """What every decoder layer's cross-attention reads: the memory and -inf at its padded positions."""
+        if self.cross_heads is None:
+            raise ConfigError("memory", "given", "this stack has no cross-attention (model.encoder_layers=0)")
+        bias = None if memory.keep_BS is None else key_padding_bias(memory.keep_BS, dtype)
+        return CrossInput(memory.states_BSC, bias)
+
+    @property
+    def cross_heads(self) -> int | None:
+        """A decoder stack's cross-attention heads per layer (at least 1, as max_heads); None without them."""
+        cross = self.blocks[0].cross if self.n_layers else None
+        return None if cross is None else max(cross.n_heads, 1)
+
     def unembed(self, resid_BTC: Tensor) -> Tensor:
-        normed_BTC = self.ln_f(resid_BTC)
-        return self.lm_head(normed_BTC if self.mlm is None else self.mlm(normed_BTC))
+        return self.lm_head(self.readout(self.ln_f(resid_BTC)))
+
+    def readout(self, normed_BTC: Tensor) -> Tensor:
+        """What the unembedding reads from the final norm's output: it scaled by d_model^(-1/2) (T5 v1.0's tied
+        unembedding, unembed_scale) or through the masked-LM transform, or it as it is."""
+        if self.cfg.unembed_scale:
+            normed_BTC = normed_BTC * self.cfg.d_model**-0.5
+        return normed_BTC if self.mlm is None else self.mlm(normed_BTC)
 
     def select_heads(self, keep_LH: Tensor, replacements: list[Tensor | None] | None = None) -> "Transformer":
         """A new, smaller Transformer with only the heads keep_LH (bool, (L, max_heads)) marks, equal to this one with
@@ -213,7 +286,7 @@ class Transformer(nn.Module):
             # pos_emb: the model's, or each layer's (shortformer)
             embeddings = ("tok_emb.weight", "pos_emb.weight", "type_emb.weight")
             n -= sum(p.numel() for name, p in self.named_parameters() if name.endswith(embeddings))
-            if not self.cfg.tie_embeddings:
+            if not self.cfg.tie_embeddings and self.lm_head is not None:
                 n -= self.lm_head.weight.numel()
         return n
 

@@ -1,5 +1,7 @@
-"""The LightningModule: next-token training of a Transformer on the positions loss_mask marks, or, for an encoder
-(model.causal=false), the masked-LM objective (train/masking.py: BERT's 15%, 80/10/10 corruption)."""
+"""The LightningModule: next-token training of a Transformer on the positions loss_mask marks; for an encoder
+(model.causal=false) the masked-LM objective (train/masking.py: BERT's 15%, 80/10/10 corruption); for an
+encoder-decoder teacher-forced sequence-to-sequence training (the same loss on its decoder's stream, given the
+source)."""
 
 import math
 import time
@@ -8,6 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from headcount.errors import ConfigError
 from headcount.metrics import masked_loss_and_accuracy, masked_token_sums, per_token
 from headcount.run_dir import model_config_from_dict
 from headcount.train.masking import Masking, masked_lm_loss_and_accuracy, masked_lm_sums
@@ -29,9 +32,9 @@ class HeadcountModule(L.LightningModule):
         """masking: an encoder's corruption (train/masking.py's Masking, as a dict); None for a decoder."""
         super().__init__()
         self.save_hyperparameters()
-        from headcount.model import Transformer
+        from headcount.model import build_model
 
-        self.model = Transformer(model_config_from_dict(model))
+        self.model = build_model(model_config_from_dict(model))  # a Transformer, or an EncoderDecoder
         if compile:
             self.model.compile()
         self.masking = None if masking is None else Masking(**masking)
@@ -55,9 +58,19 @@ class HeadcountModule(L.LightningModule):
     def forward(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids_BT)
 
+    def logits(self, batch: dict) -> torch.Tensor:
+        """The logits of a batch's input_ids; an encoder-decoder's decoder reads them teacher-forced, conditioned on
+        the batch's src_ids (model/seq2seq.py), so the same next-token loss on loss_mask is its seq2seq loss."""
+        if not self.model.cfg.encoder_layers:
+            return self.model(batch["input_ids"])
+        if "src_ids" not in batch:
+            allowed = "needs a data source with source sequences (src_ids): a sequence-to-sequence task"
+            raise ConfigError("model.encoder_layers", self.model.cfg.encoder_layers, allowed)
+        return self.model(batch["src_ids"], batch["input_ids"], src_keep=batch.get("src_mask"))
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         if self.masking is None:
-            logits_BTV = self.model(batch["input_ids"])
+            logits_BTV = self.logits(batch)
             loss, acc = masked_loss_and_accuracy(logits_BTV, batch["input_ids"], batch["loss_mask"])
         else:  # fresh masks every step from the seeded global generator (seed_everything)
             inputs_BT, labels_BT = self.masking.corrupt(batch["input_ids"])
@@ -70,7 +83,7 @@ class HeadcountModule(L.LightningModule):
 
     def _add_batch(self, batch: dict, batch_idx: int) -> None:
         if self.masking is None:
-            logits_BTV = self.model(batch["input_ids"])
+            logits_BTV = self.logits(batch)
             sums = masked_token_sums(logits_BTV, batch["input_ids"], batch["loss_mask"])
         else:  # the same masks at every evaluation: a generator seeded by the batch's index
             generator = torch.Generator(batch["input_ids"].device).manual_seed(batch_idx)
