@@ -14,6 +14,7 @@ class Source(Choice):
     assoc_recall = "assoc_recall"
     offset_diff = "offset_diff"
     copy = "copy"
+    translation = "translation"
     text = "text"
     pystdlib = "pystdlib"
     hub = "hub"
@@ -25,7 +26,7 @@ class Tokenizer(Choice):
     pretrained = "pretrained"  # the tokenizer of model.pretrained's checkpoint
 
 
-SYNTHETIC_SOURCES = ("induction", "assoc_recall", "offset_diff", "copy")
+SYNTHETIC_SOURCES = ("induction", "assoc_recall", "offset_diff", "copy", "translation")
 TEXT_SOURCES = ("text", "pystdlib", "hub")
 SOURCES = tuple(source.value for source in Source)
 BYTE_VOCAB = 256  # text sources are byte-level

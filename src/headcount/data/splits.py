@@ -3,6 +3,7 @@
 from datasets import Dataset
 
 import headcount.data.text  # noqa: F401  (registers the text sources)
+import headcount.data.translation  # noqa: F401  (registers the translation task)
 from headcount.config.data import SYNTHETIC_SOURCES, DataConfig, validate_data_section
 from headcount.data.cache import cache_root
 from headcount.data.chunking import SPLITS, split_cap
