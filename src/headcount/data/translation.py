@@ -308,3 +308,20 @@ def split_pairs(cfg: DataConfig, split: str, n: int | None = None) -> Translatio
     pairs = translation_pairs(split_rng(cfg, index), total, cfg.vocab_size)
     keep = slice(0, total if n is None else min(n, total))
     return TranslationPairs(*(getattr(pairs, name)[keep] for name in TranslationPairs.__dataclass_fields__))
+
+
+# Dependency relations by the word classes at their ends (and, for a noun under the verb, its phrase)
+RELATIONS = ("det", "amod", "nsubj", "obj", "prep", "pobj")
+
+
+def relations(pairs: TranslationPairs) -> np.ndarray:
+    """(n, MAX_SOURCE) each source token's relation to its head, an index into RELATIONS; -1 for the root and
+    padding."""
+    out = np.full(pairs.roles.shape, -1, dtype=np.int64)
+    out[pairs.roles == DET] = RELATIONS.index("det")
+    out[pairs.roles == ADJ] = RELATIONS.index("amod")
+    out[(pairs.roles == NOUN) & (pairs.phrases == SUBJ)] = RELATIONS.index("nsubj")
+    out[(pairs.roles == NOUN) & (pairs.phrases == OBJ)] = RELATIONS.index("obj")
+    out[pairs.roles == PREP] = RELATIONS.index("prep")
+    out[(pairs.roles == NOUN) & (pairs.phrases == PP)] = RELATIONS.index("pobj")
+    return out

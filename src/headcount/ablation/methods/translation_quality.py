@@ -32,7 +32,7 @@ class TranslationQuality:
 
 def corpus_bleu(hypotheses: Sequence[Sequence[int]], references: Sequence[Sequence[int]]) -> float:
     """sacrebleu's corpus BLEU over token ids as words, with its defaults: n-grams up to 4 pooled over the corpus,
-the brevity penalty, and exponential smoothing of an order without a match (1/2, then 1/4, ... of a match)."""
+    the brevity penalty, and exponential smoothing of an order without a match (1/2, then 1/4, ... of a match)."""
     try:
         from sacrebleu.metrics import BLEU
     except ImportError as error:
