@@ -61,7 +61,12 @@ class TranslationModel:
 
 
 def head_rows(kinds: Kinds) -> list[tuple[str, int, int]]:
-    return [(kind, layer, head) for kind, (layers, heads) in kinds.items() for layer in range(layers) for head in range(heads)]  # fmt: skip
+    return [
+        (kind, layer, head)
+        for kind, (layers, heads) in kinds.items()
+        for layer in range(layers)
+        for head in range(heads)
+    ]
 
 
 def with_off(model: TranslationModel, heads: list[tuple[str, int, int]], keep: Gates | None = None) -> Gates:
@@ -143,4 +148,3 @@ def prunable_fraction(curve: pd.DataFrame, base_bleu: float, tolerance: float) -
     within = (curve.bleu >= base_bleu - tolerance).to_numpy()
     first_out = int(np.argmin(within)) if not within.all() else len(within)
     return float(curve.fraction.iloc[first_out - 1])
-
