@@ -142,10 +142,10 @@ DAMAGED_MODEL = "it holds the run's weights: restore it from a copy, or train th
 def load_model(ckpt_path: str | Path, map_location: "str | torch.device" = "cpu") -> "Transformer":
     """The Transformer stored in a headcount checkpoint (a Lightning one or a structurally pruned export), in eval
     mode (dropout off), as load_run gives it; ConfigError for a file that cannot be read."""
-    from headcount.model.transformer import Transformer
+    from headcount.model.encoder_decoder import build_model
 
     ckpt = read_checkpoint(ckpt_path, DAMAGED_MODEL, map_location)
-    model = Transformer(model_config_from_dict(ckpt["hyper_parameters"]["model"]))
+    model = build_model(model_config_from_dict(ckpt["hyper_parameters"]["model"]))  # an EncoderDecoder too
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state)
     return model.eval()

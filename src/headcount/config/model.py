@@ -32,6 +32,9 @@ class Positions(Choice):
     # The original Transformer's fixed table added to the token embedding: PE(t, 2i) = sin(t / 10000^(2i / C)),
     # PE(t, 2i + 1) = cos(t / 10000^(2i / C)) (Vaswani et al. 2017), computed in float64; nothing to learn
     sinusoidal = "sinusoidal"
+    # No absolute positions: T5's relative position bias, b_h(bucket(s - t)) added to head h's scores, one learned
+    # table per stack shared by its layers (relative_buckets, relative_max_distance)
+    relative = "relative"
 
 
 class Norm(Choice):
@@ -46,6 +49,8 @@ class Activation(Choice):
     gelu_tanh = "gelu_tanh"  # GELU's tanh approximation (GPT-2's gelu_new)
     swiglu = "swiglu"  # proj(silu(gate x) * fc x): a third, gating projection (Llama)
     geglu_tanh = "geglu_tanh"  # proj(gelu_tanh(gate x) * fc x): GeGLU with GELU's tanh approximation (Gemma)
+    relu = "relu"  # the original Transformer's and T5 v1.0's
+    silu = "silu"  # x sigmoid(x), ungated (Marian's "swish")
 
 
 class QKNorm(Choice):
@@ -178,6 +183,19 @@ class ModelConfig:
     final_norm: bool = True  # ln_f before the unembedding; false: none (post-LN models end normalised)
     # BERT's masked-LM head: the unembedding reads norm(act(dense(x))) (act: mlp_act; width d_embed) and adds a bias
     mlm_head: bool = False
+    # Encoder-decoders (docs/guide/encoders.md, "Encoder-decoders"). The number of encoder layers: 0, a decoder-only
+    # model; above 0, a bidirectional encoder of that many layers and a decoder of n_layers layers whose blocks also
+    # attend to the encoder's output (cross-attention), sharing one token embedding; both stacks take every other key
+    encoder_layers: int = 0
+    # The cross-attention heads, configured like model.attn (number, width, concat or sum, key/value groups, biases,
+    # score scale); null: the same as model.attn. Only with encoder_layers > 0
+    cross_attn: AttentionConfig | None = None
+    # positions=relative (T5): the number of buckets of relative distance (half per direction in the encoder) and the
+    # distance from which every bucket is the last
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    unembed_scale: bool = False  # the unembedding's input times d_model^(-1/2) (T5 v1.0 with tied embeddings)
+    logits_bias: bool = False  # a bias per token added to the logits (BART's and Marian's final_logits_bias)
 
 
 def resolve_head_dim(d_model: int, attn: AttentionConfig, key: str = "model.attn") -> int:
@@ -282,6 +300,7 @@ def validate_model_config(cfg: ModelConfig) -> None:
             )
     resolve_kv_groups(cfg)
     validate_encoder_features(cfg)
+    validate_encoder_decoder(cfg)
 
 
 def embed_width(cfg: ModelConfig) -> int:
@@ -305,6 +324,59 @@ def validate_encoder_features(cfg: ModelConfig) -> None:
     if cfg.tie_embeddings and not cfg.mlm_head and embed_width(cfg) != cfg.d_model:
         allowed = f"needs model.mlm_head=true (the unembedding reads d_model={cfg.d_model}) or d_embed=null"
         raise ConfigError("model.d_embed", cfg.d_embed, allowed)
+
+
+def validate_encoder_decoder(cfg: ModelConfig) -> None:
+    """The encoder-decoder's keys: encoder_layers, cross_attn, the relative position bias."""
+    if cfg.encoder_layers < 0:
+        raise ConfigError("model.encoder_layers", cfg.encoder_layers, "must be 0 (decoder-only) or a positive integer")
+    if cfg.positions == Positions.relative:
+        if cfg.relative_buckets < 2 or (bidirectional_bias(cfg) and cfg.relative_buckets < 4):
+            allowed = "must be at least 2 (4 for bidirectional attention, whose buckets split by direction)"
+            raise ConfigError("model.relative_buckets", cfg.relative_buckets, allowed)
+        exact = cfg.relative_buckets // 2 if bidirectional_bias(cfg) else cfg.relative_buckets
+        if cfg.relative_max_distance <= exact // 2:
+            allowed = f"must exceed the exactly bucketed distances ({exact // 2} with {cfg.relative_buckets} buckets)"
+            raise ConfigError("model.relative_max_distance", cfg.relative_max_distance, allowed)
+    else:
+        relative_keys = ("relative_buckets", "relative_max_distance")
+        refuse_unused(cfg, ModelConfig(), relative_keys, f"model.positions={cfg.positions}")
+    if cfg.positions == Positions.relative and cfg.heads_per_layer is not None:
+        allowed = "must be null with model.positions=relative (the bias table has a row per head of model.attn)"
+        raise ConfigError("model.heads_per_layer", list(cfg.heads_per_layer), allowed)
+    if not cfg.encoder_layers:
+        if cfg.cross_attn is not None:
+            allowed = "is the cross-attention of an encoder-decoder; set model.encoder_layers > 0 or leave it unset"
+            raise ConfigError("model.cross_attn", "set", allowed)
+        return
+    if not cfg.causal:
+        allowed = "must be true in an encoder-decoder (its decoder is causal; its encoder is always bidirectional)"
+        raise ConfigError("model.causal", cfg.causal, allowed)
+    for key in ("heads_per_layer", "kv_groups_per_layer", "type_vocab_size", "mlm_head", "parallel_residual"):
+        refuse_unused(cfg, ModelConfig(), (key,), f"model.encoder_layers={cfg.encoder_layers}")
+    refuse_unused(cfg, ModelConfig(), ("sliding_window", "layer_types"), "model.encoder_layers > 0")
+    if cfg.cross_attn is not None:
+        check_bools("model.cross_attn", cfg.cross_attn)
+        cross = cfg.cross_attn
+        resolve_head_dim(cfg.d_model, cross, "model.cross_attn")
+        if cross.n_kv_heads is not None and (cross.n_kv_heads < 1 or cross.n_heads % cross.n_kv_heads):
+            allowed = f"must divide model.cross_attn.n_heads={cross.n_heads} (null: one per head; 1: multi-query)"
+            raise ConfigError("model.cross_attn.n_kv_heads", cross.n_kv_heads, allowed)
+        for key, value in (("query_pre_attn_scalar", cross.query_pre_attn_scalar), ("softcap", cross.softcap)):
+            if value is not None:
+                check_positive(f"model.cross_attn.{key}", value, "must be a finite number above 0 or null")
+
+
+def bidirectional_bias(cfg: ModelConfig) -> bool:
+    """Whether some stack of the model reads its relative position bias in both directions (an encoder)."""
+    return bool(cfg.encoder_layers) or not cfg.causal
+
+
+def cross_attention(cfg: ModelConfig) -> AttentionConfig | None:
+    """The decoder's cross-attention heads: model.cross_attn, or model.attn's settings; None without an encoder."""
+    if not cfg.encoder_layers:
+        return None
+    return cfg.cross_attn if cfg.cross_attn is not None else cfg.attn
 
 
 def refuse_unused(section: object, defaults: object, keys: tuple[str, ...], why: str, prefix: str = "model") -> None:

@@ -127,9 +127,15 @@ class MultiHeadAttention(nn.Module):
         """The layer's output (B, T, C): heads, gated, combined. Arguments as in `heads` and `gate_z`."""
         return self.combine_heads(self.gate_z(self.heads(x_BTC, cache), gate, replacement))
 
-    def heads(self, x_BTC: Tensor, cache: dict | None = None) -> Tensor:
-        """z (B, T, H, D). cache: if given, receives "z"."""
-        return self.attend(*self.project(x_BTC), cache)
+    def heads(self, x_BTC: Tensor, cache: dict | None = None, bias: Tensor | None = None) -> Tensor:
+        """z (B, T, H, D). cache: if given, receives "z"; bias as in `attend`."""
+        return self.attend(*self.project(x_BTC), cache, bias=bias)
+
+    def cross_heads(
+        self, x_BTC: Tensor, memory_BSC: Tensor, cache: dict | None = None, bias: Tensor | None = None
+    ) -> Tensor:
+        """Cross-attention's z (B, T, H, D): queries from x, keys and values from the memory (`project_cross`)."""
+        return self.attend(*self.project_cross(x_BTC, memory_BSC), cache, bias=bias)
 
     def attend(
         self,
@@ -138,24 +144,33 @@ class MultiHeadAttention(nn.Module):
         v_BGTD: Tensor,
         cache: dict | None = None,
         pattern_hook: Callable[[Tensor], Tensor] | None = None,
+        bias: Tensor | None = None,
     ) -> Tensor:
-        """z (B, T, H, D) from q (B, H, T, D) and k, v per key/value head (B, G, T, D), cache as in `heads`;
-        pattern_hook: applied to the attention pattern (B, H, T, T) before it weighs the values (the explicit path;
-        an intervention's read or edit of the pattern, Transformer.forward's need_patterns included)."""
-        k_BHTD, v_BHTD = self.per_query_head(k_BGTD), self.per_query_head(v_BGTD)
+        """z (B, T, H, D) from q (B, H, T, D) and k, v per key/value head (B, G, S, D) (S = T in self-attention),
+        cache as in `heads`; pattern_hook: applied to the attention pattern (B, H, T, S) before it weighs the values
+        (the explicit path; an intervention's read or edit of the pattern, Transformer.forward's need_patterns
+        included); bias: added to the scores, broadcastable to (B, H, T, S), after the soft-cap and before the causal
+        mask (T5's relative position bias, -inf at padded keys)."""
+        k_BHSD, v_BHSD = self.per_query_head(k_BGTD), self.per_query_head(v_BGTD)
         if pattern_hook is not None or (self.features.softcap is not None and self.n_heads > 0):
-            z_BHTD, _ = self.reference_attention(q_BHTD, k_BHTD, v_BHTD, pattern_hook)
+            z_BHTD, _ = self.reference_attention(q_BHTD, k_BHSD, v_BHSD, pattern_hook, bias)
         elif self.n_heads == 0:  # pruned to no heads: z is empty, and SDPA's fused kernels refuse zero-size inputs
             z_BHTD = q_BHTD
         else:
             window, T = self.features.window, q_BHTD.shape[2]
             mask_TT = allowed_keys(T, window, q_BHTD.device) if window is not None and window < T else None
+            causal = mask_TT is None and self.features.causal
+            if bias is not None:  # SDPA takes one additive mask: the bias with the causal (or window) mask in it
+                keep_TT = mask_TT if mask_TT is not None else allowed_keys(T, None, q_BHTD.device) if causal else None
+                mask_TT = bias.to(q_BHTD.dtype)
+                mask_TT = mask_TT if keep_TT is None else mask_TT.masked_fill(~keep_TT, float("-inf"))
+                causal = False
             z_BHTD = F.scaled_dot_product_attention(
                 q_BHTD,
-                k_BHTD,
-                v_BHTD,
+                k_BHSD,
+                v_BHSD,
                 attn_mask=mask_TT,
-                is_causal=mask_TT is None and self.features.causal,
+                is_causal=causal,
                 dropout_p=self.dropout if self.training else 0.0,
                 scale=self.score_scale,
             )
@@ -184,6 +199,17 @@ class MultiHeadAttention(nn.Module):
         if self.rotary is not None:
             q_BHTD, k_BGTD = self.rotary(q_BHTD, k_BGTD)
         return q_BHTD, k_BGTD, v_BGTD
+
+    def project_cross(self, x_BTC: Tensor, memory_BSC: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Cross-attention's q (B, H, T, D) from the decoder's stream x and k, v (B, G, S, D) from the encoder's
+        output: the fused projection's q rows applied to x, its k and v rows to the memory (no positions)."""
+        (B, T, _), S = x_BTC.shape, memory_BSC.shape[1]
+        H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
+        W_XC, b_X = self.qkv.weight, self.qkv.bias
+        q_BTX = F.linear(x_BTC, W_XC[: H * D], None if b_X is None else b_X[: H * D])
+        k_BSX, v_BSX = F.linear(memory_BSC, W_XC[H * D :], None if b_X is None else b_X[H * D :]).split(G * D, -1)
+        q_BHTD = q_BTX.view(B, T, H, D).transpose(1, 2)
+        return q_BHTD, k_BSX.view(B, S, G, D).transpose(1, 2), v_BSX.view(B, S, G, D).transpose(1, 2)
 
     def project_inputs(self, x_BKWTC: Tensor, heads_K: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q, k and v (B, K, T, D) of K query heads (`heads_K`, the layer's head indices in x's order; None: all of
@@ -246,14 +272,21 @@ class MultiHeadAttention(nn.Module):
         return x_BGTD.index_select(1, self.kv_head_of) if self.grouped else x_BGTD
 
     def reference_attention(
-        self, q_BHTD: Tensor, k_BHTD: Tensor, v_BHTD: Tensor, pattern_hook: Callable[[Tensor], Tensor] | None = None
+        self,
+        q_BHTD: Tensor,
+        k_BHTD: Tensor,
+        v_BHTD: Tensor,
+        pattern_hook: Callable[[Tensor], Tensor] | None = None,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The explicit softmax path: slower than SDPA, but it returns the attention pattern for analysis (after
-        pattern_hook, when given: an intervention's edit of the pattern)."""
+        pattern_hook, when given: an intervention's edit of the pattern). bias as in `attend`."""
         T, cap = q_BHTD.shape[2], self.features.softcap
         scores_BHTT = (q_BHTD @ k_BHTD.transpose(-2, -1)) * self.score_scale
         if cap is not None:
             scores_BHTT = torch.tanh(scores_BHTT / cap) * cap
+        if bias is not None:
+            scores_BHTT = scores_BHTT + bias.to(scores_BHTT.dtype)
         if self.features.causal:
             allowed_TT = allowed_keys(T, self.features.window, q_BHTD.device)
             scores_BHTT = scores_BHTT.masked_fill(~allowed_TT, float("-inf"))

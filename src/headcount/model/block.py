@@ -13,20 +13,24 @@ A layer's type (model.layer_types: full or sliding) sets its attention window an
 rotary base (Gemma 3's local layers use their own base, unscaled, its global layers the scaled one).
 """
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 from torch import Tensor, nn
 
 from headcount.config.model import (
+    AttentionConfig,
     LayerType,
     ModelConfig,
     Norm,
     Positions,
     RopeScalingConfig,
+    resolve_head_dim,
     resolve_layer_types,
     rotary_dims,
 )
+from headcount.errors import ConfigError
 from headcount.model.attention import AttentionFeatures, MultiHeadAttention
 from headcount.model.intervention import Intervention
 from headcount.model.mlp import MLP
@@ -58,6 +62,23 @@ def layer_features(cfg: ModelConfig, layer_type: str) -> AttentionFeatures:
     )
 
 
+@dataclass
+class CrossInput:
+    """What one decoder layer's cross-attention reads: the encoder's output and, for its heads, a gate and a
+    replacement as in MultiHeadAttention.gate_z."""
+
+    memory_BSC: Tensor
+    bias: Tensor | None = None  # (B, 1, 1, S): 0 at real source positions, -inf at padding
+    gate: Tensor | None = None  # (H_cross,) or (B, H_cross)
+    replacement: Tensor | None = None
+
+
+def cross_features(cfg: ModelConfig, cross: AttentionConfig) -> AttentionFeatures:
+    """Cross-attention sees every source position and has no positions of its own (no rotary, no q/k norm)."""
+    scalar = cross.query_pre_attn_scalar
+    return AttentionFeatures(scale=None if scalar is None else scalar**-0.5, softcap=cross.softcap, causal=False)
+
+
 @lru_cache(maxsize=512)
 def layer_sites(layer: int) -> dict[str, Site]:
     """This layer's sites by kind, built once."""
@@ -66,8 +87,16 @@ def layer_sites(layer: int) -> dict[str, Site]:
 
 class Block(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, n_heads: int, head_dim: int, kv_groups: list[int] | None = None, layer: int = 0
+        self,
+        cfg: ModelConfig,
+        n_heads: int,
+        head_dim: int,
+        kv_groups: list[int] | None = None,
+        layer: int = 0,
+        cross: AttentionConfig | None = None,
     ):
+        """cross: the cross-attention heads of a decoder layer of an encoder-decoder (config/model.py
+        cross_attention), or None."""
         super().__init__()
         a = cfg.attn
         layer_type = resolve_layer_types(cfg)[layer]
@@ -94,6 +123,26 @@ class Block(nn.Module):
         # post_ln: the stream itself is normalised after each addition (BERT)
         self.ln_attn_add = make_norm(cfg) if cfg.post_ln else None
         self.ln_mlp_add = make_norm(cfg) if cfg.post_ln and cfg.mlp else None
+        # An encoder-decoder's decoder layer: cross-attention to the encoder's output between attention and the MLP,
+        # with the same norms around it (ln_cross, ln_cross_out, ln_cross_add)
+        self.cross = None
+        if cross is not None:
+            n_kv = cross.n_kv_heads
+            groups = None if n_kv is None else [cross.n_heads // n_kv] * n_kv
+            self.ln_cross = make_norm(cfg) if cfg.pre_norm else nn.Identity()
+            self.cross = MultiHeadAttention(
+                cfg.d_model,
+                cross.n_heads,
+                resolve_head_dim(cfg.d_model, cross, "model.cross_attn"),
+                cross.combine,
+                cross.qkv_bias,
+                cross.out_bias,
+                cfg.dropout,
+                groups,
+                features=cross_features(cfg, cross),
+            )
+            self.ln_cross_out = make_norm(cfg) if cfg.post_norm else None
+            self.ln_cross_add = make_norm(cfg) if cfg.post_ln else None
 
     def forward(
         self,
@@ -102,13 +151,16 @@ class Block(nn.Module):
         replacement: Tensor | None = None,
         cache: dict | None = None,
         gate_where: Tensor | None = None,
+        bias: Tensor | None = None,
+        cross: CrossInput | None = None,
     ) -> Tensor:
-        """gate, replacement, cache and gate_where (gate_z's where) as in MultiHeadAttention."""
-        z_BTHD = self.attn.heads(self.ln_attn(x_BTC), cache)
+        """gate, replacement, cache and gate_where (gate_z's where) as in MultiHeadAttention; bias: added to the
+        self-attention scores (MultiHeadAttention.attend); cross: what a decoder layer's cross-attention reads."""
+        z_BTHD = self.attn.heads(self.ln_attn(x_BTC), cache, bias)
         gated_BTHD = self.attn.gate_z(z_BTHD, gate, replacement, gate_where)
         if cache is not None and gate is not None:
             cache["z_gated"] = gated_BTHD  # what the heads pass on: gradients at the gates read it (attribution.py)
-        return self.finish(x_BTC, gated_BTHD)
+        return self.finish(x_BTC, gated_BTHD, cross, cache)
 
     def forward_intervened(
         self,
@@ -122,6 +174,8 @@ class Block(nn.Module):
     ) -> Tensor:
         """`forward` with the intervention's hooks at this layer's named sites (model/sites.py); the same operations
         in the same order as forward, so with hooks that change nothing it gives the same bits."""
+        if self.cross is not None:
+            raise ConfigError("intervention", "a decoder layer with cross-attention", "hooks run on one-stack models")
         at, s = intervention.at, layer_sites(layer)
         x_BTC = at(s["resid_pre"], x_BTC)
         q_BHTD, k_BGTD, v_BGTD = self.intervened_qkv(x_BTC, intervention, s)
@@ -175,18 +229,41 @@ class Block(nn.Module):
         stream before the layer's input norm (MultiHeadAttention.project_inputs after the norm)."""
         return self.attn.heads_from_inputs(self.ln_attn(x_BKWTC), heads_K)
 
-    def finish(self, x_BTC: Tensor, z_BTHD: Tensor) -> Tensor:
-        """The block's output given its input x and its heads' (gated) z: add the combined heads and the MLP."""
+    def finish(
+        self, x_BTC: Tensor, z_BTHD: Tensor, cross: CrossInput | None = None, cache: dict | None = None
+    ) -> Tensor:
+        """The block's output given its input x and its heads' (gated) z: add the combined heads, then (a decoder
+        layer of an encoder-decoder) the cross-attention to cross's memory, then the MLP. cache: receives
+        "cross_z" (and "cross_z_gated" with a cross gate)."""
         attn_BTC = self.attn.combine_heads(z_BTHD)
         if self.ln_attn_out is not None:
             attn_BTC = self.ln_attn_out(attn_BTC)
         attn_BTC = self.drop(attn_BTC)
-        if self.mlp is None:
+        if self.mlp is None and self.cross is None:
             return self.add_attn(x_BTC, attn_BTC)
         if self.parallel_residual:
             return x_BTC + attn_BTC + self.mlp_out(x_BTC)
         x_BTC = self.add_attn(x_BTC, attn_BTC)
-        return self.add_mlp(x_BTC, self.mlp_out(x_BTC))
+        if self.cross is not None:
+            if cross is None:
+                raise ValueError("a decoder layer with cross-attention needs the encoder's output (cross)")
+            x_BTC = self.add_cross(x_BTC, cross, cache)
+        return x_BTC if self.mlp is None else self.add_mlp(x_BTC, self.mlp_out(x_BTC))
+
+    def add_cross(self, x_BTC: Tensor, cross: CrossInput, cache: dict | None = None) -> Tensor:
+        """The stream after cross-attention: x + combine(gated z), z_h = softmax(q_h k_h^T * s + padding) v_h with
+        q from norm(x) and k, v from the memory; normalised after the addition in a post-LN block."""
+        z_BTHD = self.cross.attend(*self.cross.project_cross(self.ln_cross(x_BTC), cross.memory_BSC), bias=cross.bias)
+        gated_BTHD = self.cross.gate_z(z_BTHD, cross.gate, cross.replacement)
+        if cache is not None:
+            cache["cross_z"] = z_BTHD
+            if cross.gate is not None:
+                cache["cross_z_gated"] = gated_BTHD
+        out_BTC = self.cross.combine_heads(gated_BTHD)
+        if self.ln_cross_out is not None:
+            out_BTC = self.ln_cross_out(out_BTC)
+        out_BTC = x_BTC + self.drop(out_BTC)
+        return out_BTC if self.ln_cross_add is None else self.ln_cross_add(out_BTC)
 
     def add_attn(self, x_BTC: Tensor, attn_BTC: Tensor) -> Tensor:
         """The stream after attention: x + attn, normalised after the addition in a post-LN block."""

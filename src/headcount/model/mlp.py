@@ -1,5 +1,6 @@
 """The position-wise MLP: fc -> activation -> proj, or a gated one, SwiGLU's proj(silu(gate x) * fc x) (Llama) or
-GeGLU's proj(gelu_tanh(gate x) * fc x) (Gemma), with any hidden width. Parameter names (fc, proj, gate) are those
+GeGLU's proj(gelu_tanh(gate x) * fc x) (Gemma, T5 v1.1), with any hidden width; the ungated activation is GELU
+(exact or tanh), ReLU (T5 v1.0) or SiLU (Marian). Parameter names (fc, proj, gate) are those
 checkpoints store."""
 
 from collections.abc import Callable
@@ -8,6 +9,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from headcount.config.model import Activation, ModelConfig
+
+UNGATED = {Activation.relu: F.relu, Activation.silu: F.silu}
 
 
 class MLP(nn.Module):
@@ -25,6 +28,8 @@ class MLP(nn.Module):
             gate = self.gate(x_BTC)
             act = F.silu(gate) if self.act == Activation.swiglu else F.gelu(gate, approximate="tanh")
             hidden_BTF = act * self.fc(x_BTC)
+        elif self.act in UNGATED:
+            hidden_BTF = UNGATED[self.act](self.fc(x_BTC))
         else:
             approximate = "tanh" if self.act == Activation.gelu_tanh else "none"
             hidden_BTF = F.gelu(self.fc(x_BTC), approximate=approximate)

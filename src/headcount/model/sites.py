@@ -20,6 +20,18 @@ The names grow the circuits graph's (which names heads L1H2 and their inputs L1H
     final_norm                 (B, T, C)   the final norm's output, the unembedding's input
     logits                     (B, T, V)
 
+An encoder-decoder (model/encoder_decoder.py) names its sites with its stack first, `enc.` or `dec.`, and its decoder
+layers have cross-attention's own:
+
+    enc.blocks.{l}.<site>      the encoder's layer l (its sites as above, bidirectional)
+    dec.blocks.{l}.<site>      the decoder's layer l
+    dec.blocks.{l}.cross.z     (B, T, H_cross, D_cross)  each cross-attention head's output before its W_O (after gates)
+    enc.out                    (B, S, C)   the encoder's output after its final norm: what cross-attention reads
+
+so a site's stack prefix is its heads' kind in labels.py (enc.L1H3 is enc.blocks.1.attn.z[:, :, 3], dec.L1H3
+dec.blocks.1.attn.z[:, :, 3], cross.L1H3 dec.blocks.1.cross.z[:, :, 3]). An encoder-decoder's forward fills a cache
+by these names (EncoderDecoder.forward's cache: resid_pre, attn.z, cross.z, enc.out); hooks at them are not built yet.
+
 B batch, T positions, C model width, H query heads, G key/value heads, D head width, F MLP hidden width, V vocabulary.
 A site's k/v entries under grouped-query attention address the shared key/value head: changing k_input[:, :, g]
 changes the keys every query head of group g reads. Attention-only models have no mlp sites.
@@ -108,3 +120,26 @@ def site_names(n_layers: int, mlp: bool = True) -> list[str]:
     """Every site of a model with n_layers layers, in the order a forward reaches them."""
     kinds = [k for k in BLOCK_SITES if mlp or not k.startswith("mlp")]
     return ["embed", *(Site(k, layer).name for layer in range(n_layers) for k in kinds), "final_norm", "logits"]
+
+
+STACKS = ("enc", "dec")  # an encoder-decoder's stacks: the prefixes of its site names
+STACK_SITES = ("cross.z",)  # sites of a decoder layer with cross-attention, beside BLOCK_SITES
+_STACK_NAME = re.compile(r"(enc|dec)\.(.+)")
+
+
+def stack_site_name(stack: str, layer: int | None, kind: str) -> str:
+    """An encoder-decoder's site name: enc.blocks.1.attn.z, dec.blocks.0.cross.z, enc.out (layer None)."""
+    return f"{stack}.{kind}" if layer is None else f"{stack}.blocks.{layer}.{kind}"
+
+
+def parse_stack_site(name: str) -> tuple[str, Site]:
+    """(stack, Site) of an encoder-decoder's site name; a one-line ConfigError naming what is allowed otherwise."""
+    found = _STACK_NAME.fullmatch(name) if isinstance(name, str) else None
+    if found is not None and found.group(0) == "enc.out":
+        return "enc", Site("out")
+    block = _BLOCK_NAME.fullmatch(found.group(2)) if found is not None else None
+    kinds = BLOCK_SITES + (STACK_SITES if found is not None and found.group(1) == "dec" else ())
+    if block is None or block.group(2) not in kinds:
+        allowed = f"allowed: enc.out or <enc|dec>.blocks.<layer>.<{'|'.join(BLOCK_SITES)}>, dec.blocks.<layer>.cross.z"
+        raise ConfigError(KEY, name, allowed)
+    return found.group(1), Site(block.group(2), int(block.group(1)))

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from headcount.config.model import (
+    AttentionConfig,
     ModelConfig,
     Positions,
     embed_width,
@@ -27,10 +28,11 @@ from headcount.config.model import (
     validate_model_config,
 )
 from headcount.errors import ConfigError
-from headcount.model.block import Block
+from headcount.model.block import Block, CrossInput
 from headcount.model.intervention import Intervention
 from headcount.model.mlm import MaskedLMTransform
 from headcount.model.norm import make_norm
+from headcount.model.relative import RelativePositionBias
 from headcount.model.sites import Site
 
 EMBED, FINAL_NORM, LOGITS = Site("embed"), Site("final_norm"), Site("logits")
@@ -60,6 +62,24 @@ class ActivationFloats:
     logits: int  # the unembedding's output
 
 
+@dataclass
+class Memory:
+    """What a decoder stack's cross-attention reads (model/encoder_decoder.py): the encoder's output, which source
+    positions are real, and the cross-attention heads' gates and replacements, indexed by decoder layer as `gates`
+    and `replacements` are."""
+
+    states_BSC: Tensor
+    keep_BS: Tensor | None = None  # bool, False at padding; None: every position is real
+    gates: Tensor | None = None  # (L, H_cross) or (B, L, H_cross)
+    replacements: list[Tensor | None] | None = None
+
+
+def key_padding_bias(keep_BS: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, 1, 1, S): 0 where a key is real, -inf at padding (added to the scores)."""
+    zeros_BS = torch.zeros(keep_BS.shape, dtype=dtype, device=keep_BS.device)
+    return zeros_BS.masked_fill(~keep_BS.bool(), float("-inf"))[:, None, None, :]
+
+
 def sinusoid(T: int, width: int, device: torch.device) -> Tensor:
     """(T, width) float64: PE(t, 2i) = sin(t / 10000^(2i / width)), PE(t, 2i + 1) = cos(the same angle)."""
     pos_T1 = torch.arange(T, dtype=torch.float64, device=device)[:, None]
@@ -68,9 +88,15 @@ def sinusoid(T: int, width: int, device: torch.device) -> Tensor:
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, cross: AttentionConfig | None = None, unembedding: bool = True):
+        """A one-stack model (decoder-only or encoder), or one stack of an encoder-decoder (EncoderDecoder builds
+        them): cross, the cross-attention heads of a decoder stack's layers; unembedding false for an encoder stack,
+        which has no logits."""
         super().__init__()
         validate_model_config(cfg)
+        if cfg.encoder_layers:
+            allowed = "is an encoder-decoder: build it with headcount.model.build_model (an EncoderDecoder)"
+            raise ConfigError("model.encoder_layers", cfg.encoder_layers, allowed)
         self.cfg = cfg
         self.head_dim = resolve_head_dim(cfg.d_model, cfg.attn)
         self.heads_per_layer = list(cfg.heads_per_layer or [cfg.attn.n_heads] * cfg.n_layers)
@@ -84,19 +110,29 @@ class Transformer(nn.Module):
         self.emb_proj = nn.Linear(width, cfg.d_model) if width != cfg.d_model else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
-            Block(cfg, h, self.head_dim, g, layer) for layer, (h, g) in enumerate(zip(self.heads_per_layer, kv_groups))
+            Block(cfg, h, self.head_dim, g, layer, cross)
+            for layer, (h, g) in enumerate(zip(self.heads_per_layer, kv_groups))
         )
+        relative = cfg.positions == Positions.relative
+        buckets, distance = cfg.relative_buckets, cfg.relative_max_distance
+        self.rel_bias = RelativePositionBias(cfg.attn.n_heads, buckets, distance, not cfg.causal) if relative else None
         self.ln_f = make_norm(cfg) if cfg.final_norm else nn.Identity()
         self.mlm = MaskedLMTransform(cfg) if cfg.mlm_head else None
         head_width = width if cfg.mlm_head else cfg.d_model
-        self.lm_head = Unembedding(head_width, cfg.vocab_size, cfg.final_softcap, bias=cfg.mlm_head)
-        if cfg.tie_embeddings:
+        logits_bias = cfg.mlm_head or cfg.logits_bias
+        self.lm_head = Unembedding(head_width, cfg.vocab_size, cfg.final_softcap, logits_bias) if unembedding else None
+        if cfg.tie_embeddings and unembedding:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
         # GPT-2: scale the projections that write into the residual stream by the depth.
         for name, p in self.named_parameters():
             if name.endswith(("attn.out.weight", "mlp.proj.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    def tie_weights(self) -> None:
+        """The unembedding reads the token embedding's tensor again (after a load that assigned tensors)."""
+        if self.cfg.tie_embeddings and self.lm_head is not None:
+            self.lm_head.weight = self.tok_emb.weight
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -147,7 +183,7 @@ class Transformer(nn.Module):
         if intervention is None or not intervention.touches(None):
             return self.unembed(final_BTC)
         normed_BTC = intervention.at(FINAL_NORM, self.ln_f(final_BTC))
-        return intervention.at(LOGITS, self.lm_head(normed_BTC if self.mlm is None else self.mlm(normed_BTC)))
+        return intervention.at(LOGITS, self.lm_head(self.readout(normed_BTC)))
 
     def embed(self, idx_BT: Tensor, token_types: Tensor | None = None) -> Tensor:
         """The stream into layer 0: token embeddings (scaled), plus learned or sinusoidal positions and token types,
@@ -183,10 +219,13 @@ class Transformer(nn.Module):
         need_patterns: bool = False,
         gate_where: Tensor | None = None,
         intervention: Intervention | None = None,
+        keep_BT: Tensor | None = None,
+        memory: Memory | None = None,
     ) -> Tensor:
         """The stream after the last layer, starting at layer `start` from the stream before it, resid (B, T, C):
         runs blocks start..L-1. gates, replacements, cache, need_patterns, gate_where and intervention as in forward;
-        they index layers absolutely (gates[..., start, :] is layer start's)."""
+        they index layers absolutely (gates[..., start, :] is layer start's). keep_BT: bool, False at padded keys of
+        the self-attention (an encoder's padded source); memory: what a decoder stack's cross-attention reads."""
         if need_patterns and cache is None:
             raise ValueError("need_patterns=True needs a cache dict to put the patterns in")
         if need_patterns:  # a client of the interventions: reads at every layer's attn.pattern site
@@ -195,6 +234,10 @@ class Transformer(nn.Module):
             intervention = (intervention or Intervention()).with_reads(patterns)
         if gates is not None:
             self.check_gates(gates, resid_BTC.shape[0])
+        if intervention is not None and (memory is not None or self.rel_bias is not None or keep_BT is not None):
+            raise ConfigError("intervention", "an encoder-decoder or a relative position bias", "not hooked yet")
+        bias = self.self_attention_bias(resid_BTC, keep_BT)
+        cross = None if memory is None else self.cross_inputs(memory, resid_BTC.dtype)
         for layer in range(start, self.n_layers):
             block_cache = {} if cache is not None else None
             if cache is not None:
@@ -206,7 +249,8 @@ class Transformer(nn.Module):
                     resid_BTC, intervention, layer, gate, replacement, block_cache, gate_where
                 )
             else:
-                resid_BTC = self.blocks[layer](resid_BTC, gate, replacement, block_cache, gate_where)
+                layer_cross = None if cross is None else cross(layer)
+                resid_BTC = self.blocks[layer](resid_BTC, gate, replacement, block_cache, gate_where, bias, layer_cross)
             if cache is not None:
                 cache.update({(name, layer): value for name, value in block_cache.items()})
                 if need_patterns:
@@ -215,20 +259,51 @@ class Transformer(nn.Module):
                     cache["pattern", layer] = read(site.name)
         return resid_BTC
 
-    def unembed(self, resid_BTC: Tensor) -> Tensor:
-        normed_BTC = self.ln_f(resid_BTC)
-        return self.lm_head(normed_BTC if self.mlm is None else self.mlm(normed_BTC))
+    def self_attention_bias(self, resid_BTC: Tensor, keep_BT: Tensor | None) -> Tensor | None:
+        """What every layer adds to its self-attention scores: the relative position bias (1, H, T, T) and -inf at
+        padded keys (B, 1, 1, T); None without either."""
+        T = resid_BTC.shape[1]
+        bias = None if self.rel_bias is None else self.rel_bias(T).to(resid_BTC.dtype)
+        if keep_BT is not None:
+            padding = key_padding_bias(keep_BT, resid_BTC.dtype)
+            bias = padding if bias is None else bias + padding
+        return bias
 
-    def check_gates(self, gates: Tensor, batch: int) -> None:
-        shape = (self.n_layers, self.max_heads)
+    def cross_inputs(self, memory: Memory, dtype: torch.dtype):
+        """layer -> that layer's CrossInput, the memory's gates checked once."""
+        if not any(block.cross is not None for block in self.blocks):
+            raise ConfigError("memory", "given", "this stack has no cross-attention (model.encoder_layers=0)")
+        if memory.gates is not None:
+            n_cross = max(self.blocks[0].cross.n_heads, 1)
+            self.check_gates(memory.gates, memory.states_BSC.shape[0], n_cross, "gates['cross']")
+        bias = None if memory.keep_BS is None else key_padding_bias(memory.keep_BS, dtype)
+
+        def layer_input(layer: int) -> CrossInput:
+            gate = None if memory.gates is None else memory.gates[..., layer, :]
+            replacement = None if memory.replacements is None else memory.replacements[layer]
+            return CrossInput(memory.states_BSC, bias, gate, replacement)
+
+        return layer_input
+
+    def unembed(self, resid_BTC: Tensor) -> Tensor:
+        return self.lm_head(self.readout(self.ln_f(resid_BTC)))
+
+    def readout(self, normed_BTC: Tensor) -> Tensor:
+        """What the unembedding reads from the final norm's output: it scaled by d_model^(-1/2) (T5 v1.0's tied
+        unembedding, unembed_scale) or through the masked-LM transform, or it as it is."""
+        if self.cfg.unembed_scale:
+            normed_BTC = normed_BTC * self.cfg.d_model**-0.5
+        return normed_BTC if self.mlm is None else self.mlm(normed_BTC)
+
+    def check_gates(self, gates: Tensor, batch: int, heads: int | None = None, key: str = "gates") -> None:
+        """gates of shape (L, H) or (B, L, H) in [0, 1]; H: heads (default the self-attention's max_heads)."""
+        shape = (self.n_layers, heads or self.max_heads)
         batch_ok = gates.ndim == 2 or (gates.ndim == 3 and gates.shape[0] == batch)
         if not batch_ok or tuple(gates.shape[-2:]) != shape:
-            raise ConfigError(
-                "gates", tuple(gates.shape), f"allowed shapes: {shape} or ({batch}, {shape[0]}, {shape[1]})"
-            )
+            raise ConfigError(key, tuple(gates.shape), f"allowed shapes: {shape} or ({batch}, {shape[0]}, {shape[1]})")
         # A data-dependent check would break the graph under torch.compile; eager calls still get it.
         if not torch.compiler.is_compiling() and not bool(((gates >= 0) & (gates <= 1)).all()):
-            raise ConfigError("gates", "values outside [0, 1]", "every gate must lie in [0, 1]")
+            raise ConfigError(key, "values outside [0, 1]", "every gate must lie in [0, 1]")
 
     def select_heads(self, keep_LH: Tensor, replacements: list[Tensor | None] | None = None) -> "Transformer":
         """A new, smaller Transformer with only the heads keep_LH (bool, (L, max_heads)) marks, equal to this one with
@@ -272,7 +347,7 @@ class Transformer(nn.Module):
             # pos_emb: the model's, or each layer's (shortformer)
             embeddings = ("tok_emb.weight", "pos_emb.weight", "type_emb.weight")
             n -= sum(p.numel() for name, p in self.named_parameters() if name.endswith(embeddings))
-            if not self.cfg.tie_embeddings:
+            if not self.cfg.tie_embeddings and self.lm_head is not None:
                 n -= self.lm_head.weight.numel()
         return n
 

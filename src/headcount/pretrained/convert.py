@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from headcount.config.model import ModelConfig
+from headcount.model.encoder_decoder import EncoderDecoder, build_model
 from headcount.model.transformer import Transformer
 from headcount.pretrained.checks import refuse_if
 from headcount.pretrained.families import FAMILIES, family
@@ -35,6 +36,8 @@ def convert(hf_model: nn.Module, source: str | None = None, release: bool = Fals
     cfg = hf_model_config(hf_model.config, source)  # the family is known from here on
     model_type = hf_model.config.model_type
     params = dict(hf_model.named_parameters(remove_duplicate=False))  # tied weights appear under both names
+    # BART's and Marian's logits bias is a buffer; every other buffer is computed from the config
+    params |= {name: b for name, b in hf_model.named_buffers() if name.endswith("final_logits_bias")}
     hf = HFWeights({name: p.detach() for name, p in params.items()}, model_type)
     if release:
         device = next(iter(params.values())).device
@@ -46,7 +49,7 @@ def convert(hf_model: nn.Module, source: str | None = None, release: bool = Fals
     first = next(iter(params.values()))
     # Building the model draws random init values that the state overwrites; keep the caller's random stream.
     with torch.random.fork_rng(devices=[]):
-        model = Transformer(cfg).to(dtype=first.dtype)
+        model = build_model(cfg).to(dtype=first.dtype)
     model.load_state_dict(state)
     return model.to(first.device).eval()
 
@@ -60,7 +63,9 @@ def convert_weights(hf_config: Any, hf: HFWeights, source: str | None = None) ->
     return model_from_state(cfg, FAMILIES[hf_config.model_type].state_dict(hf, cfg), hf)
 
 
-def model_from_state(cfg: ModelConfig, state: dict[str, torch.Tensor], hf: HFWeights | None = None) -> Transformer:
+def model_from_state(
+    cfg: ModelConfig, state: dict[str, torch.Tensor], hf: HFWeights | None = None
+) -> Transformer | EncoderDecoder:
     """A Transformer that holds the tensors of state (headcount's names) as its parameters, not copies of them, after
     checking that the conversion used every one of hf's weights. Buffers (computed from the config) are made as
     usual; a tied unembedding stays tied."""
@@ -69,10 +74,10 @@ def model_from_state(cfg: ModelConfig, state: dict[str, torch.Tensor], hf: HFWei
     if hf is not None:
         hf.check_all_taken()
     with init_empty_weights(), torch.random.fork_rng(devices=[]):
-        model = Transformer(cfg)
+        model = build_model(cfg)
+    prefix = "decoder." if cfg.encoder_layers else ""
     if cfg.tie_embeddings:
-        state = {**state, "lm_head.weight": state["tok_emb.weight"]}
+        state = {**state, f"{prefix}lm_head.weight": state[f"{prefix}tok_emb.weight"]}
     model.load_state_dict(state, assign=True)
-    if cfg.tie_embeddings:
-        model.lm_head.weight = model.tok_emb.weight
+    model.tie_weights()
     return model.eval()

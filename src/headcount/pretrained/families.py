@@ -9,7 +9,7 @@ from torch import Tensor
 
 from headcount.config.model import ModelConfig
 from headcount.errors import ConfigError
-from headcount.pretrained import bert, distilbert, gemma, gpt2, gpt_neox, llama
+from headcount.pretrained import bart, bert, distilbert, gemma, gpt2, gpt_neox, llama, t5
 from headcount.pretrained.checks import KEY
 from headcount.pretrained.weights import HFWeights
 from headcount.registry import Registry
@@ -29,6 +29,7 @@ class Family:
 FAMILIES: Registry[Family] = Registry(
     "pretrained family", KEY, "a transformers model_type converted exactly into the model", named_by="model_type"
 )
+FAMILIES.register(Family.of("bart", bart))
 FAMILIES.register(Family.of("bert", bert))
 FAMILIES.register(Family.of("distilbert", distilbert))
 FAMILIES.register(Family.of("electra", bert))
@@ -39,21 +40,26 @@ FAMILIES.register(Family.of("gemma3_text", gemma))
 FAMILIES.register(Family.of("gpt2", gpt2))
 FAMILIES.register(Family.of("gpt_neox", gpt_neox))
 FAMILIES.register(Family.of("llama", llama))
+FAMILIES.register(Family.of("marian", bart))
 FAMILIES.register(Family.of("mistral", llama))
 FAMILIES.register(Family.of("olmo2", llama))
 FAMILIES.register(Family.of("phi3", llama))
 FAMILIES.register(Family.of("qwen2", llama))
 FAMILIES.register(Family.of("qwen3", llama))
 FAMILIES.register(Family.of("roberta", bert))
+FAMILIES.register(Family.of("t5", t5))
 SUPPORTED = tuple(sorted(FAMILIES))
 
 
 ENCODERS = ("bert", "distilbert", "electra", "roberta")  # bidirectional: read as *ForMaskedLM or the bare *Model
+ENCODER_DECODERS = ("bart", "marian", "t5")  # read as *ForConditionalGeneration (AutoModelForSeq2SeqLM)
 
 
 def auto_model_class(transformers: Any, hf_config: Any, source: str) -> Any:
     """The transformers Auto class that reads a checkpoint of this config: a causal LM, or for an encoder its
     masked-LM model or, for a bare encoder (sentence-transformers' checkpoints), AutoModel."""
+    if hf_config.model_type in ENCODER_DECODERS:
+        return transformers.AutoModelForSeq2SeqLM
     if hf_config.model_type not in ENCODERS:
         return transformers.AutoModelForCausalLM
     return transformers.AutoModelForMaskedLM if bert.has_mlm_head(hf_config, source) else transformers.AutoModel

@@ -1,4 +1,5 @@
-"""The LightningModule: next-token training of a Transformer on the positions loss_mask marks."""
+"""The LightningModule: next-token training of a Transformer on the positions loss_mask marks, or an encoder-decoder's
+teacher-forced sequence-to-sequence training (the same loss on its decoder's stream, given the source)."""
 
 import math
 import time
@@ -7,6 +8,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from headcount.errors import ConfigError
 from headcount.metrics import masked_loss_and_accuracy, masked_token_sums, per_token
 from headcount.run_dir import model_config_from_dict
 
@@ -26,9 +28,9 @@ class HeadcountModule(L.LightningModule):
     def __init__(self, model: dict, optim: dict, max_steps: int, compile: bool = False):
         super().__init__()
         self.save_hyperparameters()
-        from headcount.model import Transformer
+        from headcount.model import build_model
 
-        self.model = Transformer(model_config_from_dict(model))
+        self.model = build_model(model_config_from_dict(model))  # a Transformer, or an EncoderDecoder
         if compile:
             self.model.compile()
         self._split_sums: torch.Tensor | None = None
@@ -51,8 +53,18 @@ class HeadcountModule(L.LightningModule):
     def forward(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids_BT)
 
+    def logits(self, batch: dict) -> torch.Tensor:
+        """The logits of a batch's input_ids; an encoder-decoder's decoder reads them teacher-forced, conditioned on
+        the batch's src_ids (model/seq2seq.py), so the same next-token loss on loss_mask is its seq2seq loss."""
+        if not self.model.cfg.encoder_layers:
+            return self.model(batch["input_ids"])
+        if "src_ids" not in batch:
+            allowed = "needs a data source with source sequences (src_ids): a sequence-to-sequence task"
+            raise ConfigError("model.encoder_layers", self.model.cfg.encoder_layers, allowed)
+        return self.model(batch["src_ids"], batch["input_ids"], src_keep=batch.get("src_mask"))
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        logits_BTV = self.model(batch["input_ids"])
+        logits_BTV = self.logits(batch)
         loss, acc = masked_loss_and_accuracy(logits_BTV, batch["input_ids"], batch["loss_mask"])
         if not torch.isfinite(loss):
             raise NonFiniteLossError(f"training loss is {loss.item()} at step {self.global_step}; stopping")
@@ -61,7 +73,7 @@ class HeadcountModule(L.LightningModule):
         return loss
 
     def _add_batch(self, batch: dict) -> None:
-        logits_BTV = self.model(batch["input_ids"])
+        logits_BTV = self.logits(batch)
         sums = masked_token_sums(logits_BTV, batch["input_ids"], batch["loss_mask"])
         self._split_sums = sums if self._split_sums is None else self._split_sums + sums
 

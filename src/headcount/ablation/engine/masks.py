@@ -21,7 +21,7 @@ from torch import Tensor
 
 from headcount.ablation.engine.heads import Head, all_heads, existing_heads, head_name, max_heads, top_heads
 from headcount.errors import ConfigError
-from headcount.labels import parse_head
+from headcount.labels import KIND_NAMES, parse_head, parse_kind_head
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,10 @@ def parsed_head(item: Head | str, key: str) -> Head:
         return parsed
     if not isinstance(item, str) and len(item) == 2 and all(isinstance(x, int) for x in item):
         return int(item[0]), int(item[1])
+    kind_head = parse_kind_head(item) if isinstance(item, str) else None
+    if kind_head is not None:  # enc.L1H3, cross.L1H3: an encoder-decoder's names, and scans run on one stack
+        what = KIND_NAMES.get(kind_head[0], f"kind {kind_head[0]!r}")
+        raise ConfigError(key, item, f'names {what} heads, which this one-stack model lacks: name heads like "L1H3"')
     raise ConfigError(key, item, 'a head is a (layer, head) pair or a name such as "L1H3"')
 
 

@@ -65,7 +65,7 @@ class Readout:
 
     def __init__(self, model: Transformer, final_NC: Tensor, answer_N: Tensor, wrong_N: Tensor | None):
         self.model, self.answer_N, self.wrong_N = model, answer_N, wrong_N
-        self.normed_NC = model.ln_f(final_NC)
+        self.normed_NC = model.readout(model.ln_f(final_NC))  # the unembedding's input (scaled: T5 v1.0)
 
     @cached_property
     def logits_NV(self) -> Tensor:
@@ -81,6 +81,8 @@ class Readout:
         if normed_NC.dtype in (torch.float16, torch.bfloat16):  # the dot product in float32, as the logits above
             normed_NC, rows_NC = normed_NC.float(), rows_NC.float()
         logit_N = (normed_NC * rows_NC).sum(-1)
+        if self.model.lm_head.bias is not None:  # a bias per token (model.logits_bias)
+            logit_N = logit_N + self.model.lm_head.bias[ids_N].to(logit_N.dtype)
         cap = self.model.lm_head.softcap
         return logit_N if cap is None else torch.tanh(logit_N / cap) * cap
 

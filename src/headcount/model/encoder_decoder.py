@@ -1,0 +1,208 @@
+"""An encoder-decoder: a bidirectional encoder stack and a causal decoder stack whose layers also attend to the
+encoder's output (cross-attention), one token embedding shared by both (docs/DESIGN.md, "Encoder-decoders").
+
+Each stack is a `Transformer` built from the model config (model.encoder_layers > 0): the encoder's with n_layers =
+encoder_layers and causal=false and no unembedding, the decoder's with n_layers layers whose blocks carry
+cross-attention heads (model.cross_attn, or model.attn's settings). Every other key (norms, positions, MLP, post-LN,
+embedding scale and norm) applies to both stacks; with positions=relative each stack has its own T5 bias table,
+bidirectional in the encoder and causal in the decoder. The encoder's output passes its final norm (ln_f, when
+model.final_norm) before the decoder reads it.
+
+Heads come in three kinds (labels.py): `enc`, `dec` and `cross`. Gates are a dict by kind, each (L, H) or (B, L, H)
+as for a one-stack model (L the kind's stack's layers, H its heads); a kind left out is not gated. Zero ablation of
+head h of a kind is that head's z set to 0 before its output projection, as everywhere (attention.py).
+"""
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+
+from headcount.config.model import ModelConfig, cross_attention, validate_model_config
+from headcount.errors import ConfigError
+from headcount.labels import HEAD_KINDS, KIND_NAMES, kind_head_label, parse_kind_head
+from headcount.model.sites import stack_site_name
+from headcount.model.transformer import Memory, Transformer
+
+Gates = dict[str, Tensor]
+
+
+def stack_configs(cfg: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
+    """The encoder's and the decoder's one-stack configs."""
+    common = dataclasses.replace(cfg, encoder_layers=0, cross_attn=None)
+    unembedding_keys = {"tie_embeddings": False, "unembed_scale": False, "logits_bias": False, "final_softcap": None}
+    encoder = dataclasses.replace(common, n_layers=cfg.encoder_layers, causal=False, **unembedding_keys)
+    return encoder, common
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        validate_model_config(cfg)
+        if not cfg.encoder_layers:
+            raise ConfigError("model.encoder_layers", cfg.encoder_layers, "must be above 0 for an encoder-decoder")
+        self.cfg = cfg
+        encoder_cfg, decoder_cfg = stack_configs(cfg)
+        self.encoder = Transformer(encoder_cfg, unembedding=False)
+        self.decoder = Transformer(decoder_cfg, cross=cross_attention(cfg))
+        self.encoder.tok_emb = self.decoder.tok_emb  # one token embedding (T5's and BART's `shared`)
+
+    def tie_weights(self) -> None:
+        """One token embedding again (and the tied unembedding), after a load that assigned tensors."""
+        self.encoder.tok_emb = self.decoder.tok_emb
+        self.decoder.tie_weights()
+
+    @property
+    def head_kinds(self) -> dict[str, tuple[int, int]]:
+        """Each kind's (layers, heads): the shape of its gates."""
+        cross_heads = max(self.decoder.blocks[0].cross.n_heads, 1)
+        return {
+            "enc": (self.encoder.n_layers, self.encoder.max_heads),
+            "dec": (self.decoder.n_layers, self.decoder.max_heads),
+            "cross": (self.decoder.n_layers, cross_heads),
+        }
+
+    def forward(
+        self,
+        src_BS: Tensor,
+        tgt_BT: Tensor,
+        gates: Gates | None = None,
+        replacements: dict[str, list[Tensor | None]] | None = None,
+        src_keep: Tensor | None = None,
+        cache: dict | None = None,
+    ) -> Tensor:
+        """Logits (B, T, vocab) of the decoder reading tgt (teacher forcing: position t predicts tgt's t + 1) and
+        the encoder's output for src.
+
+        gates: a dict by kind ("enc", "dec", "cross"), each (L, H) or (B, L, H) in [0, 1]; replacements: a dict by
+        kind, each one tensor per layer broadcastable to that kind's z (B, T, H, D) or None (zero ablation);
+        src_keep: (B, S) bool, False at padded source positions (no head attends to them); cache: if a dict, gets the
+        activations by site name (model/sites.py): <enc|dec>.blocks.<l>.resid_pre and .attn.z, dec.blocks.<l>.cross.z
+        (z after the gates) and enc.out."""
+        gates, replacements = self.check_kinds(gates, "gates"), self.check_kinds(replacements, "replacements")
+        parts = None if cache is None else {"enc": {}, "dec": {}}
+        memory = self.encode(src_BS, gates.get("enc"), replacements.get("enc"), src_keep, parts and parts["enc"])
+        logits = self.decode(
+            tgt_BT, memory, src_keep, gates.get("dec"), gates.get("cross"), replacements, parts and parts["dec"]
+        )
+        if cache is not None:
+            cache.update(named_activations(parts))
+            cache["enc.out"] = memory
+        return logits
+
+    def encode(
+        self,
+        src_BS: Tensor,
+        gates: Tensor | None = None,
+        replacements: list[Tensor | None] | None = None,
+        src_keep: Tensor | None = None,
+        cache: dict | None = None,
+    ) -> Tensor:
+        """The encoder's output (B, S, C), after its final norm: what every cross-attention head reads."""
+        enc = self.encoder
+        stream_BSC = enc.forward_layers(enc.embed(src_BS), 0, gates, replacements, cache, keep_BT=src_keep)
+        return enc.ln_f(stream_BSC)
+
+    def decode(
+        self,
+        tgt_BT: Tensor,
+        memory_BSC: Tensor,
+        src_keep: Tensor | None = None,
+        gates: Tensor | None = None,
+        cross_gates: Tensor | None = None,
+        replacements: dict[str, list[Tensor | None]] | None = None,
+        cache: dict | None = None,
+    ) -> Tensor:
+        """The decoder's logits (B, T, vocab) given the encoder's output; gates the decoder self-attention's,
+        cross_gates the cross-attention's; replacements by kind as in forward."""
+        replacements = replacements or {}
+        memory = Memory(memory_BSC, src_keep, cross_gates, replacements.get("cross"))
+        dec = self.decoder
+        stream_BTC = dec.forward_layers(dec.embed(tgt_BT), 0, gates, replacements.get("dec"), cache, memory=memory)
+        return dec.unembed(stream_BTC)
+
+    @staticmethod
+    def check_kinds(by_kind: dict | None, key: str) -> dict:
+        if by_kind is None:
+            return {}
+        if not isinstance(by_kind, dict):
+            allowed = f"an encoder-decoder takes a dict by kind ({', '.join(HEAD_KINDS)}), each (L, H) or (B, L, H)"
+            raise ConfigError(key, type(by_kind).__name__, allowed)
+        unknown = [kind for kind in by_kind if kind not in HEAD_KINDS]
+        if unknown:
+            raise ConfigError(key, unknown[0], f"no such head kind; allowed: {', '.join(HEAD_KINDS)}")
+        return by_kind
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+# Transformer.forward_layers's cache keys -> site kinds; z after the gates where the pass had gates
+SITE_OF = {
+    "resid_pre": "resid_pre",
+    "z": "attn.z",
+    "z_gated": "attn.z",
+    "cross_z": "cross.z",
+    "cross_z_gated": "cross.z",
+}
+
+
+def named_activations(parts: dict[str, dict]) -> dict[str, Tensor]:
+    """The stacks' caches by site name (enc.blocks.0.attn.z), z after the gates."""
+    named = {}
+    for stack, cache in parts.items():
+        for (what, layer), value in sorted(cache.items(), key=lambda item: item[0][0].endswith("_gated")):
+            if what in SITE_OF:  # the gated z comes last and replaces the ungated one
+                named[stack_site_name(stack, layer, SITE_OF[what])] = value
+    return named
+
+
+def build_model(cfg: ModelConfig) -> "Transformer | EncoderDecoder":
+    """The model a config describes: an EncoderDecoder when model.encoder_layers > 0, else a one-stack Transformer."""
+    return EncoderDecoder(cfg) if cfg.encoder_layers else Transformer(cfg)
+
+
+def head_kinds(model: "Transformer | EncoderDecoder") -> dict[str | None, tuple[int, int]]:
+    """(layers, heads) by kind: an encoder-decoder's enc, dec and cross; a one-stack model's one kind, None."""
+    if isinstance(model, EncoderDecoder):
+        return model.head_kinds
+    return {None: (model.n_layers, model.max_heads)}
+
+
+def gates_off(
+    model: "Transformer | EncoderDecoder", labels: list[str], key: str = "mask", dtype: torch.dtype = torch.float32
+) -> "Tensor | Gates":
+    """Gates with the labelled heads at 0 and every other head at 1: an (L, H) tensor for a one-stack model (labels
+    L1H3), a dict by kind for an encoder-decoder (labels enc.L1H3, dec.L1H3, cross.L1H3). A label naming a kind the
+    model lacks, or no kind where the model has several, is one ConfigError under `key`."""
+    kinds = head_kinds(model)
+    gates = {kind: torch.ones(shape, dtype=dtype) for kind, shape in kinds.items()}
+    for label in labels:
+        kind, layer, head = parse_head_of(model, label, key)
+        gates[kind][layer, head] = 0
+    return gates[None] if None in kinds else gates
+
+
+def parse_head_of(model: "Transformer | EncoderDecoder", label: str, key: str = "mask") -> tuple[str | None, int, int]:
+    """(kind, layer, head) of a label naming a head the model has; one ConfigError otherwise."""
+    kinds = head_kinds(model)
+    parsed = parse_kind_head(label)
+    several = None not in kinds
+    example = "enc.L1H3, dec.L1H3 or cross.L1H3" if several else "L1H3"
+    if parsed is None:
+        raise ConfigError(key, label, f"a head is named like {example}")
+    kind, layer, head = parsed
+    if kind not in kinds:
+        if several and kind is None:
+            allowed = f"an encoder-decoder's heads are named by kind: {example}"
+        elif several:
+            allowed = f"no such head kind; this encoder-decoder's: {', '.join(HEAD_KINDS)}"
+        else:
+            what = KIND_NAMES.get(kind, f"kind {kind!r}")
+            allowed = f"names {what} heads, which this one-stack model lacks: its heads are named like L1H3"
+        raise ConfigError(key, label, allowed)
+    layers, heads = kinds[kind]
+    if not (0 <= layer < layers and 0 <= head < heads):
+        shown = kind_head_label(kind, layers - 1, heads - 1)
+        raise ConfigError(key, label, f"no such head: the last {kind or 'head'} is {shown}")
+    return kind, layer, head
