@@ -268,6 +268,21 @@ def as_sequences(pairs: TranslationPairs, seq_len: int) -> Arrays:
     return ids, mask
 
 
+def as_seq2seq(pairs: TranslationPairs, seq_len: int) -> dict[str, np.ndarray]:
+    """An encoder-decoder's columns: src_ids (the source, right-padded to seq_len) and src_mask (True on its
+    tokens); input_ids, the decoder's stream BOS target EOS (BOS starts the decoding), and loss_mask on target and
+    EOS (model/seq2seq.py's layout)."""
+    n = len(pairs.source)
+    src_ids = np.full((n, seq_len), BOS, dtype=np.int64)
+    src_ids[:, :MAX_SOURCE] = pairs.source
+    src_mask = np.arange(seq_len)[None] < pairs.source_lengths[:, None]
+    input_ids = np.full((n, seq_len), BOS, dtype=np.int64)
+    input_ids[:, 1 : 1 + MAX_TARGET] = pairs.target
+    loss_mask = np.zeros((n, seq_len), dtype=bool)
+    loss_mask[:, 1 : 1 + MAX_TARGET] = np.arange(MAX_TARGET)[None] < pairs.target_lengths[:, None]
+    return {"input_ids": input_ids, "loss_mask": loss_mask, "src_ids": src_ids, "src_mask": src_mask}
+
+
 def _check(cfg: DataConfig) -> None:
     needed = N_SPECIAL + 12 + 2 * N_PREPOSITIONS + 17 * 2
     _require(
@@ -276,6 +291,14 @@ def _check(cfg: DataConfig) -> None:
         cfg.vocab_size,
         f"translation needs at least {needed} (two lemmas of each class; 512 gives 58 nouns)",
     )
+    if cfg.source == "translation_seq2seq":
+        _require(
+            cfg.seq_len >= MAX_TARGET + 1,
+            "data.seq_len",
+            cfg.seq_len,
+            f"translation_seq2seq needs at least {MAX_TARGET + 1} (BOS, {MAX_TARGET - 1} target words, EOS)",
+        )
+        return
     _require(
         cfg.seq_len >= SEQUENCE,
         "data.seq_len",
@@ -289,6 +312,10 @@ def _make(rng: np.random.Generator, n: int, cfg: DataConfig) -> Arrays:
     return as_sequences(translation_pairs(rng, n, cfg.vocab_size), cfg.seq_len)
 
 
+def _make_seq2seq(rng: np.random.Generator, n: int, cfg: DataConfig) -> dict[str, np.ndarray]:
+    return as_seq2seq(translation_pairs(rng, n, cfg.vocab_size), cfg.seq_len)
+
+
 DATA_SOURCES.register(
     SyntheticSource(
         "translation",
@@ -297,12 +324,21 @@ DATA_SOURCES.register(
         "a generated language pair (SVO to SOV, agreement, Zipfian words): source SEP target",
     )
 )
+DATA_SOURCES.register(
+    SyntheticSource(
+        "translation_seq2seq",
+        _check,
+        _make_seq2seq,
+        "the translation task for an encoder-decoder: src_ids to BOS target",
+    )
+)
 
 
 def split_pairs(cfg: DataConfig, split: str, n: int | None = None) -> TranslationPairs:
     """The first n sentence pairs (all when None) of a split of data.source=translation, with their arcs and ranks:
     the same sentences, in the same order, as that split's examples (build_splits)."""
-    _require(cfg.source == "translation", "data.source", cfg.source, "arcs and ranks exist for translation only")
+    allowed = "arcs and ranks exist for translation and translation_seq2seq only"
+    _require(cfg.source in ("translation", "translation_seq2seq"), "data.source", cfg.source, allowed)
     index = SPLITS.index(split)
     total = split_cap(cfg, split)
     pairs = translation_pairs(split_rng(cfg, index), total, cfg.vocab_size)

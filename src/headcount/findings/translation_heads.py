@@ -1,6 +1,6 @@
 """Michel et al. 2019's measurements on a translation model, scored by BLEU of greedy translations and the
 teacher-forced loss (ablation/methods/translation_quality.py), by kind of head. A one-stack model reading BOS source
-SEP target (a decoder-only translator) has one kind, `dec`; an encoder-decoder would add `enc` and `cross`.
+SEP target (a decoder-only translator) has one kind, `dec`; an encoder-decoder has `enc`, `dec` and `cross`.
 
 - single: each head zeroed alone;
 - importance: Michel's gradient importance of each head's gate on the loss, E_x |dL_x/dg_h| (per example, at all
@@ -14,10 +14,17 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
-from headcount.ablation.methods.translation_quality import TranslationQuality, translation_quality
-from headcount.data.translation import SEQUENCE, TranslationPairs, as_sequences
-from headcount.model.transformer import Transformer
+from headcount.ablation.methods.translation_quality import (
+    Model,
+    TranslationQuality,
+    loss_columns,
+    teacher_forced_logits,
+    translation_quality,
+)
+from headcount.data.translation import TranslationPairs
+from headcount.model.encoder_decoder import EncoderDecoder
 
 Kinds = dict[str, tuple[int, int]]  # kind -> (layers, heads)
 Gates = dict[str, torch.Tensor]  # kind -> (layers, heads) in [0, 1]
@@ -27,19 +34,21 @@ Gates = dict[str, torch.Tensor]  # kind -> (layers, heads) in [0, 1]
 class TranslationModel:
     """A translation model with its heads by kind: scores a set of gates by kind on sentence pairs."""
 
-    model: Transformer
+    model: Model
     kinds: Kinds
     batch_size: int = 256
 
     @classmethod
-    def of(cls, model: Transformer, batch_size: int = 256) -> "TranslationModel":
+    def of(cls, model: Model, batch_size: int = 256) -> "TranslationModel":
+        if isinstance(model, EncoderDecoder):
+            return cls(model, dict(model.head_kinds), batch_size)
         return cls(model, {"dec": (model.n_layers, model.max_heads)}, batch_size)
 
     def ones(self) -> Gates:
         return {kind: torch.ones(shape, dtype=torch.float32) for kind, shape in self.kinds.items()}
 
-    def model_gates(self, gates: Gates) -> torch.Tensor:
-        return gates["dec"]
+    def model_gates(self, gates: Gates) -> torch.Tensor | Gates:
+        return gates if isinstance(self.model, EncoderDecoder) else gates["dec"]
 
     def quality(self, pairs: TranslationPairs, gates: Gates | None = None) -> TranslationQuality:
         model_gates = None if gates is None else self.model_gates(gates)
@@ -47,17 +56,20 @@ class TranslationModel:
 
     def gate_gradients(self, pairs: TranslationPairs) -> dict[str, np.ndarray]:
         """kind -> (examples, layers, heads): dL_x/dg for each example's own mean target loss, at all gates 1."""
-        ids, mask = (torch.as_tensor(a) for a in as_sequences(pairs, SEQUENCE))
-        out = []
-        for start in range(0, len(ids), self.batch_size):
-            batch, marks = ids[start : start + self.batch_size], mask[start : start + self.batch_size, 1:].float()
-            gates = torch.ones((len(batch), *self.kinds["dec"]), requires_grad=True)
-            logits = self.model(batch, gates=gates)[:, :-1].float()
-            losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
+        columns = {name: torch.as_tensor(a) for name, a in loss_columns(self.model, pairs).items()}
+        out: dict[str, list[np.ndarray]] = {kind: [] for kind in self.kinds}
+        for start in range(0, len(columns["input_ids"]), self.batch_size):
+            batch = {name: a[start : start + self.batch_size] for name, a in columns.items()}
+            n = len(batch["input_ids"])
+            gates = {kind: torch.ones((n, *shape), requires_grad=True) for kind, shape in self.kinds.items()}
+            logits = teacher_forced_logits(self.model, batch, self.model_gates(gates))[:, :-1].float()
+            losses = F.cross_entropy(logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none")
+            marks = batch["loss_mask"][:, 1:].float()
             per_example = (losses * marks).sum(1) / marks.sum(1)
-            (grad,) = torch.autograd.grad(per_example.sum(), gates)
-            out.append(grad.double().numpy())
-        return {"dec": np.concatenate(out)}
+            grads = torch.autograd.grad(per_example.sum(), list(gates.values()))
+            for kind, grad in zip(gates, grads):
+                out[kind].append(grad.double().numpy())
+        return {kind: np.concatenate(parts) for kind, parts in out.items()}
 
 
 def head_rows(kinds: Kinds) -> list[tuple[str, int, int]]:

@@ -2,10 +2,11 @@
 its greedy translations against the references (sacrebleu, each token id a word, so no tokenizer stands between the
 ids and the score) and its teacher-forced loss on the references, the two scores Michel et al. 2019 pruned by.
 
-Here the model reads one sequence, BOS source SEP target EOS (a decoder-only translator: `as_sequences`); greedy
-decoding writes the most likely token after SEP, then after that, until EOS or the target's longest length. A causal
-model's position t never reads later positions, so a batch decodes as each sentence decodes alone, right padding and
-unfinished neighbours included (tested)."""
+A decoder-only translator reads one sequence, BOS source SEP target EOS (`as_sequences`); greedy decoding writes the
+most likely token after SEP, then after that, until EOS or the target's longest length. A causal model's position t
+never reads later positions, so a batch decodes as each sentence decodes alone, right padding and unfinished
+neighbours included (tested). An encoder-decoder reads the source in its encoder (padding masked) and decodes from
+BOS (`as_seq2seq`, model/seq2seq.py's greedy_decode); its gates are a dict by kind (enc, dec, cross)."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,9 +17,21 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from headcount.data.synthetic import BOS, SEP
-from headcount.data.translation import EOS, MAX_TARGET, SEQUENCE, TranslationPairs, as_sequences
+from headcount.data.translation import (
+    EOS,
+    MAX_SOURCE,
+    MAX_TARGET,
+    SEQUENCE,
+    TranslationPairs,
+    as_seq2seq,
+    as_sequences,
+)
 from headcount.errors import ConfigError
+from headcount.model.encoder_decoder import EncoderDecoder
+from headcount.model.seq2seq import greedy_decode
 from headcount.model.transformer import Transformer
+
+Model = Transformer | EncoderDecoder
 
 INSTALL = "pip install 'headcount[translation]'"
 
@@ -55,10 +68,13 @@ def references(pairs: TranslationPairs) -> list[list[int]]:
 
 @torch.no_grad()
 def greedy_translations(
-    model: Transformer, pairs: TranslationPairs, gates: Tensor | None = None, batch_size: int = 256
+    model: Model, pairs: TranslationPairs, gates: Tensor | dict | None = None, batch_size: int = 256
 ) -> list[list[int]]:
-    """Each source sentence's greedy translation (without EOS), the model reading BOS source SEP and what it wrote."""
+    """Each source sentence's greedy translation (without EOS), the model reading BOS source SEP and what it wrote
+    (an encoder-decoder: the source, and BOS and what it wrote)."""
     device = next(model.parameters()).device
+    if isinstance(model, EncoderDecoder):
+        return seq2seq_translations(model, pairs, gates, batch_size)
     out: list[list[int]] = []
     for start in range(0, len(pairs.source), batch_size):
         rows = slice(start, start + batch_size)
@@ -86,24 +102,56 @@ def greedy_translations(
     return out
 
 
+def seq2seq_translations(
+    model: EncoderDecoder, pairs: TranslationPairs, gates: dict | None, batch_size: int
+) -> list[list[int]]:
+    device = next(model.parameters()).device
+    out: list[list[int]] = []
+    for start in range(0, len(pairs.source), batch_size):
+        rows = slice(start, start + batch_size)
+        src = torch.as_tensor(pairs.source[rows], device=device)
+        keep = (
+            torch.arange(MAX_SOURCE, device=device)[None]
+            < torch.as_tensor(pairs.source_lengths[rows], device=device)[:, None]
+        )
+        ids = greedy_decode(model, src, BOS, MAX_TARGET, eos_id=EOS, pad_id=BOS, src_keep=keep, gates=gates)
+        out.extend(until_eos(row[1:]) for row in ids.tolist())
+    return out
+
+
+def teacher_forced_logits(model: Model, columns: dict[str, Tensor], gates) -> Tensor:
+    """(B, T, V) logits over the input_ids columns: a decoder's own, or an encoder-decoder's given src_ids."""
+    if isinstance(model, EncoderDecoder):
+        return model(columns["src_ids"], columns["input_ids"], gates=gates, src_keep=columns["src_mask"])
+    return model(columns["input_ids"], gates=gates)
+
+
+def loss_columns(model: Model, pairs: TranslationPairs) -> dict[str, np.ndarray]:
+    """The pairs as the model reads them (as_seq2seq or as_sequences)."""
+    if isinstance(model, EncoderDecoder):
+        return as_seq2seq(pairs, max(MAX_SOURCE, MAX_TARGET + 1))
+    return dict(zip(("input_ids", "loss_mask"), as_sequences(pairs, SEQUENCE)))
+
+
 @torch.no_grad()
-def reference_loss(model: Transformer, pairs: TranslationPairs, gates: Tensor | None = None, batch_size: int = 256):
+def reference_loss(model: Model, pairs: TranslationPairs, gates: Tensor | dict | None = None, batch_size: int = 256):
     """Mean cross-entropy (nats) of each reference token and EOS given the source and the reference before it."""
     device = next(model.parameters()).device
-    ids, mask = (torch.as_tensor(a, device=device) for a in as_sequences(pairs, SEQUENCE))
+    columns = {name: torch.as_tensor(a, device=device) for name, a in loss_columns(model, pairs).items()}
     total, count = torch.zeros((), dtype=torch.float64), 0
-    for start in range(0, len(ids), batch_size):
-        batch, marks = ids[start : start + batch_size], mask[start : start + batch_size, 1:]
-        logits = model(batch, gates=gates)[:, :-1]
+    for start in range(0, len(columns["input_ids"]), batch_size):
+        batch = {name: a[start : start + batch_size] for name, a in columns.items()}
+        marks = batch["loss_mask"][:, 1:]
+        logits = teacher_forced_logits(model, batch, gates)[:, :-1]
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision scored in float32
-        losses = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
+        losses = F.cross_entropy(logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none")
         total += losses[marks].double().sum().cpu()
         count += int(marks.sum())
     return float(total / count)
 
 
 def translation_quality(
-    model: Transformer, pairs: TranslationPairs, gates: Tensor | None = None, batch_size: int = 256
+    model: Model, pairs: TranslationPairs, gates: Tensor | dict | None = None, batch_size: int = 256
 ) -> TranslationQuality:
     hypotheses, refs = greedy_translations(model, pairs, gates, batch_size), references(pairs)
     exact = float(np.mean([h == r for h, r in zip(hypotheses, refs)]))
