@@ -29,6 +29,7 @@ from headcount.data import validate_data_config
 from headcount.data.text import text_files
 from headcount.errors import ConfigError
 from headcount.findings import validate_finding
+from headcount.model.encoder_decoder import EncoderDecoder, build_model
 from headcount.model.transformer import Transformer
 from headcount.pretrained.run_config import resolve_pretrained
 
@@ -74,11 +75,12 @@ def largest_dimension(cfg: ModelConfig) -> tuple[str, int]:
     return key, value
 
 
-def model_on_meta(cfg: ModelConfig, trainer: DictConfig) -> Transformer:
-    """The model as training would build it, on the meta device: every shape and check, no memory."""
+def model_on_meta(cfg: ModelConfig, trainer: DictConfig) -> "Transformer | EncoderDecoder":
+    """The model as training would build it (an encoder-decoder too), on the meta device: every shape and check, no
+    memory."""
     try:
         with torch.device("meta"):
-            return Transformer(cfg)
+            return build_model(cfg)
     except RuntimeError as error:
         if "overflow" not in str(error):  # a bug, not a size: let it show as one
             raise

@@ -35,8 +35,9 @@ PRUNABLE_CLAIM = 0.2  # the low end of the paper's 20-40% of heads prunable
 def check(run_dir: Path, out: Path) -> Finding:
     run = load_run(run_dir)
     data = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), run.config.data))
-    if data.source != "translation":
-        raise ConfigError("data.source", data.source, "finding nmt_heads needs data=translation")
+    if data.source not in ("translation", "translation_seq2seq"):
+        allowed = "finding nmt_heads needs data=translation_seq2seq (an encoder-decoder) or data=translation"
+        raise ConfigError("data.source", data.source, allowed)
     a = run.config.ablation
     pairs = split_pairs(data, a.split, a.n_eval)
     model = TranslationModel.of(run.model, a.batch_size)
