@@ -289,7 +289,7 @@ def _check(cfg: DataConfig) -> None:
         cfg.vocab_size >= needed,
         "data.vocab_size",
         cfg.vocab_size,
-        f"translation needs at least {needed} (two lemmas of each class; 512 gives 58 nouns)",
+        f"translation needs at least {needed} (two lemmas of each class; 512 gives 56 nouns)",
     )
     if cfg.source == "translation_seq2seq":
         _require(
