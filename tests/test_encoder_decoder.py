@@ -251,3 +251,17 @@ def test_the_cache_names_activations_by_site_and_kind():
         assert name.startswith(stack) and (site.layer is None) == (name == "enc.out")
     with pytest.raises(ConfigError, match="hooks.site='enc.blocks.0.cross.z': allowed: enc.out or"):
         parse_stack_site("enc.blocks.0.cross.z")
+
+
+def test_training_preflight_builds_an_encoder_decoder_and_scans_refuse_it_in_one_line():
+    from omegaconf import OmegaConf
+
+    from headcount.cli.preflight import check_ablation, check_fits_in_memory, model_on_meta
+
+    trainer = OmegaConf.create({"precision": "32-true", "accelerator": "cpu", "devices": 1, "num_nodes": 1})
+    model = model_on_meta(config(), trainer)
+    assert isinstance(model, EncoderDecoder) and next(model.parameters()).is_meta
+    check_fits_in_memory(model, trainer)
+    with pytest.raises(ConfigError) as error:
+        check_ablation(None, model)
+    assert str(error.value).startswith("model.encoder_layers=3: headcount-ablate's scans run on one-stack models")

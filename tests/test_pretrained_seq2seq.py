@@ -24,6 +24,7 @@ from seq2seq_helpers import (  # noqa: E402
     t5_norm_in_its_dtype,
 )
 
+import headcount  # noqa: E402
 from headcount.config.model import AttentionConfig  # noqa: E402
 from headcount.errors import ConfigError  # noqa: E402
 from headcount.model.encoder_decoder import EncoderDecoder  # noqa: E402
@@ -180,3 +181,19 @@ def test_what_the_model_cannot_reproduce_is_refused_in_one_line(make, message):
         hf_model_config(make(), "tiny")
     assert message in str(error.value) and str(error.value).startswith("model.pretrained='tiny': ")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("case", ["bart", "t5_v1_1"])
+def test_a_saved_folder_loads_as_the_encoder_decoder_it_converts_to(case, tmp_path):
+    from seq2seq_helpers import hf_model
+
+    from headcount.pretrained import load_pretrained
+
+    hf = hf_model(case)
+    hf.save_pretrained(tmp_path)
+    model, _, _ = load_pretrained(str(tmp_path))
+    assert isinstance(model, EncoderDecoder)
+    with pytest.raises(ConfigError, match="is an encoder-decoder, which HookedModel does not hook yet"):
+        headcount.load_model(str(tmp_path))
+    with torch.no_grad():
+        torch.testing.assert_close(our_logits(model), hf_logits(hf), rtol=0, atol=1e-5)

@@ -126,6 +126,12 @@ def load_model(
         from headcount.pretrained import load_pretrained
 
         model, tokenizer, _ = load_pretrained(given)
+    if model.cfg.encoder_layers:  # HookedModel's hooks and loss read one stack
+        allowed = (
+            "is an encoder-decoder, which HookedModel does not hook yet: load it with "
+            "headcount.pretrained.load_pretrained or headcount.run_dir.load_model (docs/guide/encoders.md)"
+        )
+        raise ConfigError("source", given, allowed)
     return HookedModel(model.to(device=device, dtype=dtype).eval(), tokenizer, given)
 
 

@@ -75,9 +75,8 @@ def largest_dimension(cfg: ModelConfig) -> tuple[str, int]:
     return key, value
 
 
-def model_on_meta(cfg: ModelConfig, trainer: DictConfig) -> "Transformer | EncoderDecoder":
-    """The model as training would build it (an encoder-decoder too), on the meta device: every shape and check, no
-    memory."""
+def model_on_meta(cfg: ModelConfig, trainer: DictConfig) -> Transformer | EncoderDecoder:
+    """The model as training would build it, on the meta device: every shape and check, no memory."""
     try:
         with torch.device("meta"):
             return build_model(cfg)
@@ -157,6 +156,9 @@ class ModelShape:
 def check_ablation(settings: AblationConfig, model: Transformer, cfg: DictConfig | None = None) -> None:
     """The ablation section and each listed scan's checks, those against the model's heads included, and the task
     the config names: its prompts encoded for the model, every prompt checked, the metric and mode against it."""
+    if isinstance(model, EncoderDecoder):
+        allowed = "headcount-ablate's scans run on one-stack models; gate an encoder-decoder's heads from Python"
+        raise ConfigError("model.encoder_layers", model.cfg.encoder_layers, allowed + " (docs/guide/encoders.md)")
     task_cfg = task_config(cfg) if cfg is not None else None
     checked = validate_settings(settings, task_cfg)
     planned = plan(checked, lambda c: run_task(cfg, model, c), Path("ablation"))  # a run not made yet
