@@ -53,7 +53,8 @@ def test_synthetic_shapes_dtypes_and_vocab(source, tmp_path):
     splits = build_splits(cfg)
     assert set(splits) == set(SPLITS)
     for split, n in zip(SPLITS, (cfg.n_train, cfg.n_val, cfg.n_test)):
-        ids, mask = columns(splits[split]).values()
+        rows = columns(splits[split])  # a sequence-to-sequence task's src_ids and src_mask too
+        ids, mask = rows["input_ids"], rows["loss_mask"]
         assert ids.dtype == torch.int64 and mask.dtype == torch.bool
         assert ids.shape == mask.shape == (n, cfg.seq_len)
         assert not mask[:, 0].any() and mask.any(dim=1).all()

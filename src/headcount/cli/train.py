@@ -72,7 +72,12 @@ def print_run_summary(console: Console, run_dir: Path, metrics: dict) -> None:
     trained = f"trained {metrics['steps']:,} steps in {metrics['train_seconds']:.0f} s{resumed}"
     console.print(
         f"[bold]{trained if metrics['steps'] else 'evaluated as it is (no training)'}[/bold]: "
-        f"{metrics['params']:,} parameters, {metrics['flops_per_token']:,.0f} training FLOPs per token",
+        f"{metrics['params']:,} parameters"
+        + (
+            ""
+            if metrics["flops_per_token"] is None
+            else f", {metrics['flops_per_token']:,.0f} training FLOPs per token"
+        ),
         highlight=False,
         soft_wrap=True,
     )

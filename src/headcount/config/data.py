@@ -14,6 +14,8 @@ class Source(Choice):
     assoc_recall = "assoc_recall"
     offset_diff = "offset_diff"
     copy = "copy"
+    translation = "translation"
+    translation_seq2seq = "translation_seq2seq"
     text = "text"
     pystdlib = "pystdlib"
     essays = "essays"
@@ -26,7 +28,7 @@ class Tokenizer(Choice):
     pretrained = "pretrained"  # the tokenizer of model.pretrained's checkpoint
 
 
-SYNTHETIC_SOURCES = ("induction", "assoc_recall", "offset_diff", "copy")
+SYNTHETIC_SOURCES = ("induction", "assoc_recall", "offset_diff", "copy", "translation", "translation_seq2seq")
 TEXT_SOURCES = ("text", "pystdlib", "essays", "hub")
 SOURCES = tuple(source.value for source in Source)
 BYTE_VOCAB = 256  # text sources are byte-level

@@ -9,16 +9,18 @@ from torch import Tensor
 from headcount.errors import ConfigError
 
 
-def examples_dataset(input_ids: np.ndarray, loss_mask: np.ndarray) -> Dataset:
-    """(n, seq_len) arrays -> a Dataset of fixed-length rows; loss_mask[:, t] marks input_ids[:, t] as a target."""
-    seq_len = input_ids.shape[1]
-    features = Features(
-        {"input_ids": Sequence(Value("int64"), length=seq_len), "loss_mask": Sequence(Value("bool"), length=seq_len)}
-    )
+def examples_dataset(input_ids: np.ndarray, loss_mask: np.ndarray, **more: np.ndarray) -> Dataset:
+    """(n, seq_len) arrays -> a Dataset of fixed-length rows; loss_mask[:, t] marks input_ids[:, t] as a target.
+    more: further (n, width) int64 or bool columns (a sequence-to-sequence task's src_ids and src_mask)."""
+    arrays = {"input_ids": input_ids, "loss_mask": loss_mask, **more}
+    kinds = {name: "bool" if array.dtype == bool else "int64" for name, array in arrays.items()}
+    features = Features({name: Sequence(Value(kinds[name]), length=a.shape[1]) for name, a in arrays.items()})
     # Arrow fixed-size lists straight from the flat buffers: ~15x faster than letting datasets walk Python lists.
     columns = {
-        "input_ids": pa.FixedSizeListArray.from_arrays(np.ascontiguousarray(input_ids, np.int64).reshape(-1), seq_len),
-        "loss_mask": pa.FixedSizeListArray.from_arrays(np.ascontiguousarray(loss_mask, bool).reshape(-1), seq_len),
+        name: pa.FixedSizeListArray.from_arrays(
+            np.ascontiguousarray(a, bool if kinds[name] == "bool" else np.int64).reshape(-1), a.shape[1]
+        )
+        for name, a in arrays.items()
     }
     return Dataset.from_dict(columns, features=features)
 

@@ -12,7 +12,10 @@ def split_fingerprint(split: Dataset) -> dict:
     """{"examples": n, "sha256": hash of input_ids (int64) and loss_mask (bool) as (n, seq_len) arrays}."""
     columns = split.with_format("numpy")[:]
     digest = hashlib.sha256()
-    for name, dtype in (("input_ids", np.int64), ("loss_mask", np.bool_)):
+    more = [
+        (name, np.bool_ if name.endswith("mask") else np.int64) for name in ("src_ids", "src_mask") if name in columns
+    ]
+    for name, dtype in (("input_ids", np.int64), ("loss_mask", np.bool_), *more):  # a seq2seq task's source too
         array = np.ascontiguousarray(columns[name], dtype=dtype)
         digest.update(f"{name}:{array.shape}".encode())
         digest.update(array.tobytes())

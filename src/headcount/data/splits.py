@@ -4,6 +4,7 @@ from datasets import Dataset
 
 import headcount.data.essays  # noqa: F401  (registers the essays source)
 import headcount.data.text  # noqa: F401  (registers the text sources)
+import headcount.data.translation  # noqa: F401  (registers the translation task)
 from headcount.config.data import SYNTHETIC_SOURCES, DataConfig, validate_data_section
 from headcount.data.cache import cache_root
 from headcount.data.chunking import SPLITS, split_cap
@@ -27,9 +28,11 @@ def build_splits(cfg: DataConfig, tokenizer: TextTokenizer | None = None) -> dic
     tokenizer: how a text source is tokenized (None: bytes); synthetic sources ignore it."""
     validate_data_config(cfg)
     if cfg.source in SYNTHETIC_SOURCES:
+        # A task's arrays: (input_ids, loss_mask), or a dict of named columns (a sequence-to-sequence task's)
+        arrays = {split: synthetic_arrays(cfg, index, split_cap(cfg, split)) for index, split in enumerate(SPLITS)}
         splits = {
-            split: examples_dataset(*synthetic_arrays(cfg, index, split_cap(cfg, split)))
-            for index, split in enumerate(SPLITS)
+            split: examples_dataset(**columns) if isinstance(columns, dict) else examples_dataset(*columns)
+            for split, columns in arrays.items()
         }
     else:
         if cfg.tokenizer == "pretrained" and tokenizer is None:

@@ -156,5 +156,9 @@ def check_synthetic(cfg: DataConfig) -> None:
 def synthetic_arrays(cfg: DataConfig, split_index: int, n: int) -> Arrays:
     """n examples of cfg.source from the stream (seed, split, task): each split, seed and task gets its own data
     (without the task, induction and copy would share random draws)."""
-    rng = np.random.default_rng((cfg.seed, split_index, synthetic_sources().index(cfg.source)))
-    return DATA_SOURCES[cfg.source].make(rng, n, cfg)
+    return DATA_SOURCES[cfg.source].make(split_rng(cfg, split_index), n, cfg)
+
+
+def split_rng(cfg: DataConfig, split_index: int) -> np.random.Generator:
+    """The random stream of cfg.source's split number split_index (train, val, test) under cfg.seed."""
+    return np.random.default_rng((cfg.seed, split_index, synthetic_sources().index(cfg.source)))

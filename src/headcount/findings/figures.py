@@ -171,3 +171,17 @@ def pretrained_panels(
     suptitle(fig, "Heads of a pretrained model", subject)
     atomic_savefig(fig, path, dpi=120)
     return path
+
+
+def translation_pruning(curves: pd.DataFrame, base_bleu: float, path: Path, subject: str = "") -> Path:
+    """BLEU against the share of heads pruned, one line per order (each kind alone, every head, random)."""
+    fig = new_figure(6, 4)
+    ax = fig.add_subplot(1, 1, 1)
+    for order, curve in curves.groupby("order", sort=False):
+        ax.plot(curve.fraction, curve.bleu, marker="o", markersize=3, label=order)
+    ax.axhline(base_bleu - 1, color="grey", linestyle="--", linewidth=1, label="1 BLEU below the full model")
+    ax.set(xlabel="share of the order's heads zeroed", ylabel="BLEU of greedy translations", xlim=(0, 1))
+    ax.legend(fontsize=8)
+    suptitle(fig, "Heads pruned in gradient-importance order (Michel et al. 2019)", subject)
+    atomic_savefig(fig, path, dpi=120)
+    return path

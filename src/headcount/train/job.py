@@ -51,10 +51,24 @@ def finished_training(paths: RunPaths, max_steps: int) -> dict | None:
 
 def describe_model(module: HeadcountModule, seq_len: int) -> str:
     model = module.model
+    if model.cfg.encoder_layers:  # an encoder-decoder: FLOPs per token are the decoder-only model's measure
+        return f"model: {model.num_params():,} parameters (an encoder-decoder)"
     return (
         f"model: {model.num_params():,} parameters ({model.num_params(non_embedding=True):,} without embeddings), "
         f"{model.flops_per_token(seq_len):,.0f} training FLOPs per token"
     )
+
+
+def model_sizes(model, seq_len: int) -> dict:
+    """params_non_embedding and flops_per_token of a one-stack model; an encoder-decoder's parameters without its
+    shared token embedding, and no FLOPs count (Transformer.flops_per_token counts one stack, no cross-attention)."""
+    if not model.cfg.encoder_layers:
+        return {
+            "params_non_embedding": model.num_params(non_embedding=True),
+            "flops_per_token": model.flops_per_token(seq_len),
+        }
+    embedding = model.decoder.tok_emb.weight.numel()
+    return {"params_non_embedding": model.num_params() - embedding, "flops_per_token": None}
 
 
 def start_from_pretrained(module: HeadcountModule, cfg: DictConfig, run_dir: Path) -> None:
@@ -108,8 +122,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     metrics = {
         **{k: float(v) for k, v in {**val, **test}.items()},
         "params": module.model.num_params(),
-        "params_non_embedding": module.model.num_params(non_embedding=True),
-        "flops_per_token": module.model.flops_per_token(cfg.data.seq_len),
+        **model_sizes(module.model, cfg.data.seq_len),
         "steps": int(trainer.global_step),
         "resumed_from_step": resumed_at,  # None: trained in one process
         "train_seconds": seconds,  # every process that trained the run, the time to each one's last checkpoint
