@@ -21,7 +21,6 @@ from headcount.findings.translation_heads import (
     with_off,
 )
 from headcount.model.intervention import gated
-from headcount.model.intervention import gated
 from headcount.model.transformer import Transformer
 
 VOCAB = 512
