@@ -19,6 +19,9 @@ sized to a memory budget (passes.py). A pair costs about the model's forward fro
 inputs are the clean streams into them plus one change (patched_inputs), and each layer runs as the model runs it,
 only its receiver heads again from their own inputs (run_with_inputs). For one sender and one receiver, or receivers
 all in one layer, path patching equals the edge-patched forward with the edges S x R removed.
+Where every sender's corrupted output equals its clean one up to position p_b (IOI's prompts agree up to S2), nothing
+before p_b changes, and positions after the last score point cannot reach one: the run from the receivers on takes
+only the positions between, over the clean keys and values before them (model/suffix.py's SuffixRun).
 The result is the effect, metric(patched) - metric(clean), per pair (float64, summed over the points).
 """
 
@@ -37,6 +40,7 @@ from headcount.circuits.graph import Graph, Node, Receiver
 from headcount.circuits.metric import Metric, metric_at, point_values, points_mask
 from headcount.circuits.passes import budget_of, path_example_bytes, path_unit_bytes, plan_passes
 from headcount.errors import ConfigError
+from headcount.model.suffix import SuffixRun, first_difference, layout_of
 from headcount.model.transformer import Transformer
 
 
@@ -71,12 +75,29 @@ def path_patch(
             at_points, chunk_metric = points_BT[examples], metric_at(metric, columns)
             clean_stream = stream_into(model, graph, clean, None, None, len(graph.senders))[:, 0]
             clean_P[columns] = point_values(logits_at(model, clean_stream, at_points), chunk_metric)[0]
+            suffix = suffix_run(model, graph, clean, corrupted, at_points)
             for rows in plan.row_chunks(len(pairs)):
                 chunk = resolved[rows]
                 patched = patched_inputs(model, graph, clean, corrupted, chunk)
-                logits = logits_at(model, run_with_inputs(model, graph, clean, patched, len(chunk)), at_points)
+                final = run_with_inputs(model, graph, clean, patched, len(chunk), suffix)
+                logits = logits_at(model, final, at_points)
                 patched_NP[rows, columns] = point_values(logits, chunk_metric)
     return patched_NP.sum(1) - clean_P.sum()
+
+
+def suffix_run(
+    model: Transformer, graph: Graph, clean: NodeOutputs, corrupted: NodeOutputs, points_BT: Tensor
+) -> SuffixRun | None:
+    """The positions a pair's run takes: from the first at which any sender's corrupted output differs from its
+    clean one to the last score point (None: all of them)."""
+    runs = [clean.emb, *clean.z, *clean.mlp], [corrupted.emb, *corrupted.z, *corrupted.mlp]
+    layout = layout_of(first_difference(*runs), points_BT)
+    if layout is None:
+        return None
+    count = lambda layer: graph.sender_start(layer)  # noqa: E731  (the senders the stream into a layer holds)
+    return SuffixRun(
+        list(model.blocks), layout, lambda layer: plain_streams(model, graph, clean, {count(layer)})[count(layer)]
+    )
 
 
 def _resolve(graph: Graph, senders: list[str], receivers: list[str]) -> tuple[list[Node], list[Receiver]]:
@@ -151,19 +172,26 @@ def sender_change(
 
 
 def run_with_inputs(
-    model: Transformer, graph: Graph, clean: NodeOutputs, patched: dict[tuple[int, Receiver], Tensor], n_pairs: int
+    model: Transformer,
+    graph: Graph,
+    clean: NodeOutputs,
+    patched: dict[tuple[int, Receiver], Tensor],
+    n_pairs: int,
+    suffix: SuffixRun | None = None,
 ) -> Tensor:
     """The logits' input (n_pairs * B, T, C) of the model run with the receivers' inputs replaced, pair p in rows
     p*B.. (the unembedding is the caller's, at its score points). Each layer runs as the model does, from the stream;
     only its receiver heads run again from their patched inputs (a head's other two inputs read the stream), and their
-    z replaces the plain one."""
+    z replaces the plain one. suffix: run only its positions (T reads S until the end), the others clean."""
     B = clean.emb.shape[0]
     start = min(r.node.layer for _, r in patched)
     stream = plain_streams(model, graph, clean, {graph.sender_start(start)})[graph.sender_start(start)]
+    if suffix is not None:
+        stream, patched = suffix.gather(stream), {key: suffix.gather(x) for key, x in patched.items()}
     stream = stream.repeat(n_pairs, 1, 1)
     for layer in range(start, graph.n_layers):
         block = model.blocks[layer]
-        z_RTHD = block.attn.heads(block.ln_attn(stream))
+        z_RTHD = block.attn.heads(block.ln_attn(stream)) if suffix is None else suffix.heads(layer, stream)
         head_inputs = {(p, r): x for (p, r), x in patched.items() if r.node.kind == "head" and r.node.layer == layer}
         if head_inputs:
             heads = sorted({r.node.head for _, r in head_inputs})
@@ -171,7 +199,10 @@ def run_with_inputs(
             for (p, r), x in head_inputs.items():
                 x_RKWTC[p * B : (p + 1) * B, heads.index(r.node.head), "qkv".index(r.input)] = x
             index_K = torch.tensor(heads, device=stream.device)
-            z_RTHD = z_RTHD.index_copy(2, index_K, block.heads_from_inputs(x_RKWTC, index_K))
+            if suffix is None:
+                z_RTHD = z_RTHD.index_copy(2, index_K, block.heads_from_inputs(x_RKWTC, index_K))
+            else:
+                z_RTHD = z_RTHD.index_copy(2, index_K, suffix.heads_from_inputs(layer, x_RKWTC, index_K))
         attn = attention_contribution(block, z_RTHD, None, None)[:, 0]
         if block.mlp is None:
             stream = stream + attn
@@ -179,7 +210,8 @@ def run_with_inputs(
         mlp_in = stream if block.parallel_residual else stream + attn
         mlp_in = _replace(mlp_in, patched, Node("mlp", layer), B)
         stream = stream + attn + block.drop(block.mlp_out(mlp_in))
-    return _replace(stream, patched, Node("logits", graph.n_layers), B)
+    final = _replace(stream, patched, Node("logits", graph.n_layers), B)
+    return final if suffix is None else suffix.scatter(final, graph.n_layers)
 
 
 def _replace(x_RTC: Tensor, patched: dict[tuple[int, Receiver], Tensor], node: Node, B: int) -> Tensor:

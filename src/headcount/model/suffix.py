@@ -9,8 +9,13 @@ rounding. Everything per position (the norms, projections, MLP, gates) is the mo
 `MultiHeadAttention.gate_z`, `combine_heads`); what depends on position is redone here with absolute positions:
 rotary angles (computed for the whole length T, so dynamic scaling sees the same T), shortformer's learned q/k
 positions, the causal and sliding-window mask, soft-capped scores.
+
+`SuffixRun` is the same for a caller that runs the layers itself (path patching's run from its receivers,
+circuits/path_patching.py): a layer's heads at the slots, and heads that read q, k and v from inputs of their own
+(receiver heads), whose inputs before p_b are the clean stream.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +73,81 @@ class SuffixLayout:
             suffix_ok_BSS = suffix_ok_BSS & (pos_BS[:, :, None] - pos_BS[:, None, :] < window)
         return torch.cat([clean_ok_BST.expand(-1, self.S, -1), suffix_ok_BSS], dim=2)
 
+    def allowed_BST(self, window: int | None) -> Tensor:
+        """(B, S, T) bool: the keys of the whole sequence each slot's query attends to, causal and within the window
+        by absolute position (padding slots, at position T - 1, see at least themselves)."""
+        pos_BS1 = self.positions_BS[:, :, None]
+        t_11T = torch.arange(self.T, device=pos_BS1.device)[None, None]
+        allowed_BST = t_11T <= pos_BS1
+        return allowed_BST if window is None else allowed_BST & (pos_BS1 - t_11T < window)
+
+
+def first_difference(a: list[Tensor], b: list[Tensor]) -> Tensor:
+    """(B,) int64: the first position at which any tensor (B, T, ...) of a differs from its partner in b (exactly, to
+    the bit), T where none does."""
+    differs_BT = torch.zeros(a[0].shape[:2], dtype=torch.bool, device=a[0].device)
+    for x, y in zip(a, b, strict=True):
+        differs_BT |= (x != y).flatten(2).any(2) if x.ndim > 2 else x != y
+    T = differs_BT.shape[1]
+    return torch.where(differs_BT.any(1), differs_BT.int().argmax(1), T)
+
+
+def layout_of(start_B: Tensor, points_BT: Tensor) -> SuffixLayout | None:
+    """The positions from start_B to each sequence's last score point, None (run them all) when that saves less than
+    a quarter of the positions. A score point before start_B keeps its clean value."""
+    T = points_BT.shape[1]
+    end_B = torch.where(points_BT, torch.arange(T, device=points_BT.device) + 1, 0).amax(1)
+    layout = SuffixLayout(start_B, torch.maximum(start_B, end_B), T)
+    return layout if layout.S * 4 <= T * 3 else None
+
+
+class SuffixRun:
+    """A caller's run of the layers at the layout's slots (rows X = copies * B, mask-major), over the clean keys and
+    values before each sequence's start. clean_into(layer): the clean stream into that layer (B, T, C), n_layers:
+    into the final norm; asked once per layer."""
+
+    def __init__(self, blocks: list[Block], layout: SuffixLayout, clean_into: Callable[[int], Tensor]):
+        self.blocks, self.layout, self.clean_into = blocks, layout, clean_into
+        self._clean: dict[int, Tensor] = {}
+        self._kv: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def clean(self, layer: int) -> Tensor:
+        if layer not in self._clean:
+            self._clean[layer] = self.clean_into(layer)
+        return self._clean[layer]
+
+    def gather(self, x_XTC: Tensor) -> Tensor:
+        """(X, S, C): x at the slots."""
+        return self.layout.gather(x_XTC)
+
+    def heads(self, layer: int, x_XSC: Tensor) -> Tensor:
+        """z (X, S, H, D) of the layer's heads, x the stream into the layer at the slots."""
+        if layer not in self._kv:
+            self._kv[layer] = clean_keys_values(self.blocks[layer], self.clean(layer))
+        block = self.blocks[layer]
+        return suffix_heads(block.attn, block.ln_attn(x_XSC), self.layout, self._kv[layer])
+
+    def heads_from_inputs(self, layer: int, x_XKWSC: Tensor, heads_K: Tensor) -> Tensor:
+        """z (X, S, K, D) of K heads each reading q, k, v from its own inputs at the slots (X, K, 3, S, C), as
+        Block.heads_from_inputs: the inputs before the start are the clean stream's, so they run over the whole
+        sequence (a head's own projections: small) and only the slots' queries attend."""
+        X, K, W, S, C = x_XKWSC.shape
+        B, T = len(self.layout.start_B), self.layout.T
+        rows_NSC = x_XKWSC.permute(1, 2, 0, 3, 4).reshape(K * W * X, S, C)  # (k, w)-major: row % B is the example
+        full_NTC = self.layout.scatter_into(self.clean(layer).repeat(K * W * X // B, 1, 1), rows_NSC)
+        block = self.blocks[layer]
+        full_XKWTC = full_NTC.view(K, W, X, T, C).permute(2, 0, 1, 3, 4)
+        q_XKTD, k_XKTD, v_XKTD = block.attn.project_inputs(block.ln_attn(full_XKWTC), heads_K)
+        pos_XS = self.layout.positions_BS.repeat(X // B, 1)
+        q_XKSD = q_XKTD.gather(2, pos_XS[:, None, :, None].expand(-1, K, -1, q_XKTD.shape[-1]))
+        allowed_X1ST = self.layout.allowed_BST(block.attn.features.window).repeat(X // B, 1, 1)[:, None]
+        return attend_allowed(block.attn, q_XKSD, k_XKTD, v_XKTD, allowed_X1ST).transpose(1, 2)
+
+    def scatter(self, x_XSC: Tensor, layer: int) -> Tensor:
+        """(X, T, C): the clean stream into `layer` (n_layers: the final one) with the slots' values written in."""
+        clean_BTC = self.clean(layer)
+        return self.layout.scatter_into(clean_BTC.repeat(len(x_XSC) // len(clean_BTC), 1, 1), x_XSC)
+
 
 def clean_keys_values(block: Block, resid_BTC: Tensor) -> tuple[Tensor, Tensor]:
     """The layer's keys and values (B, G, T, D) on the clean stream into it, as its attention computes them."""
@@ -121,11 +201,14 @@ def suffix_heads(attn: MultiHeadAttention, x_XSC: Tensor, layout: SuffixLayout, 
     v_XGKD = torch.cat([clean_v_BGTD.repeat(copies, 1, 1, 1), v_XGSD], dim=2)
     k_XHKD, v_XHKD = attn.per_query_head(k_XGKD), attn.per_query_head(v_XGKD)
     allowed_X1SK = layout.allowed_BSK(attn.features.window).repeat(copies, 1, 1)[:, None]
+    return attend_allowed(attn, q_XHSD, k_XHKD, v_XHKD, allowed_X1SK).transpose(1, 2)
+
+
+def attend_allowed(attn: MultiHeadAttention, q_XHSD: Tensor, k_XHKD: Tensor, v_XHKD: Tensor, allowed_X1SK: Tensor):
+    """z (X, H, S, D): the queries over the keys `allowed` marks, scaled (and soft-capped) as the layer does."""
     cap = attn.features.softcap
     if cap is None:
-        z_XHSD = F.scaled_dot_product_attention(q_XHSD, k_XHKD, v_XHKD, attn_mask=allowed_X1SK, scale=attn.score_scale)
-    else:  # SDPA cannot cap: the reference path's arithmetic
-        scores = (q_XHSD @ k_XHKD.transpose(-2, -1)) * attn.score_scale
-        scores = torch.tanh(scores / cap) * cap
-        z_XHSD = scores.masked_fill(~allowed_X1SK, float("-inf")).softmax(dim=-1) @ v_XHKD
-    return z_XHSD.transpose(1, 2)
+        return F.scaled_dot_product_attention(q_XHSD, k_XHKD, v_XHKD, attn_mask=allowed_X1SK, scale=attn.score_scale)
+    scores = (q_XHSD @ k_XHKD.transpose(-2, -1)) * attn.score_scale  # SDPA cannot cap: the reference path's
+    scores = torch.tanh(scores / cap) * cap
+    return scores.masked_fill(~allowed_X1SK, float("-inf")).softmax(dim=-1) @ v_XHKD
