@@ -188,3 +188,23 @@ def test_denoising_scan_built_as_the_session_builds_it_skips_and_agrees(name):
         values[skip] = evaluator.evaluate(gates)["logit_diff"]
     torch.testing.assert_close(values[True], values[False], rtol=0, atol=1e-10)
     assert values[False].std() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "llama_gqa_untied", "olmo2", "shortformer", "learned_sum_heads"])
+def test_the_last_layer_runs_from_the_first_point_and_several_points_agree(name):
+    """The last layer's output counts at the score points only: a pass runs it from each example's first point on
+    (SuffixLayout.from_first_point); several points per example, one before the first difference, one not at the end."""
+    model = model_of(name)
+    batch = patch_batch([5, 3], [11, 8], model.cfg.vocab_size)
+    batch["score_mask"][0, [2, 7, 9]] = True
+    batch["score_mask"][1, 6] = True
+    fast, got = scan(model, batch)
+    layout = fast.layout(batch)
+    last, slots = layout.from_first_point(batch["score_mask"])
+    assert (
+        last.start_B.tolist() == [7, 6]
+        and last.end_B.tolist() == [12, 9]
+        and slots.tolist() == [[2, 3, 4, 5, 6], [3, 4, 5, 6, 6]]
+    )
+    _, expected = scan(model, batch, skip_unchanged=False)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)

@@ -73,6 +73,17 @@ class SuffixLayout:
             suffix_ok_BSS = suffix_ok_BSS & (pos_BS[:, :, None] - pos_BS[:, None, :] < window)
         return torch.cat([clean_ok_BST.expand(-1, self.S, -1), suffix_ok_BSS], dim=2)
 
+    def from_first_point(self, points_BT: Tensor) -> tuple["SuffixLayout", Tensor]:
+        """The slots from each sequence's first score point on, the only ones whose last-layer output a score point
+        reads (a layer's keys and values still come from every slot): their layout, and (B, S') their slot indices
+        in this layout (padding slots point at a real slot; their outputs are never written back)."""
+        t_T = torch.arange(self.T, device=points_BT.device)
+        inside_BT = points_BT & (t_T >= self.start_B[:, None]) & (t_T < self.end_B[:, None])
+        first_B = torch.where(inside_BT, t_T, self.end_B[:, None]).amin(1)
+        inner = SuffixLayout(first_B, self.end_B, self.T)
+        s_S = torch.arange(inner.S, device=points_BT.device)
+        return inner, ((first_B - self.start_B)[:, None] + s_S[None]).clamp(0, self.S - 1)
+
     def allowed_BST(self, window: int | None) -> Tensor:
         """(B, S, T) bool: the keys of the whole sequence each slot's query attends to, causal and within the window
         by absolute position (padding slots, at position T - 1, see at least themselves)."""
@@ -163,22 +174,44 @@ def suffix_block(
     gate: Tensor | None = None,
     replacement: Tensor | None = None,
     gate_where: Tensor | None = None,
+    queries_XQ: Tensor | None = None,
 ) -> Tensor:
     """The block's output at the layout's slots, x the stream into it there (X = copies * B rows, mask-major).
     clean_kv: the clean keys and values (B, G, T, D) (`clean_keys_values`); gate, replacement (at the slots) and
-    gate_where (X, S) as in Block.forward."""
+    gate_where (X, S) as in Block.forward. queries_XQ: the output at these slots only, (X, Q, C) (every slot's keys
+    and values still count)."""
     attn = block.attn
-    z_XSHD = suffix_heads(attn, block.ln_attn(x_XSC), layout, clean_kv)
-    return block.finish(x_XSC, attn.gate_z(z_XSHD, gate, replacement, gate_where))
+    z_XQHD = suffix_heads(attn, block.ln_attn(x_XSC), layout, clean_kv, queries_XQ)
+    if queries_XQ is not None:
+        x_XSC, gate_where = at_slots(x_XSC, queries_XQ), at_slots(gate_where, queries_XQ)
+        replacement = (
+            at_slots(replacement, queries_XQ) if replacement is not None and replacement.ndim == 4 else replacement
+        )
+    return block.finish(x_XSC, attn.gate_z(z_XQHD, gate, replacement, gate_where))
 
 
-def suffix_heads(attn: MultiHeadAttention, x_XSC: Tensor, layout: SuffixLayout, clean_kv: tuple[Tensor, Tensor]):
-    """z (X, S, H, D) at the slots: the slots' queries over the clean keys before p_b and the slots' own keys."""
+def at_slots(x_XS: Tensor | None, slots_XQ: Tensor) -> Tensor | None:
+    """x (X, S, ...) at the slots slots_XQ: (X, Q, ...)."""
+    if x_XS is None:
+        return None
+    index = slots_XQ.view(*slots_XQ.shape, *([1] * (x_XS.ndim - 2)))
+    return x_XS.gather(1, index.expand(-1, -1, *x_XS.shape[2:]))
+
+
+def suffix_heads(
+    attn: MultiHeadAttention,
+    x_XSC: Tensor,
+    layout: SuffixLayout,
+    clean_kv: tuple[Tensor, Tensor],
+    queries_XQ: Tensor | None = None,
+) -> Tensor:
+    """z (X, S, H, D) at the slots: the slots' queries over the clean keys before p_b and the slots' own keys;
+    queries_XQ: z (X, Q, H, D) of these slots only (their queries over the same keys)."""
     X, S, _ = x_XSC.shape
     copies = X // len(layout.start_B)
     H, G, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
     if H == 0:  # a layer pruned to no heads: z is empty (SDPA refuses zero-size inputs)
-        return x_XSC.new_zeros(X, S, 0, D)
+        return x_XSC.new_zeros(X, S if queries_XQ is None else queries_XQ.shape[1], 0, D)
     q_XSX, k_XSX, v_XSX = attn.qkv(x_XSC).split([H * D, G * D, G * D], dim=-1)
     pos_XS = layout.positions_BS.repeat(copies, 1)
     if attn.pos_emb is not None:  # shortformer: (x + p_t) W for q and k at each slot's own position
@@ -200,8 +233,11 @@ def suffix_heads(attn: MultiHeadAttention, x_XSC: Tensor, layout: SuffixLayout, 
     k_XGKD = torch.cat([clean_k_BGTD.repeat(copies, 1, 1, 1), k_XGSD], dim=2)
     v_XGKD = torch.cat([clean_v_BGTD.repeat(copies, 1, 1, 1), v_XGSD], dim=2)
     k_XHKD, v_XHKD = attn.per_query_head(k_XGKD), attn.per_query_head(v_XGKD)
-    allowed_X1SK = layout.allowed_BSK(attn.features.window).repeat(copies, 1, 1)[:, None]
-    return attend_allowed(attn, q_XHSD, k_XHKD, v_XHKD, allowed_X1SK).transpose(1, 2)
+    allowed_XSK = layout.allowed_BSK(attn.features.window).repeat(copies, 1, 1)
+    if queries_XQ is not None:
+        q_XHSD = at_slots(q_XHSD.transpose(1, 2), queries_XQ).transpose(1, 2)
+        allowed_XSK = at_slots(allowed_XSK, queries_XQ)
+    return attend_allowed(attn, q_XHSD, k_XHKD, v_XHKD, allowed_XSK[:, None]).transpose(1, 2)
 
 
 def attend_allowed(attn: MultiHeadAttention, q_XHSD: Tensor, k_XHKD: Tensor, v_XHKD: Tensor, allowed_X1SK: Tensor):
