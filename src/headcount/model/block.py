@@ -14,6 +14,8 @@ A layer's type (model.layer_types: full or sliding) sets its attention window an
 rotary base (Gemma 3's local layers use their own base, unscaled, its global layers the scaled one).
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -26,12 +28,16 @@ from headcount.config.model import (
     resolve_layer_types,
     rotary_dims,
 )
+from headcount.errors import ConfigError
 from headcount.model.attention import AttentionFeatures, MultiHeadAttention
 from headcount.model.intervention import Intervention
 from headcount.model.mlp import MLP
 from headcount.model.norm import make_norm
 from headcount.model.rotary import Rotary
-from headcount.model.sites import BLOCK_SITES, HEAD_INPUTS, Site
+from headcount.model.sites import BLOCK_SITES, HEAD_INPUTS, KEY, Site
+
+# the sites inside attention, which a block whose heads come from elsewhere (`heads`) does not pass through
+ATTENTION_INSIDE = (*HEAD_INPUTS, "attn.q", "attn.k", "attn.v", "attn.pattern")
 
 
 def layer_rotary(cfg: ModelConfig, layer_type: str) -> Rotary | None:
@@ -94,13 +100,28 @@ class Block(nn.Module):
         """The block's output; with an intervention that touches this layer, its hooks and reads at the layer's named
         sites (model/sites.py; head gates are hooks at attn.z), the same operations in the same order as the plain
         path, so hooks that change nothing give the same bits."""
+        return self.forward_with_heads(x_BTC, intervention)
+
+    def forward_with_heads(
+        self, x_BTC: Tensor, intervention: Intervention | None = None, heads: Callable[[Tensor], Tensor] | None = None
+    ) -> Tensor:
+        """`forward`, with heads: z from the normed input in place of the layer's attention over the whole sequence
+        (a suffix run's slots over the clean keys, model/suffix.py); the sites inside attention (q, k, v, their
+        inputs, the pattern) are then not there to hook."""
         if intervention is None or not intervention.touches(self.layer):
-            return self.finish(x_BTC, self.attn.heads(self.ln_attn(x_BTC)))
+            return self.finish(x_BTC, (heads or self.attn.heads)(self.ln_attn(x_BTC)))
         at, s = intervention.at, self.sites
         x_BTC = at(s["resid_pre"], x_BTC)
-        q_BHTD, k_BGTD, v_BGTD = self.intervened_qkv(x_BTC, intervention, s)
-        pattern_hook = (lambda p: at(s["attn.pattern"], p)) if intervention.wants(s["attn.pattern"]) else None
-        z_BTHD = at(s["attn.z"], self.attn.attend(q_BHTD, k_BGTD, v_BGTD, pattern_hook))
+        if heads is not None:
+            inside = [s[name].name for name in ATTENTION_INSIDE if intervention.wants(s[name])]
+            if inside:
+                raise ConfigError(KEY, inside[0], "a run over some positions (model/suffix.py) has no such site")
+            z_BTHD = heads(self.ln_attn(x_BTC))
+        else:
+            q_BHTD, k_BGTD, v_BGTD = self.intervened_qkv(x_BTC, intervention, s)
+            pattern_hook = (lambda p: at(s["attn.pattern"], p)) if intervention.wants(s["attn.pattern"]) else None
+            z_BTHD = self.attn.attend(q_BHTD, k_BGTD, v_BGTD, pattern_hook)
+        z_BTHD = at(s["attn.z"], z_BTHD)
         attn_BTC = self.attn.combine_heads(z_BTHD)
         if self.ln_attn_out is not None:
             attn_BTC = self.ln_attn_out(attn_BTC)
@@ -140,10 +161,13 @@ class Block(nn.Module):
                 )
         return q_BHTD, k_BGTD, v_BGTD
 
-    def heads_from_inputs(self, x_BKWTC: Tensor, heads_K: Tensor | None = None) -> Tensor:
+    def heads_from_inputs(
+        self, x_BKWTC: Tensor, heads_K: Tensor | None = None, queries: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
         """z (B, T, K, D) of K heads each reading q, k, v from its own inputs x[:, k, 0|1|2] (B, K, 3, T, C), the
-        stream before the layer's input norm (MultiHeadAttention.project_inputs after the norm)."""
-        return self.attn.heads_from_inputs(self.ln_attn(x_BKWTC), heads_K)
+        stream before the layer's input norm (MultiHeadAttention.project_inputs after the norm); queries as in
+        MultiHeadAttention.heads_from_inputs."""
+        return self.attn.heads_from_inputs(self.ln_attn(x_BKWTC), heads_K, queries)
 
     def finish(self, x_BTC: Tensor, z_BTHD: Tensor) -> Tensor:
         """The block's output given its input x and its heads' (gated) z: add the combined heads and the MLP."""
