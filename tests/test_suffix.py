@@ -208,3 +208,21 @@ def test_the_last_layer_runs_from_the_first_point_and_several_points_agree(name)
     )
     _, expected = scan(model, batch, skip_unchanged=False)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["rotary_parallel_gqa", "shortformer"])
+def test_aligned_patching_gates_only_its_positions_in_the_last_layers_cut(name):
+    """Aligned patching (source_pos) gates only the aligned positions: the last layer's cut from the first score point
+    takes those positions (and the per-position replacements) at its own slots."""
+    model = model_of(name)
+    batch = patch_batch([0, 0], [8, 6], model.cfg.vocab_size)
+    batch["score_mask"][0, 5] = True
+    source_pos = torch.arange(T).repeat(2, 1)
+    source_pos[0, [6, 8]] = -1
+    source_pos[1, 5] = -1
+    batch["source_pos"] = source_pos
+    fast, got = scan(model, batch)
+    layout = fast.layout(batch)
+    assert layout is not None and layout.from_first_point(batch["score_mask"])[0].start_B.tolist() == [5, 6]
+    _, expected = scan(model, batch, skip_unchanged=False)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
