@@ -211,3 +211,28 @@ def test_a_head_from_its_inputs_equals_the_head_from_the_stream_on_every_family(
     for cases in (pretrained_helpers, family_cases):
         for case in cases.CASES:
             heads_agree(convert(cases.hf_model(case)), torch.float64, 1e-12)
+
+
+def test_heads_from_inputs_at_some_queries_equals_the_whole_run_there():
+    """heads_from_inputs with queries (a suffix run's slots): z at those positions, as the whole run gives it."""
+    model = tiny(dtype=torch.float64)
+    block = model.blocks[1]
+    stream_BTC = model.forward_layers(model.embed(ids()), 0)
+    torch.manual_seed(2)  # each head's q, k and v inputs of its own
+    resid_BTC = stream_BTC[:, None, None] + torch.randn(2, 2, 3, 10, 32, dtype=torch.float64)
+    heads_K = torch.tensor([3, 1])
+    whole_BTKD = block.heads_from_inputs(resid_BTC, heads_K)
+    positions_BS = torch.tensor([[4, 5, 9], [0, 7, 8]])
+    allowed_BST = torch.arange(10)[None, None] <= positions_BS[:, :, None]
+    some_BSKD = block.heads_from_inputs(resid_BTC, heads_K, queries=(positions_BS, allowed_BST))
+    expected_BSKD = whole_BTKD.gather(1, positions_BS[:, :, None, None].expand(-1, -1, 2, whole_BTKD.shape[-1]))
+    torch.testing.assert_close(some_BSKD, expected_BSKD, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("site", ["attn.q", "attn.k_input", "attn.pattern"])
+def test_a_site_inside_attention_is_refused_where_the_heads_come_from_elsewhere(site):
+    model = tiny()
+    block = model.blocks[0]
+    x_BTC = model.embed(ids())
+    with pytest.raises(ConfigError, match=rf"^hooks.site='blocks.0.{site}': a run over some .* no such site$"):
+        block.forward_with_heads(x_BTC, Intervention([(f"blocks.0.{site}", lambda x, s: None)]), block.attn.heads)

@@ -151,3 +151,78 @@ def test_layout_keys_are_causal_within_the_window_and_hide_recomputed_clean_posi
         [0, 0, 0, 0, 0, 0, 1, 1, 0],  # position 3 sees slots 2, 3
         [0, 0, 0, 0, 0, 0, 0, 1, 1],
     ]
+
+
+@pytest.mark.parametrize("name", ["gemma3", "llama_gqa_untied", "olmo2", "shortformer"])
+def test_denoising_scan_built_as_the_session_builds_it_skips_and_agrees(name):
+    """patch_direction=denoise: the corrupted prompts run, the clean prompts' z patched in (modes.Patch.prepare);
+    the prompts of a pair agree up to the changed token, so the pass skips the prefix there too."""
+    from headcount.ablation.engine.evaluation import task_evaluation_set
+    from headcount.config.ablation import AblationConfig
+    from headcount.config.task import TaskConfig
+    from headcount.data.examples import to_batches
+    from headcount.tasks import IdsOnly, TaskPrompt
+    from headcount.tasks.encode import encode_task
+
+    model = model_of(name)
+    vocab = model.cfg.vocab_size
+    g = torch.Generator().manual_seed(2)
+    prompts = []
+    for i in range(4):
+        ids = torch.randint(0, vocab, (T - i % 2,), generator=g).tolist()
+        corrupted = list(ids)
+        corrupted[len(ids) - 4] = (corrupted[len(ids) - 4] + 1) % vocab  # IOI-like: the change near the end
+        answer, wrong = torch.randperm(vocab, generator=g)[:2].tolist()
+        prompts.append(TaskPrompt(ids, [answer], [wrong], corrupted))
+    task = encode_task(prompts, "toy", IdsOnly(vocab, "a test"), TaskConfig(source="file", path="t.jsonl"), T, "p")
+    s = AblationConfig(mode="patch", patch_direction="denoise")
+    data = task_evaluation_set(task, s, MODES["patch"]())
+    replacements = MODES["patch"]().prepare(s, model, data, None)
+    assert torch.equal(data.examples["input_ids"], task.corrupted_ids[:, : data.examples["input_ids"].shape[1]])
+    batches = to_batches(data.examples, 4, torch.device("cpu"))
+    gates = masks_to_gates(single_head_masks(model.heads_per_layer), model.heads_per_layer)
+    values = {}
+    for skip in (True, False):
+        evaluator = MaskEvaluator(model, batches, replacements, metric=METRICS["logit_diff"](), skip_unchanged=skip)
+        assert (evaluator.layout(batches[0]) is not None) == skip
+        values[skip] = evaluator.evaluate(gates)["logit_diff"]
+    torch.testing.assert_close(values[True], values[False], rtol=0, atol=1e-10)
+    assert values[False].std() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "llama_gqa_untied", "olmo2", "shortformer", "learned_sum_heads"])
+def test_the_last_layer_runs_from_the_first_point_and_several_points_agree(name):
+    """The last layer's output counts at the score points only: a pass runs it from each example's first point on
+    (SuffixLayout.from_first_point); several points per example, one before the first difference, one not at the end."""
+    model = model_of(name)
+    batch = patch_batch([5, 3], [11, 8], model.cfg.vocab_size)
+    batch["score_mask"][0, [2, 7, 9]] = True
+    batch["score_mask"][1, 6] = True
+    fast, got = scan(model, batch)
+    layout = fast.layout(batch)
+    last, slots = layout.from_first_point(batch["score_mask"])
+    assert (
+        last.start_B.tolist() == [7, 6]
+        and last.end_B.tolist() == [12, 9]
+        and slots.tolist() == [[2, 3, 4, 5, 6], [3, 4, 5, 6, 6]]
+    )
+    _, expected = scan(model, batch, skip_unchanged=False)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["rotary_parallel_gqa", "shortformer"])
+def test_aligned_patching_gates_only_its_positions_in_the_last_layers_cut(name):
+    """Aligned patching (source_pos) gates only the aligned positions: the last layer's cut from the first score point
+    takes those positions (and the per-position replacements) at its own slots."""
+    model = model_of(name)
+    batch = patch_batch([0, 0], [8, 6], model.cfg.vocab_size)
+    batch["score_mask"][0, 5] = True
+    source_pos = torch.arange(T).repeat(2, 1)
+    source_pos[0, [6, 8]] = -1
+    source_pos[1, 5] = -1
+    batch["source_pos"] = source_pos
+    fast, got = scan(model, batch)
+    layout = fast.layout(batch)
+    assert layout is not None and layout.from_first_point(batch["score_mask"])[0].start_B.tolist() == [5, 6]
+    _, expected = scan(model, batch, skip_unchanged=False)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)

@@ -20,8 +20,13 @@ inputs are the clean streams into them plus one change (patched_inputs), and eac
 only its receiver heads again from their own inputs (run_with_inputs: the model's forward with an intervention at the
 receivers' sites). For one sender and one receiver, or receivers
 all in one layer, path patching equals the edge-patched forward with the edges S x R removed.
+Where every sender's corrupted output equals its clean one up to position p_b (IOI's prompts agree up to S2), nothing
+before p_b changes, and positions after the last score point cannot reach one: the run from the receivers on takes
+only the positions between, over the clean keys and values before them (model/suffix.py's SuffixRun).
 The result is the effect, metric(patched) - metric(clean), per pair (float64, summed over the points).
 """
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -38,10 +43,12 @@ from headcount.circuits.graph import Graph, Node, Receiver
 from headcount.circuits.metric import Metric, metric_at, point_values, points_mask
 from headcount.circuits.passes import budget_of, path_example_bytes, path_unit_bytes, plan_passes
 from headcount.errors import ConfigError
-from headcount.model.block import Block
 from headcount.model.intervention import Hook, Intervention, keep
 from headcount.model.sites import Site
+from headcount.model.suffix import SuffixRun, first_difference, layout_of
 from headcount.model.transformer import Transformer
+
+HeadsFromInputs = Callable[[Tensor, Tensor], Tensor]  # (x (R, K, 3, T, C), heads (K,)) -> z (R, T, K, D)
 
 
 def path_patch(
@@ -77,10 +84,12 @@ def path_patch(
             at_points, chunk_metric = points_BT[examples], metric_at(metric, columns)
             clean_stream = stream_into(model, graph, clean, None, None, len(graph.senders))[:, 0]
             clean_P[columns] = point_values(logits_at(model, clean_stream, at_points), chunk_metric)[0]
+            suffix = suffix_run(model, graph, clean, corrupted, at_points)
             for rows in plan.row_chunks(len(pairs)):
                 chunk = resolved[rows]
                 patched = patched_inputs(model, graph, clean, corrupted, chunk)
-                logits = logits_at(model, run_with_inputs(model, graph, clean, patched, len(chunk)), at_points)
+                final = run_with_inputs(model, graph, clean, patched, len(chunk), suffix)
+                logits = logits_at(model, final, at_points)
                 patched_NP[rows, columns] = point_values(logits, chunk_metric)
     if not per_example:
         return patched_NP.sum(1) - clean_P.sum()
@@ -88,6 +97,21 @@ def path_patch(
     sums_BN = torch.zeros(B, len(pairs) + 1, dtype=torch.float64)
     sums_BN.index_add_(0, prompt_P, torch.cat([clean_P[:, None], patched_NP.T], dim=1))
     return sums_BN[:, 1:] - sums_BN[:, :1]
+
+
+def suffix_run(
+    model: Transformer, graph: Graph, clean: NodeOutputs, corrupted: NodeOutputs, points_BT: Tensor
+) -> SuffixRun | None:
+    """The positions a pair's run takes: from the first at which any sender's corrupted output differs from its
+    clean one to the last score point (None: all of them)."""
+    runs = [clean.emb, *clean.z, *clean.mlp], [corrupted.emb, *corrupted.z, *corrupted.mlp]
+    layout = layout_of(first_difference(*runs), points_BT)
+    if layout is None:
+        return None
+    count = lambda layer: graph.sender_start(layer)  # noqa: E731  (the senders the stream into a layer holds)
+    return SuffixRun(
+        list(model.blocks), layout, lambda layer: plain_streams(model, graph, clean, {count(layer)})[count(layer)]
+    )
 
 
 def _resolve(graph: Graph, senders: list[str], receivers: list[str]) -> tuple[list[Node], list[Receiver]]:
@@ -162,35 +186,50 @@ def sender_change(
 
 
 def run_with_inputs(
-    model: Transformer, graph: Graph, clean: NodeOutputs, patched: dict[tuple[int, Receiver], Tensor], n_pairs: int
+    model: Transformer,
+    graph: Graph,
+    clean: NodeOutputs,
+    patched: dict[tuple[int, Receiver], Tensor],
+    n_pairs: int,
+    suffix: SuffixRun | None = None,
 ) -> Tensor:
     """The logits' input (n_pairs * B, T, C) of the model run with the receivers' inputs replaced, pair p in rows
     p*B.. (the unembedding is the caller's, at its score points): the model's own forward from the first receiver's
     layer, with an intervention at the receivers' layers. A receiver head's z is recomputed from its patched input
     (its other two inputs the stream into its layer, read at resid_pre) by the model's heads_from_inputs and replaces
-    the plain z at attn.z; a receiver MLP's rows of mlp_in are its patched input through the MLP's norm."""
+    the plain z at attn.z; a receiver MLP's rows of mlp_in are its patched input through the MLP's norm.
+    suffix: the same forward at its positions only (T reads S until the end), the others clean."""
     B = clean.emb.shape[0]
     start = min(r.node.layer for _, r in patched)
     stream = plain_streams(model, graph, clean, {graph.sender_start(start)})[graph.sender_start(start)]
+    if suffix is not None:
+        stream, patched = suffix.gather(stream), {key: suffix.gather(x) for key, x in patched.items()}
     hooks: list[tuple[Site, Hook]] = []
     for layer in range(start, graph.n_layers):
         head_inputs = {(p, r): x for (p, r), x in patched.items() if r.node.kind == "head" and r.node.layer == layer}
         if head_inputs:
-            hooks.extend(receiver_heads(model.blocks[layer], head_inputs, B))
+            from_inputs = model.blocks[layer].heads_from_inputs if suffix is None else suffix.heads_from_inputs(layer)
+            hooks.extend(receiver_heads(layer, from_inputs, head_inputs, B))
         mlp_inputs = {p: x for (p, r), x in patched.items() if r.node == Node("mlp", layer)}
         if mlp_inputs:
             norm = model.blocks[layer].ln_mlp
             hooks.append((Site("mlp_in", layer), lambda x, site, rows=mlp_inputs, norm=norm: _rows(x, rows, B, norm)))
-    final = model.forward_layers(stream.repeat(n_pairs, 1, 1), start, Intervention(hooks))
-    return _replace(final, patched, Node("logits", graph.n_layers), B)
+    intervention = Intervention(hooks)
+    if suffix is None:
+        final = model.forward_layers(stream.repeat(n_pairs, 1, 1), start, intervention)
+        return _replace(final, patched, Node("logits", graph.n_layers), B)
+    final = suffix.forward_layers(stream.repeat(n_pairs, 1, 1), start, intervention)
+    return suffix.scatter(_replace(final, patched, Node("logits", graph.n_layers), B), graph.n_layers)
 
 
-def receiver_heads(block: Block, head_inputs: dict[tuple[int, Receiver], Tensor], B: int) -> list[tuple[Site, Hook]]:
-    """Hooks that keep the stream into the block (resid_pre) and put the receiver heads' z, each from its patched
-    input and the stream for its other two, in place of theirs (attn.z)."""
+def receiver_heads(
+    layer: int, from_inputs: HeadsFromInputs, head_inputs: dict[tuple[int, Receiver], Tensor], B: int
+) -> list[tuple[Site, Hook]]:
+    """Hooks that keep the stream into the layer (resid_pre) and put the receiver heads' z, each from its patched
+    input and the stream for its other two (from_inputs: the block's heads_from_inputs, or a SuffixRun's at its
+    positions), in place of theirs (attn.z)."""
     into: dict[str, Tensor] = {}
     heads = sorted({r.node.head for _, r in head_inputs})
-    layer = block.layer
 
     def recompute(z_RTHD: Tensor, site: Site) -> Tensor:
         stream = into[Site("resid_pre", layer).name]
@@ -198,7 +237,7 @@ def receiver_heads(block: Block, head_inputs: dict[tuple[int, Receiver], Tensor]
         for (p, r), x in head_inputs.items():
             x_RKWTC[p * B : (p + 1) * B, heads.index(r.node.head), "qkv".index(r.input)] = x
         index_K = torch.tensor(heads, device=stream.device)
-        return z_RTHD.index_copy(2, index_K, block.heads_from_inputs(x_RKWTC, index_K))
+        return z_RTHD.index_copy(2, index_K, from_inputs(x_RKWTC, index_K))
 
     return [(Site("resid_pre", layer), keep(into)), (Site("attn.z", layer), recompute)]
 

@@ -202,8 +202,12 @@ class MultiHeadAttention(nn.Module):
     def attend_allowed(self, q_BHSD: Tensor, k_BGKD: Tensor, v_BGKD: Tensor, allowed_B1SK: Tensor) -> Tensor:
         """z (B, S, H, D) of S queries over K keys per key/value head, allowed (broadcastable to (B, H, S, K)) saying
         which keys each query sees: the suffix evaluator's slots over the clean keys before them and their own
-        (model/suffix.py). SDPA, or the reference path's arithmetic for soft-capped scores."""
-        k_BHKD, v_BHKD = self.per_query_head(k_BGKD), self.per_query_head(v_BGKD)
+        (model/suffix.py)."""
+        return self.attend_masked(q_BHSD, self.per_query_head(k_BGKD), self.per_query_head(v_BGKD), allowed_B1SK)
+
+    def attend_masked(self, q_BHSD: Tensor, k_BHKD: Tensor, v_BHKD: Tensor, allowed_B1SK: Tensor) -> Tensor:
+        """z (B, S, H, D) of S queries over K keys of their own head, `allowed` saying which each query sees. SDPA, or
+        the reference path's arithmetic for soft-capped scores."""
         cap = self.features.softcap
         if cap is None:
             z_BHSD = F.scaled_dot_product_attention(
@@ -262,10 +266,19 @@ class MultiHeadAttention(nn.Module):
             q_BKTD, k_BKTD = self.rotary(q_BKTD, k_BKTD)
         return q_BKTD, k_BKTD, v_BKTD
 
-    def heads_from_inputs(self, x_BKWTC: Tensor, heads_K: Tensor | None = None) -> Tensor:
-        """z (B, T, K, D) of the K heads `project_inputs` projects from their own normed inputs (explicit softmax)."""
-        z_BKTD, _ = self.reference_attention(*self.project_inputs(x_BKWTC, heads_K))
-        return z_BKTD.transpose(1, 2)
+    def heads_from_inputs(
+        self, x_BKWTC: Tensor, heads_K: Tensor | None = None, queries: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        """z (B, T, K, D) of the K heads `project_inputs` projects from their own normed inputs (explicit softmax).
+        queries: (positions (B, S), allowed (B, S, T)): z (B, S, K, D) of the queries at those positions only, each
+        over the keys `allowed` marks (a suffix run's slots, model/suffix.py)."""
+        q_BKTD, k_BKTD, v_BKTD = self.project_inputs(x_BKWTC, heads_K)
+        if queries is None:
+            z_BKTD, _ = self.reference_attention(q_BKTD, k_BKTD, v_BKTD)
+            return z_BKTD.transpose(1, 2)
+        positions_BS, allowed_BST = queries
+        index_BKSD = positions_BS[:, None, :, None].expand(-1, q_BKTD.shape[1], -1, q_BKTD.shape[-1])
+        return self.attend_masked(q_BKTD.gather(2, index_BKSD), k_BKTD, v_BKTD, allowed_BST[:, None])
 
     def input_projection_floats(self) -> int:
         """Floats per position and per input that `project_inputs` holds beyond a head's own q, k, v: the whole

@@ -31,12 +31,16 @@ from headcount.config.model import (
     resolve_layer_types,
     rotary_dims,
 )
+from headcount.errors import ConfigError
 from headcount.model.attention import AttentionFeatures, MultiHeadAttention
 from headcount.model.intervention import Intervention
 from headcount.model.mlp import MLP
 from headcount.model.norm import make_norm
 from headcount.model.rotary import Rotary
-from headcount.model.sites import BLOCK_SITES, HEAD_INPUTS, STACK_SITES, Site
+from headcount.model.sites import BLOCK_SITES, HEAD_INPUTS, KEY, STACK_SITES, Site
+
+# the sites inside attention, which a block whose heads come from elsewhere (`heads`) does not pass through
+ATTENTION_INSIDE = (*HEAD_INPUTS, "attn.q", "attn.k", "attn.v", "attn.pattern")
 
 
 def layer_rotary(cfg: ModelConfig, layer_type: str) -> Rotary | None:
@@ -150,13 +154,34 @@ class Block(nn.Module):
         the same operations in the same order as the plain path, so hooks that change nothing give the same bits.
         bias: added to the self-attention scores (MultiHeadAttention.attend: T5's relative bias, padded keys); cross:
         what a decoder layer's cross-attention reads."""
+        return self.forward_with_heads(x_BTC, intervention, bias=bias, cross=cross)
+
+    def forward_with_heads(
+        self,
+        x_BTC: Tensor,
+        intervention: Intervention | None = None,
+        heads: Callable[[Tensor], Tensor] | None = None,
+        bias: Tensor | None = None,
+        cross: CrossInput | None = None,
+    ) -> Tensor:
+        """`forward`, with heads: z from the normed input in place of the layer's attention over the whole sequence
+        (a suffix run's slots over the clean keys, model/suffix.py); the sites inside attention (q, k, v, their
+        inputs, the pattern) are then not there to hook."""
         if intervention is None or not intervention.touches(self.layer):
-            return self.finish(x_BTC, self.attn.heads(self.ln_attn(x_BTC), bias), cross)
+            normed_BTC = self.ln_attn(x_BTC)
+            return self.finish(x_BTC, self.attn.heads(normed_BTC, bias) if heads is None else heads(normed_BTC), cross)
         at, s = intervention.at, self.sites
         x_BTC = at(s["resid_pre"], x_BTC)
-        q_BHTD, k_BGTD, v_BGTD = self.intervened_qkv(x_BTC, intervention, s)
-        pattern_hook = (lambda p: at(s["attn.pattern"], p)) if intervention.wants(s["attn.pattern"]) else None
-        z_BTHD = at(s["attn.z"], self.attn.attend(q_BHTD, k_BGTD, v_BGTD, pattern_hook, bias))
+        if heads is not None:
+            inside = [s[name].name for name in ATTENTION_INSIDE if intervention.wants(s[name])]
+            if inside:
+                raise ConfigError(KEY, inside[0], "a run over some positions (model/suffix.py) has no such site")
+            z_BTHD = heads(self.ln_attn(x_BTC))
+        else:
+            q_BHTD, k_BGTD, v_BGTD = self.intervened_qkv(x_BTC, intervention, s)
+            pattern_hook = (lambda p: at(s["attn.pattern"], p)) if intervention.wants(s["attn.pattern"]) else None
+            z_BTHD = self.attn.attend(q_BHTD, k_BGTD, v_BGTD, pattern_hook, bias)
+        z_BTHD = at(s["attn.z"], z_BTHD)
         attn_BTC = self.attn.combine_heads(z_BTHD)
         if self.ln_attn_out is not None:
             attn_BTC = self.ln_attn_out(attn_BTC)
@@ -201,10 +226,13 @@ class Block(nn.Module):
                 )
         return q_BHTD, k_BGTD, v_BGTD
 
-    def heads_from_inputs(self, x_BKWTC: Tensor, heads_K: Tensor | None = None) -> Tensor:
+    def heads_from_inputs(
+        self, x_BKWTC: Tensor, heads_K: Tensor | None = None, queries: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
         """z (B, T, K, D) of K heads each reading q, k, v from its own inputs x[:, k, 0|1|2] (B, K, 3, T, C), the
-        stream before the layer's input norm (MultiHeadAttention.project_inputs after the norm)."""
-        return self.attn.heads_from_inputs(self.ln_attn(x_BKWTC), heads_K)
+        stream before the layer's input norm (MultiHeadAttention.project_inputs after the norm); queries as in
+        MultiHeadAttention.heads_from_inputs."""
+        return self.attn.heads_from_inputs(self.ln_attn(x_BKWTC), heads_K, queries)
 
     def finish(self, x_BTC: Tensor, z_BTHD: Tensor, cross: CrossInput | None = None) -> Tensor:
         """The block's output given its input x and its heads' (gated) z: add the combined heads, then (a decoder

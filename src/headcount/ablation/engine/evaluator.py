@@ -16,7 +16,9 @@ reuse make it cheaper, all exact:
   [p_b, e_b) of each example (e_b: one past its last score point), left-aligned, over the clean keys and values
   before p_b (model/suffix.py); the positions it skips keep the clean stream. With zero or mean ablation on a task,
   p_b is 0 and only the positions after the last score point are skipped. Used when it runs at most 3/4 of the
-  positions (`skip_unchanged`).
+  positions (`skip_unchanged`). The last layer's output is read at the score points only, so it runs its queries,
+  output projection and MLP from each example's first score point on (the keys and values of every run position
+  still count).
 - Batched masks: P masks that share f run as one pass over the batch repeated P times (mask-major, row p*B + b) with
   per-example gates (P*B, L, H). P is `masks_per_pass`, or as many as fit the memory budget; when not even one mask
   of a whole batch fits, batches are split instead. On CPU the default budget is small on purpose: passes of one or
@@ -334,9 +336,15 @@ class MaskEvaluator:
             resid_XSC = model.blocks[start].finish(resid_XSC, z_XSHD)
             first += 1
         later = gates if touched_L[first:].any() else None
+        # The last layer's output counts at the score points only: from each example's first point on
+        last_layout, last_slots_BQ = layout.from_first_point(clean.targets.where_BT)
+        narrow = last_layout.S < layout.S
         for layer in range(first, model.n_layers):
-            resid_XSC = suffix_block(model.blocks[layer], resid_XSC, layout, clean.clean_kv[layer], later)
-        final_XTC = layout.scatter_into(clean.resid_pre[-1].repeat(P, 1, 1), resid_XSC)
+            last = narrow and layer == model.n_layers - 1
+            queries_XQ = last_slots_BQ.repeat(P, 1) if last else None
+            resid_XSC = suffix_block(model.blocks[layer], resid_XSC, layout, clean.clean_kv[layer], later, queries_XQ)
+        written = last_layout if narrow and first < model.n_layers else layout
+        final_XTC = written.scatter_into(clean.resid_pre[-1].repeat(P, 1, 1), resid_XSC)
         return pass_sums(model, final_XTC, clean.targets, self.metric, copies=P)
 
     def gate_positions(self, clean: CleanPass, position_P: Tensor) -> Tensor | None:
