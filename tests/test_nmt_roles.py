@@ -7,14 +7,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from headcount.ablation.methods.encoder_l0_gates import train_encoder_gates
 from headcount.ablation.methods.translation_quality import loss_columns
+from headcount.cli.train import run
 from headcount.config.ablation import L0GatesConfig
 from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.data.translation import translation_pairs
+from headcount.errors import ConfigError
+from headcount.findings import check_finding
 from headcount.findings.nmt_roles import claims, encoder_roles
 from headcount.model.encoder_decoder import EncoderDecoder
+from headcount.run_dir import RunPaths
 
 VOCAB = 512
 
@@ -113,3 +118,16 @@ def test_each_claim_flips_when_its_number_is_planted_wrong():
     t["gate_runs"] = t["gate_runs"].assign(n_kept=[3, 1, 0], delta_bleu=[0.0, -2.0, -5.0])
     assert verdicts(t)[2] == "partly"
     assert verdicts(tables(deltas=(-1.5, -2.0, -5.0)))[2] == "not reproduced"
+
+
+def test_a_decoder_only_run_is_refused_in_one_line(compose_train, tmp_path):
+    cfg = compose_train(["experiment=nmt_roles", "size=smoke", "model=nmt_small", "data=translation"])
+    run(cfg, tmp_path)
+    RunPaths(tmp_path).config.parent.mkdir(exist_ok=True)
+    OmegaConf.save(cfg, RunPaths(tmp_path).config)
+    with pytest.raises(ConfigError) as error:
+        check_finding("nmt_roles", tmp_path)
+    assert (
+        str(error.value) == "data.source='translation': finding nmt_roles needs data=translation_seq2seq (an encoder)"
+    )
+    assert not (tmp_path / "findings" / "findings.json").exists()
