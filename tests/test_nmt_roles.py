@@ -1,7 +1,7 @@
 """Voita et al. 2019 on a translation model's encoder (findings/nmt_roles.py): EncoderDecoder.encoder_patterns equals
 a hand computation of softmax(q k^T / sqrt(D)) over the unpadded keys (float64 and float32), L0 gates on the encoder
-heads close every head under a large penalty and record when, and each claim's verdict flips when its number is
-planted on the other side."""
+heads close every head under a large penalty and record when, each claim's verdict flips when its number is planted
+on the other side, and a decoder-only run is refused in one line."""
 
 import numpy as np
 import pandas as pd
