@@ -245,7 +245,7 @@ def test_every_experiment_from_the_command_line_at_smoke_size(tmp_path):
     done = sorted(p.parent for p in tmp_path.glob("**/DONE"))
     assert len(done) == len(experiments)
     checked = sorted(p.relative_to(tmp_path).parts[0] for p in tmp_path.glob("**/findings/findings.md"))
-    assert checked == ["induction_heads", "nmt_heads", "pretrained_heads", "sixteen_heads", "voita_gates"]  # single-run
+    assert checked == ["induction_heads", "nmt_heads", "nmt_roles", "pretrained_heads", "sixteen_heads", "voita_gates"]
 
 
 @pytest.mark.slow

@@ -107,6 +107,17 @@ class EncoderDecoder(nn.Module):
             cache.update(named_reads("enc", intervention))
         return enc.ln_f(stream_BSC)
 
+    @torch.no_grad()
+    def encoder_patterns(self, src_BS: Tensor, src_keep: Tensor | None = None, gates: Tensor | None = None) -> Tensor:
+        """(B, L, H, S, S) every encoder head's attention weights (query position, key position), read at each
+        layer's attn.pattern in one encoder pass (the explicit attention path); padded keys (src_keep False) get
+        weight 0. gates: the encoder's (L, H) or (B, L, H), as in encode."""
+        enc = self.encoder
+        hooks = [] if gates is None else GateHook(gates).hooks()
+        intervention = reads(("attn.pattern",), range(enc.n_layers), hooks)
+        enc.forward_layers(enc.embed(src_BS), 0, intervention, keep_BT=src_keep)
+        return torch.stack([intervention.read("attn.pattern", layer) for layer in range(enc.n_layers)], dim=1)
+
     def decode(
         self,
         tgt_BT: Tensor,
