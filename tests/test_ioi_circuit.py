@@ -106,6 +106,23 @@ def test_the_circuit_is_faithful_when_it_keeps_most_of_the_behaviour_and_beats_r
     assert "faithfulness 90%" in claim.measured and "10% to 30%" in claim.measured
 
 
+def with_intervals(table: pd.DataFrame, circuit: tuple[float, float], random: tuple[float, float]) -> pd.DataFrame:
+    """The table in logit_diff with the circuit's and every random circuit's bootstrap interval of its delta."""
+    is_circuit = table["mask"].str.startswith("circuit")
+    low = [circuit[0] if c else random[0] for c in is_circuit]
+    high = [circuit[1] if c else random[1] for c in is_circuit]
+    return table.assign(metric="logit_diff", delta_logit_diff_ci_low=low, delta_logit_diff_ci_high=high)
+
+
+def test_the_circuit_beats_random_circuits_surely_only_when_its_interval_lies_above_theirs():
+    apart = faithfulness_claim(with_intervals(circuit_table(0.9, [0.1, 0.3]), (-0.5, -0.2), (-2.0, -1.0)))
+    assert apart[0].verdict == "reproduced" and apart[1]["circuit_interval_above_random"] is True
+    assert "lies above every random circuit's" in apart[0].measured
+    overlapping = faithfulness_claim(with_intervals(circuit_table(0.9, [0.1, 0.3]), (-0.5, -0.2), (-2.0, -0.3)))
+    assert overlapping[0].verdict == "partly" and overlapping[1]["circuit_interval_above_random"] is False
+    assert "overlaps a random circuit's" in overlapping[0].measured
+
+
 def test_a_path_patching_table_ranks_its_sender_heads_by_damage_added_over_rows():
     table = pd.DataFrame(
         {
