@@ -199,6 +199,27 @@ def test_the_experiment_at_smoke_size_evaluates_every_claim(smoke_run):
     assert again["claims"] == findings["claims"]  # read back from the tables alone
 
 
+def test_seed_stability_on_the_generated_ioi_task(smoke_run):
+    """Run.seed_stability on a real generated task (ioi at smoke size, a tiny random Llama): each seed's task is the
+    generator's own (its own prompts: fingerprints differ), each seed's top heads are its table's top by damage, and
+    each overlap is |top_a & top_b| / n of those tops, counted here from the tables read back."""
+    import headcount
+    from headcount.api_stability import top_heads
+
+    run = headcount.load_run(smoke_run)
+    pairs, summary = run.seed_stability("single_head", [1, 2, 3], n=2)
+    folder = RunPaths(smoke_run).ablation / "tasks"
+    tables = {s: pd.read_csv(folder / f"ioi_seed{s}" / "single_head.patch.logit_diff.csv") for s in (1, 2, 3)}
+    assert len({t["task_fingerprint"].iloc[0] for t in tables.values()}) == 3  # three different prompt sets
+    assert summary["tops"] == {s: top_heads(t, 2) for s, t in tables.items()} and summary["n"] == 2
+    # damage in logit difference is its fall: each seed's first head is the one whose patching lowers it most
+    assert all(summary["tops"][s][0] == t.loc[t["delta_logit_diff"].idxmin(), "mask"] for s, t in tables.items())
+    for row in pairs.itertuples():
+        shared = set(summary["tops"][row.seed_a]) & set(summary["tops"][row.seed_b])
+        assert row.overlap == len(shared) / 2
+    assert summary["mean_overlap"] == pytest.approx(pairs["overlap"].mean()) and 0 <= summary["min_overlap"] <= 1
+
+
 def test_each_scan_reads_the_heads_the_one_before_found(smoke_run):
     direct = task_table(smoke_run, "direct_effect")
     name_movers = [f"L{r.layer}H{r.head}" for r in direct.nlargest(3, "direct_effect").itertuples()]
