@@ -220,7 +220,9 @@ def claims_of(
             ),
         ),
     ]
-    claims[-1], stability_numbers = ranking_stability(claims[-1], stability, "single_head")
+    claims[-1], stability_numbers = ranking_stability(
+        claims[-1], stability, "single_head by damage", "single_head_top_bootstrap_overlap"
+    )
     return claims, numbers | stability_numbers
 
 

@@ -13,16 +13,17 @@ from headcount.findings.claims import Claim
 STABLE = 0.8  # the ranking's top is stable: on average its resamples' top n hold at least 80% of the full data's
 
 
-def ranking_stability(claim: Claim, entry: dict | str | None, scan: str) -> tuple[Claim, dict]:
-    """The claim with the `scan` ranking's stability said beside its verdict, and "reproduced" lowered to "partly"
-    where the top is unstable (mean overlap under STABLE). entry: the scan's summary `intervals` entry (a string says
-    why there is none; None: the run has none): then only said, the verdict unchanged."""
+def ranking_stability(claim: Claim, entry: dict | str | None, ranking: str, key: str) -> tuple[Claim, dict]:
+    """The claim with its ranking's stability said beside its verdict, and "reproduced" lowered to "partly" where the
+    top is unstable (mean overlap under STABLE). entry: {top_n, resamples, mean_overlap, min_overlap}, as a scan's
+    summary `intervals` entry (a string says why there is none; None: the run has none): then only said, the verdict
+    unchanged. ranking: what is ranked, in words ("single_head by damage"); key: the numbers' name for the overlap."""
     if not isinstance(entry, dict):
-        why = entry or f"the run's {scan} scan has no bootstrap intervals"
+        why = entry or "no bootstrap intervals in the run"
         return Claim(claim.claim, f"{claim.measured}; ranking stability not measured ({why})", claim.verdict), {}
     mean, low = entry["mean_overlap"], entry["min_overlap"]
     measured = (
-        f"{claim.measured}; the top {entry['top_n']} of {scan} by damage hold on average {mean:.0%} of their places "
+        f"{claim.measured}; the top {entry['top_n']} of {ranking} hold on average {mean:.0%} of their places "
         f"(lowest {low:.0%}) over {entry['resamples']} bootstrap resamples"
     )
     verdict = claim.verdict
@@ -31,7 +32,7 @@ def ranking_stability(claim: Claim, entry: dict | str | None, scan: str) -> tupl
         if verdict == "reproduced":
             verdict = "partly"
             measured += ", so the ranking's claim holds only partly"
-    return Claim(claim.claim, measured, verdict), {f"{scan}_top_bootstrap_overlap": mean}
+    return Claim(claim.claim, measured, verdict), {key: mean}
 
 
 def separated(table: pd.DataFrame, best: pd.Series, others: pd.DataFrame, value: str) -> bool | None:
