@@ -270,3 +270,25 @@ def test_experiment_as_documented(tmp_path, experiment, figures):
     assert sorted(finding["figures"]) == sorted(figures)
     assert all((tmp_path / "findings" / name).stat().st_size > 0 for name in figures)
     assert (tmp_path / "findings" / "findings.md").read_text().startswith(f"# {experiment}: ")
+
+
+def test_induction_claim_5_is_only_reproduced_when_the_single_head_ranking_is_stable():
+    """The claim of which heads the ablation singles out rests on the single-head ranking: a planted unstable top (its
+    resamples' top holding 40% of it on average) lowers "reproduced" to "partly" and says so; a stable one keeps it."""
+    from headcount.findings.induction import claims_of
+
+    joint = {((0, 2), (0, 3)): 6.42, ((1, 1), (1, 2)): 7.75, PATTERN: 7.24, OTHERS: 0.15}
+    entry = {"top_n": 1, "resamples": 1000, "mean_overlap": 0.99, "min_overlap": 0.0}
+    together = lambda heads: joint[tuple(sorted(heads))]  # noqa: E731
+    stable, numbers = claims_of(induction_heads_table(SHARED_ROLES), together, 0.01, 12.0, 4.1, entry)
+    assert stable[4].verdict == "reproduced" and numbers["single_head_top_bootstrap_overlap"] == 0.99
+    assert "hold on average 99% of their places (lowest 0%) over 1000 bootstrap resamples" in stable[4].measured
+    unstable, _ = claims_of(
+        induction_heads_table(SHARED_ROLES), together, 0.01, 12.0, 4.1, entry | {"mean_overlap": 0.4}
+    )
+    assert unstable[4].verdict == "partly" and "unstable (under 80%)" in unstable[4].measured
+    assert [c.verdict for c in unstable[:4]] == [c.verdict for c in stable[:4]]  # only the ranking's claim moves
+    none, _ = claims_of(induction_heads_table(SHARED_ROLES), together, 0.01, 12.0, 4.1, "not computed: resumed")
+    assert (
+        none[4].verdict == "reproduced" and "ranking stability not measured (not computed: resumed)" in none[4].measured
+    )

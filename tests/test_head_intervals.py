@@ -181,8 +181,10 @@ def test_the_few_heads_claim_names_the_top_heads_stability():
     stability = {"top_n": 2, "mean_overlap": 0.875, "min_overlap": 0.5, "resamples": 1000}
     claim, numbers = few_heads_claim(top_table(0.6, [0.02, 0.05]), stability)
     assert claim.measured.endswith(
-        "the top 2 single heads by damage hold on average 88% of their places (lowest 50%) over 1000 bootstrap "
-        "resamples of the prompts"
+        "the top 2 of single heads by damage hold on average 88% of their places (lowest 50%) over 1000 bootstrap "
+        "resamples"
     )
-    assert numbers["top_heads_bootstrap_overlap"] == 0.875
+    assert numbers["top_heads_bootstrap_overlap"] == 0.875 and claim.verdict == "reproduced"
+    unstable, _ = few_heads_claim(top_table(0.6, [0.02, 0.05]), stability | {"mean_overlap": 0.5})
+    assert unstable.verdict == "partly" and "unstable (under 80%)" in unstable.measured
     assert "bootstrap" not in few_heads_claim(top_table(0.6, [0.02, 0.05]), "not computed: ...")[0].measured

@@ -106,6 +106,23 @@ def test_the_circuit_is_faithful_when_it_keeps_most_of_the_behaviour_and_beats_r
     assert "faithfulness 90%" in claim.measured and "10% to 30%" in claim.measured
 
 
+def with_intervals(table: pd.DataFrame, circuit: tuple[float, float], random: tuple[float, float]) -> pd.DataFrame:
+    """The table in logit_diff with the circuit's and every random circuit's bootstrap interval of its delta."""
+    is_circuit = table["mask"].str.startswith("circuit")
+    low = [circuit[0] if c else random[0] for c in is_circuit]
+    high = [circuit[1] if c else random[1] for c in is_circuit]
+    return table.assign(metric="logit_diff", delta_logit_diff_ci_low=low, delta_logit_diff_ci_high=high)
+
+
+def test_the_circuit_beats_random_circuits_surely_only_when_its_interval_lies_above_theirs():
+    apart = faithfulness_claim(with_intervals(circuit_table(0.9, [0.1, 0.3]), (-0.5, -0.2), (-2.0, -1.0)))
+    assert apart[0].verdict == "reproduced" and apart[1]["circuit_interval_above_random"] is True
+    assert "lies above every random circuit's" in apart[0].measured
+    overlapping = faithfulness_claim(with_intervals(circuit_table(0.9, [0.1, 0.3]), (-0.5, -0.2), (-2.0, -0.3)))
+    assert overlapping[0].verdict == "partly" and overlapping[1]["circuit_interval_above_random"] is False
+    assert "overlaps a random circuit's" in overlapping[0].measured
+
+
 def test_a_path_patching_table_ranks_its_sender_heads_by_damage_added_over_rows():
     table = pd.DataFrame(
         {
@@ -180,6 +197,27 @@ def test_the_experiment_at_smoke_size_evaluates_every_claim(smoke_run):
     assert all((smoke_run / "findings" / figure).exists() for figure in findings["figures"])
     again = json.loads(check_finding("ioi_circuit", smoke_run).with_suffix(".json").read_text())
     assert again["claims"] == findings["claims"]  # read back from the tables alone
+
+
+def test_seed_stability_on_the_generated_ioi_task(smoke_run):
+    """Run.seed_stability on a real generated task (ioi at smoke size, a tiny random Llama): each seed's task is the
+    generator's own (its own prompts: fingerprints differ), each seed's top heads are its table's top by damage, and
+    each overlap is |top_a & top_b| / n of those tops, counted here from the tables read back."""
+    import headcount
+    from headcount.api_stability import top_heads
+
+    run = headcount.load_run(smoke_run)
+    pairs, summary = run.seed_stability("single_head", [1, 2, 3], n=2)
+    folder = RunPaths(smoke_run).ablation / "tasks"
+    tables = {s: pd.read_csv(folder / f"ioi_seed{s}" / "single_head.patch.logit_diff.csv") for s in (1, 2, 3)}
+    assert len({t["task_fingerprint"].iloc[0] for t in tables.values()}) == 3  # three different prompt sets
+    assert summary["tops"] == {s: top_heads(t, 2) for s, t in tables.items()} and summary["n"] == 2
+    # damage in logit difference is its fall: each seed's first head is the one whose patching lowers it most
+    assert all(summary["tops"][s][0] == t.loc[t["delta_logit_diff"].idxmin(), "mask"] for s, t in tables.items())
+    for row in pairs.itertuples():
+        shared = set(summary["tops"][row.seed_a]) & set(summary["tops"][row.seed_b])
+        assert row.overlap == len(shared) / 2
+    assert summary["mean_overlap"] == pytest.approx(pairs["overlap"].mean()) and 0 <= summary["min_overlap"] <= 1
 
 
 def test_each_scan_reads_the_heads_the_one_before_found(smoke_run):

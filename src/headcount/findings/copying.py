@@ -14,6 +14,7 @@ from headcount.ablation.engine.evaluator import MaskEvaluator
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.masks import HeadMask, joined_name, masks_to_gates
 from headcount.ablation.scans.head_scores import head_pattern_scores
+from headcount.circuits.bootstrap import RESAMPLES, resample_counts, top_n_stability
 from headcount.model import Transformer
 
 # Token ids are drawn from the top 15/16 of the vocabulary: low ids are the special tokens (and bytes) of most
@@ -29,6 +30,9 @@ class CopyingProbe:
     top_k: list[tuple[int, int]]  # the k heads with the highest induction score
     top_k_loss: float  # the repeat's loss with them zeroed
     random_k_losses: list[float]  # the repeat's loss with k random heads zeroed, one per draw
+    # how stable the top k by induction score are over bootstrap resamples of the sequences (findings/stability.py's
+    # entry: top_n, resamples, mean_overlap, min_overlap); None where not asked for
+    top_k_stability: dict | None = None
 
 
 def repeated_random_batches(vocab_size: int, n: int, half: int, batch_size: int, seed: int) -> list[dict[str, Tensor]]:
@@ -57,9 +61,12 @@ def first_half(batches: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
     return scored
 
 
-def copying_probe(model: Transformer, batches: list[dict[str, Tensor]], k: int, draws: int, seed: int) -> CopyingProbe:
+def copying_probe(
+    model: Transformer, batches: list[dict[str, Tensor]], k: int, draws: int, seed: int, stability: bool = False
+) -> CopyingProbe:
     """Induction scores on `batches` (repeated_random_batches), then the repeat's loss with the top k heads by score
-    zeroed and with k random heads zeroed (`draws` draws, seeded)."""
+    zeroed and with k random heads zeroed (`draws` draws, seeded); stability: also the top k's stability over
+    resamples of the sequences (one more pass, a sequence at a time)."""
     heads = head_pattern_scores(model, batches)
     evaluator = MaskEvaluator(model, batches)
     ranked = heads.sort_values(["induction_score", "layer", "head"], ascending=[False, True, True], kind="stable")
@@ -77,4 +84,32 @@ def copying_probe(model: Transformer, batches: list[dict[str, Tensor]], k: int, 
         top_k=top_k,
         top_k_loss=losses[0],
         random_k_losses=losses[1:],
+        top_k_stability=induction_score_stability(model, batches, k, seed) if stability else None,
     )
+
+
+def induction_score_stability(model: Transformer, batches: list[dict[str, Tensor]], k: int, seed: int) -> dict:
+    """How stable the top k heads by induction score are over bootstrap resamples of the sequences."""
+    sums_PK, points_P = per_sequence_induction(model, batches)
+    resamples = resample_counts(len(points_P), RESAMPLES, seed)
+    stable = top_n_stability(sums_PK, points_P, resamples, k, magnitude=False)
+    return {"top_n": k, "resamples": RESAMPLES} | {key: stable[key] for key in ("mean_overlap", "min_overlap")}
+
+
+def per_sequence_induction(model: Transformer, batches: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor]:
+    """(P, K) each sequence's attention on induction targets summed over its positions that have one, and (P,) the
+    count of those positions: a head's induction score over all sequences is the sums' total over the counts'."""
+    scores, counts = [], []
+    for batch in batches:
+        for i in range(batch["input_ids"].shape[0]):
+            ids_1T = batch["input_ids"][i : i + 1]
+            scores.append(torch.tensor(head_pattern_scores(model, [{"input_ids": ids_1T}])["induction_score"].values))
+            counts.append(float(induction_targets(ids_1T[0])))
+    points_P = torch.tensor(counts, dtype=torch.float64)
+    return torch.stack(scores).double() * points_P[:, None], points_P
+
+
+def induction_targets(ids_T: Tensor) -> int:
+    """How many positions of a sequence hold a token that occurred before (head_pattern_scores' positions with an
+    induction target)."""
+    return int((ids_T[:, None] == ids_T[None, :]).tril(-1).any(dim=-1).sum())

@@ -22,11 +22,13 @@ from headcount.ablation.engine.heads import head_name
 from headcount.ablation.engine.masks import HeadMask, joined_name, masks_to_gates
 from headcount.ablation.records.address import ResultAddress
 from headcount.ablation.records.results import read_checked
+from headcount.ablation.records.summary import read_mode_summary
 from headcount.ablation.scans.head_scores import SCORES
 from headcount.data import induction_first_part_mask
 from headcount.findings import figures
 from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.run_data import run_evaluator, run_subject
+from headcount.findings.stability import ranking_stability
 from headcount.labels import receiver_head
 from headcount.run_dir import FinishedRun, RunPaths, load_run
 
@@ -118,9 +120,16 @@ def prev_token_measured(prev_heads: pd.DataFrame, joint: float) -> str:
 
 
 def claims_of(
-    heads: pd.DataFrame, together: Callable[[Heads], float], repeated: float, first: float, guess: float
+    heads: pd.DataFrame,
+    together: Callable[[Heads], float],
+    repeated: float,
+    first: float,
+    guess: float,
+    stability: dict | str | None = None,
 ) -> tuple[list[Claim], dict]:
-    """The five claims on the head table (and the repeated part's loss), `together` zeroing heads at once."""
+    """The five claims on the head table (and the repeated part's loss), `together` zeroing heads at once.
+    stability: the single_head scan's summary `intervals` entry; the last claim (which heads the ablation singles out)
+    says it and is only reproduced when the single-head ranking's top is stable (findings/stability.py)."""
     prev_heads, induction_heads = pattern_heads(heads)
     layer0, layer1 = heads[heads.layer == 0], heads[heads.layer == 1]
     top_prev = layer0.loc[layer0.prev_token_score.idxmax()]
@@ -211,7 +220,10 @@ def claims_of(
             ),
         ),
     ]
-    return claims, numbers
+    claims[-1], stability_numbers = ranking_stability(
+        claims[-1], stability, "single_head by damage", "single_head_top_bootstrap_overlap"
+    )
+    return claims, numbers | stability_numbers
 
 
 def check(run_dir: Path, out: Path) -> Finding:
@@ -222,7 +234,9 @@ def check(run_dir: Path, out: Path) -> Finding:
     # The first part is random, so no model beats a uniform guess there; ours is not even trained on it (the loss
     # mask covers the repeat), so its first-part loss is reported but the guess is the bar.
     guess = math.log(run.config.data.vocab_size - 1)
-    claims, numbers = claims_of(heads, zeroing_together(run, repeated), repeated, first, guess)
+    zero = ResultAddress(RunPaths(run_dir).ablation, mode="zero")
+    stability = read_mode_summary(zero.folder, zero.section).get("intervals", {}).get("single_head")
+    claims, numbers = claims_of(heads, zeroing_together(run, repeated), repeated, first, guess, stability)
     edges = edge_table(run_dir)
     if edges is not None:
         claim, edge_numbers = composition_claim(edges, numbers["prev_token_heads"], numbers["induction_heads"])

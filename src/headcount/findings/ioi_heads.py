@@ -24,6 +24,7 @@ from headcount.ablation.scans.top_heads import top_and_random
 from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.run_data import run_subject, scan_file, scan_results
 from headcount.findings.sixteen_heads import copied
+from headcount.findings.stability import ranking_stability
 from headcount.io import atomic_savefig
 from headcount.plotting import new_figure, set_title
 
@@ -70,7 +71,8 @@ def task_claim(logit_diff: float, top1: float) -> tuple[Claim, dict]:
 
 def few_heads_claim(top: pd.DataFrame, stability: dict | str | None = None) -> tuple[Claim, dict]:
     """stability: the single_head scan's summary `intervals` entry (how often its top heads stay on top over
-    bootstrap resamples of the prompts: ablation/scans/intervals.py), said beside the verdict."""
+    bootstrap resamples of the prompts: ablation/scans/intervals.py), said beside the verdict; "reproduced" only
+    where that top is stable (findings/stability.py)."""
     best, random_sets = top_and_random(top)
     random = random_sets["gap_fraction"]
     n = int(best["n_heads_off"])
@@ -81,20 +83,14 @@ def few_heads_claim(top: pd.DataFrame, stability: dict | str | None = None) -> t
         f"random sets of {n} remove {float(random.min()):.0%} to {random_max:.0%}"
     )
     numbers = {"top_heads_gap_removed": removed, "random_heads_gap_removed_max": random_max, "top_heads_n": n}
-    if isinstance(stability, dict):
-        measured += (
-            f"; the top {stability['top_n']} single heads by damage hold on average {stability['mean_overlap']:.0%} "
-            f"of their places (lowest {stability['min_overlap']:.0%}) over {stability['resamples']} bootstrap "
-            "resamples of the prompts"
-        )
-        numbers["top_heads_bootstrap_overlap"] = stability["mean_overlap"]
     claim = Claim(
         f"(2) A few heads carry it: patching the top 5% together removes at least {HALF:.0%} of the gap, as many "
         f"random heads less than {TENTH:.0%}",
         measured,
         verdict(all(holds), any(holds)),
     )
-    return claim, numbers
+    claim, stable = ranking_stability(claim, stability, "single heads by damage", "top_heads_bootstrap_overlap")
+    return claim, numbers | stable
 
 
 def name_movers_claim(direct: pd.DataFrame, attention: pd.DataFrame, k: int) -> tuple[Claim, dict]:

@@ -26,6 +26,7 @@ from headcount.findings.copying import CopyingProbe, copying_probe, repeated_ran
 from headcount.findings.induction import FAR_BELOW, INDUCTION_PATTERN
 from headcount.findings.run_data import run_subject, scan_file, scan_results
 from headcount.findings.sixteen_heads import LITTLE, PRUNABLE_CLAIM, copied
+from headcount.findings.stability import ranking_stability
 from headcount.plotting import head_heatmap
 from headcount.run_dir import load_run
 
@@ -53,7 +54,7 @@ def check(run_dir: Path, out: Path) -> Finding:
     batches = repeated_random_batches(
         run.model.cfg.vocab_size, a.n_eval or PROBE_SEQUENCES, d.seq_len // 2, a.batch_size, a.seed
     )
-    probe = copying_probe(run.model, batches, k, RANDOM_DRAWS, a.seed)
+    probe = copying_probe(run.model, batches, k, RANDOM_DRAWS, a.seed, stability=True)
     arbitrary = bool({"gradient", "gradient_per_example"} & set(summary.get("arbitrary_orders", [])))
 
     claims, numbers = [], {"baseline_loss": baseline, "n_heads": n_heads, "head_costs_from": costs_from}
@@ -136,7 +137,8 @@ def single_head_claim(single: pd.DataFrame, baseline: float, costs_from: str = "
 def copying_claims(probe: CopyingProbe, n_heads: int) -> list[tuple[Claim, dict]]:
     """(2a) the scores find induction heads and the model copies; (2b) zeroing the top k destroys copying, k random
     heads do not. 'Undone' is the share of copying's saving (first half's loss - repeat's loss) an ablation takes
-    back."""
+    back. (2b) rests on the ranking by induction score: it is only reproduced when the top k are stable over
+    resamples of the sequences (probe.top_k_stability; findings/stability.py)."""
     k = len(probe.top_k)
     saving = probe.first_half_loss - probe.repeated_loss
     top_scores = probe.heads.set_index(["layer", "head"]).induction_score.loc[probe.top_k]
@@ -179,7 +181,10 @@ def copying_claims(probe: CopyingProbe, n_heads: int) -> list[tuple[Claim, dict]
         measured,
         verdict(saving > 0 and targeted, partly=saving > 0 and top_back > max(2 * random_back, 0.05)),
     )
-    return [(found, numbers), (ablated, {})]
+    ablated, stability = ranking_stability(
+        ablated, probe.top_k_stability, "heads by induction score", "top_k_bootstrap_overlap"
+    )
+    return [(found, numbers), (ablated, stability)]
 
 
 def pruning_claim(
