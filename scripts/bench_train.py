@@ -32,7 +32,7 @@ class PlainAttention(nn.Module):
         super().__init__()
         self.qkv, self.out, self.n_heads, self.head_dim = gated.qkv, gated.out, gated.n_heads, gated.head_dim
 
-    def heads(self, x):
+    def heads(self, x, bias=None):  # bias: T5's relative bias, which a GPT-2 block never has
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)

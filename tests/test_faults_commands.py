@@ -126,7 +126,7 @@ def test_a_model_that_fails_to_build_on_meta_is_not_called_too_large(monkeypatch
     def fails(_):
         raise RuntimeError("cannot repeat_interleave a meta tensor without output_size")
 
-    monkeypatch.setattr(preflight, "Transformer", fails)
+    monkeypatch.setattr(preflight, "build_model", fails)
     with pytest.raises(RuntimeError, match="repeat_interleave"):
         preflight.model_on_meta(typed(cfg.model, ModelConfig), cfg.trainer)
 

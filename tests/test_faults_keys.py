@@ -157,12 +157,12 @@ def test_yarn_with_equal_ramp_bounds_builds_as_transformers_allows():
         (["data.path=corpus.txt"], "data.path='corpus.txt': is read only by data.source=text, not induction"),
         (
             ["data.val_fraction=0.2"],
-            "data.val_fraction=0.2: is read only by data.source=text or pystdlib or hub, not induction",
+            "data.val_fraction=0.2: is read only by data.source=text or pystdlib or essays or hub, not induction",
         ),
         (
             ["data=text", "data.path=corpus.txt", "data.vocab_size=100"],
-            "data.vocab_size=100: is read only by data.source=induction or assoc_recall or offset_diff or copy, not "
-            "text",
+            "data.vocab_size=100: is read only by data.source=induction or assoc_recall or offset_diff or copy or "
+            "translation or translation_seq2seq, not text",
         ),
         (["data.add_bos=1"], "data.add_bos=1: must be true or false"),
         # ablation: an infinite tolerance made every head prunable; L0 gates' stretch at infinity is NaN

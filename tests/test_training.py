@@ -25,6 +25,16 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "data.n_train=64", "data.n_val=32", "data.n_test=32"]
 
 
+# Options that only make sense together: the translation models and the translation data (their vocabulary and
+# sequence length, a source column for the encoder-decoder), each composed with its partner.
+PARTNERS = {
+    "model=nmt_encdec": ["data=translation_seq2seq"],
+    "model=nmt_small": ["data=translation"],
+    "data=translation": ["model=nmt_small"],
+    "data=translation_seq2seq": ["model=nmt_encdec"],
+}
+
+
 def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
 
@@ -34,7 +44,7 @@ def group_options(group: str) -> list[str]:
     [f"{g}={o}" for g in ("model", "data", "trainer", "logger", "ablation") for o in group_options(g)],
 )
 def test_every_config_group_option_composes(compose_train, override):
-    cfg = compose_train([override])
+    cfg = compose_train([override, *PARTNERS.get(override, [])])
     assert cfg.model.n_layers >= 1
     # Data sources with required inputs (a text path, a hub name) validate only once those are given.
     if override not in ("data=text", "data=hub"):
