@@ -5,6 +5,7 @@ padding; the refusals of a cross-attention setting without an encoder and of a h
 import pytest
 import torch
 
+from headcount.config import validate_train_config
 from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.errors import ConfigError
 from headcount.model.attention import AttentionFeatures, MultiHeadAttention
@@ -316,3 +317,25 @@ def test_a_cross_site_on_a_stack_without_cross_attention_is_one_line():
         model.encoder.forward_layers(stream, 0, reads(["cross.z"], [0]))
     with pytest.raises(ConfigError, match=r"^gates='cross.z': this stack has no cross-attention heads$"):
         model.encoder.forward_layers(stream, 0, gated(torch.ones(3, 4), site="cross.z"))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["model=nmt_encdec", "trainer=smoke"],
+            "data.source='induction': an encoder-decoder (model.encoder_layers=2) trains on data=translation_seq2seq "
+            "(source and target sequences)",
+        ),
+        (
+            ["data=translation_seq2seq", "trainer=smoke"],
+            "data.source='translation_seq2seq': gives source and target sequences to an encoder-decoder "
+            "(model.encoder_layers > 0, e.g. model=nmt_encdec); a decoder reads data=translation",
+        ),
+    ],
+)
+def test_a_model_and_data_of_different_shapes_are_one_line_before_their_lengths(compose_train, overrides, message):
+    cfg = compose_train(overrides)
+    with pytest.raises(ConfigError) as error:
+        validate_train_config(cfg)
+    assert str(error.value) == message

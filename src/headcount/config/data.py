@@ -30,6 +30,7 @@ class Tokenizer(Choice):
 
 SYNTHETIC_SOURCES = ("induction", "assoc_recall", "offset_diff", "copy", "translation", "translation_seq2seq")
 TEXT_SOURCES = ("text", "pystdlib", "essays", "hub")
+SEQ2SEQ_SOURCES = ("translation_seq2seq",)  # source and target sequences: an encoder-decoder's data
 SOURCES = tuple(source.value for source in Source)
 BYTE_VOCAB = 256  # text sources are byte-level
 

@@ -15,7 +15,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from headcount.config.ablation import AblationConfig
-from headcount.config.data import DataConfig, data_vocab_size
+from headcount.config.data import SEQ2SEQ_SOURCES, DataConfig, data_vocab_size
 from headcount.config.logger import LoggerConfig, validate_logger_config
 from headcount.config.model import ModelConfig, validate_model_config
 from headcount.config.scans import register_scan_settings
@@ -123,6 +123,20 @@ def check_bool_overrides(cfg: DictConfig, overrides: Iterable[str]) -> None:
             raise ConfigError(key, override.value(), "must be true or false")
 
 
+def check_model_reads_its_data(model: ModelConfig, data: DataConfig) -> None:
+    """An encoder-decoder trains on source and target sequences, and only it does; said before the lengths and
+    vocabularies, whose errors would name the symptom."""
+    seq2seq = data.source in SEQ2SEQ_SOURCES
+    if model.encoder_layers and not seq2seq and model.pretrained is None:
+        allowed = f"an encoder-decoder (model.encoder_layers={model.encoder_layers}) trains on " + " or ".join(
+            f"data={source}" for source in SEQ2SEQ_SOURCES
+        )
+        raise ConfigError("data.source", data.source, allowed + " (source and target sequences)")
+    if seq2seq and not model.encoder_layers and model.pretrained is None:
+        allowed = "gives source and target sequences to an encoder-decoder (model.encoder_layers > 0, e.g. "
+        raise ConfigError("data.source", data.source, allowed + "model=nmt_encdec); a decoder reads data=translation")
+
+
 def validate_train_config(cfg: DictConfig) -> None:
     """Each section's own checks and those across sections; raises ConfigError."""
     check_schema_keys(cfg, TrainConfig)
@@ -130,6 +144,7 @@ def validate_train_config(cfg: DictConfig) -> None:
     model: ModelConfig = typed(cfg.model, ModelConfig)
     data: DataConfig = typed(cfg.data, DataConfig)
     validate_model_config(model)
+    check_model_reads_its_data(model, data)
     data_vocab = data_vocab_size(data)
     if not model.causal and model.pretrained is None and data_vocab is not None and data_vocab >= model.vocab_size:
         # an encoder trains on the masked-LM objective; its mask token is the id after the data's (train/masking.py)
