@@ -64,9 +64,9 @@ def session_attributes(path: Path) -> set[str]:
 
 def test_scans_see_the_session_only_through_scan_context():
     """DESIGN.md: scans (and the structural export) use only what the ScanContext protocol declares."""
-    from headcount.ablation.scans.context import ScanContext
+    from headcount.ablation.scans.context import DeclaredContext, offered
 
-    declared = set(ScanContext.__annotations__) | {n for n in vars(ScanContext) if not n.startswith("_")}
+    declared = offered() | {n for n in vars(DeclaredContext) if not n.startswith("_")}
     package = Path(__file__).resolve().parents[1] / "src" / "headcount" / "ablation"
     readers = [*sorted((package / "scans").glob("*.py")), package / "export.py"]
     used = {f"{path.name}: {name}" for path in readers for name in session_attributes(path) - declared}

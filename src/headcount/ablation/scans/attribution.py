@@ -32,6 +32,7 @@ class AttributionScan(Scan):
     kind = "attribution"
     ranks_heads = True
     doc = "every head's effect estimated at once (attribution patching), the top k verified exactly"
+    reads = Scan.reads | {"model", "batches", "replacements", "positions", "baseline", "evaluator", "layer_head_tensor"}
     Settings = AttributionSettings
 
     @classmethod
@@ -75,6 +76,9 @@ class AttributionScan(Scan):
         table["exact"] = table["mask"].map(exact).astype(float)
         table["verified"] = table["rank"] <= self.cfg.verify_top_k
         return table
+
+    def optional_needs(self) -> list[str]:
+        return ["single_head"]  # every head's exact change, where an up-to-date single_head result is there
 
     def exact_scan(self) -> pd.Series | None:
         """mask -> exact delta of the metric from an up-to-date single_head scan of this mode and metric (with the

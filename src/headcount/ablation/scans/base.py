@@ -27,7 +27,7 @@ from headcount.ablation.engine.masks import HeadMask
 from headcount.ablation.records.distributed import evaluate_resumably
 from headcount.ablation.records.results import fingerprint, with_record, write_csv
 from headcount.ablation.records.resumable import discard_partials
-from headcount.ablation.scans.context import ScanContext
+from headcount.ablation.scans.context import EVERY_SCAN_READS, DeclaredContext, ScanContext
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import ScanSettings, not_taken
 from headcount.config.schema import unknown_key
@@ -57,9 +57,14 @@ class Scan:
     mode_independent: ClassVar[bool] = False
     ranks_heads: ClassVar[bool] = False  # hands other scans an (L, H) score per head (top_heads ranks by it)
     Settings: ClassVar[type[ScanSettings]] = ScanSettings  # the keys this kind takes (none but its kind here)
+    # what the kind reads of the session (ScanContext's names), beyond the cached-result step's: all a scan sees of it
+    reads: ClassVar[frozenset[str]] = EVERY_SCAN_READS
 
     def __init__(self, name: str, cfg: ScanSettings | None, session: ScanContext):
-        self.name, self.cfg, self.session = name, cfg, session
+        self.name, self.cfg = name, cfg
+        # only what the kind declares (context.py); a scan built by one that needs it gets its own declared context
+        declared = session.for_needed(self) if isinstance(session, DeclaredContext) else DeclaredContext(session, self)
+        self.session: ScanContext = declared  # type: ignore[assignment]
         self.variant = self.variant_of(cfg) if cfg is not None else ()
         if self.mode_independent:  # no section names its precision: the file and the entry do
             self.variant = (*self.variant, *session.address.precision)
@@ -94,6 +99,12 @@ class Scan:
     def needs(self) -> list[str]:
         """The scans whose results this one reads (scan kinds, or a ranking scan of the session by its name): the
         session runs each before this one and hands their results over (`provided`); nothing else runs a scan."""
+        return []
+
+    def optional_needs(self) -> list[str]:
+        """The scans whose results this one adds where there is one (their run earlier in this session, or an
+        up-to-date result read back) and goes without otherwise: never run for it (importance's single-head column,
+        attribution's exact changes)."""
         return []
 
     def prepare(self) -> None:

@@ -1,5 +1,9 @@
 """What a scan (and the structural export) may use of the session that runs it, as a Protocol: scans depend on this
-contract, not on the session module, so the session can import the scans without an import cycle."""
+contract, not on the session module, so the session can import the scans without an import cycle.
+
+Each scan sees only what its kind declares of it: `Scan.reads` names the attributes and methods it reads, `Scan.needs`
+(and `Scan.optional_needs`) the scans whose results it reads. A scan holds a `DeclaredContext`, which hands over the
+declared reads and refuses any other at once, naming the scan and the read it did not declare (`UndeclaredRead`)."""
 
 from typing import Any, Protocol
 
@@ -54,3 +58,62 @@ class ScanContext(Protocol):
 
     def layer_head_tensor(self, table: pd.DataFrame, column: str) -> Tensor:
         """(L, H) float64 from a table's layer, head and `column`."""
+
+
+# what the cached-result step (Scan.run: file names, fingerprint, record columns, figure titles, the processes)
+# reads for every kind, and what every kind may do: hand its result over, read the results it declares it needs
+EVERY_SCAN_READS = frozenset(
+    {"settings", "metric", "address", "key", "eval_key", "subject", "record", "files", "world", "hand", "provided"}
+)
+
+
+def offered() -> frozenset[str]:
+    """Every read a scan can declare: the ScanContext's attributes and methods."""
+    methods = {name for name in vars(ScanContext) if not name.startswith("_")}
+    return frozenset(ScanContext.__annotations__) | methods
+
+
+class UndeclaredRead(RuntimeError):
+    """A scan read something of the session its kind did not declare (a programming error, not a setting's)."""
+
+
+class DeclaredContext:
+    """What one scan sees of the session (or of what stands in for it before training: cli/preflight.py's
+    ModelShape): the reads its kind declares (`Scan.reads`), forwarded; the results of the scans it declares it needs
+    (`provided`); a needed scan's own context, for the checks of a scan it needs (top_heads prepares its ranking's).
+    Anything else fails at once with `UndeclaredRead` naming the scan and the read."""
+
+    def __init__(self, session: Any, scan: Any):  # scan: a Scan (base.py imports this module)
+        self._session, self._scan = session, scan
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends ask for dunders: no read of the session
+            raise AttributeError(name)
+        scan = self._scan
+        if name not in type(scan).reads:
+            what = "which a scan context does not offer" if name not in offered() else "without declaring it"
+            raise UndeclaredRead(
+                f"scan {scan.name!r} ({scan.kind}) reads the session's `{name}` {what}: "
+                f"{type(scan).__name__}.reads declares {', '.join(sorted(type(scan).reads))}"
+            )
+        return getattr(self._session, name)
+
+    def provided(self, kind: str, compute: bool = True) -> Any:
+        """The session's `provided`, for a scan this one declared it needs (with compute=False, or optionally)."""
+        scan = self._scan
+        self.require(kind, scan.needs() if compute else [*scan.needs(), *scan.optional_needs()])
+        return self._session.provided(kind, compute)
+
+    def for_needed(self, needed: Any) -> "DeclaredContext":
+        """The context of a scan this one declared it needs (or reads optionally), built to check or read it back."""
+        scan = self._scan
+        self.require(needed.name, [*scan.needs(), *scan.optional_needs()], needed.kind)
+        return DeclaredContext(self._session, needed)
+
+    def require(self, need: str, declared: list[str], kind: str | None = None) -> None:
+        if need not in declared and kind not in declared:
+            scan = self._scan
+            raise UndeclaredRead(
+                f"scan {scan.name!r} ({scan.kind}) reads the result of {need!r} without declaring it needs it: "
+                f"{type(scan).__name__}.needs gives {', '.join(declared) or 'none'}"
+            )

@@ -20,6 +20,7 @@ from headcount.plotting import new_figure, set_title
 class CustomScan(MaskScan):
     kind = "custom"
     doc = "your masks, from a YAML or JSON file"
+    reads = MaskScan.reads | {"model"}
     Settings = CustomSettings
 
     @classmethod

@@ -35,6 +35,7 @@ class DirectEffectScan(Scan):
     kind = "direct_effect"
     ranks_heads = True
     doc = "each head's direct effect on the metric through the residual stream; with backup_top_k, self-repair"
+    reads = Scan.reads | {"model", "batches", "device", "layer_head_tensor"}
     Settings = DirectEffectSettings
 
     @classmethod

@@ -91,6 +91,7 @@ METHOD_COLOURS = {
 class EdgeAttributionScan(Scan):
     kind = "edge_attribution"
     doc = "every edge's effect estimated at once (EAP, EAP-IG), the top k checked exactly; faithfulness curves"
+    reads = Scan.reads | {"model", "batches", "mode"}
     Settings = EdgeAttributionSettings
 
     @classmethod

@@ -36,6 +36,7 @@ CIRCUIT, NONE_KEPT = "circuit", "no head kept"
 class HeadCircuitScan(MaskScan):
     kind = "head_circuit"
     doc = "a circuit's heads kept, every other head ablated: faithfulness beside random circuits of as many heads"
+    reads = MaskScan.reads | {"model"}
     Settings = HeadCircuitSettings
 
     @classmethod

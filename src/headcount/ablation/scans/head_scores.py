@@ -25,6 +25,7 @@ SCORES = ("prev_token_score", "induction_score")
 class HeadScoresScan(Scan):
     kind = "head_scores"
     doc = "each head's previous-token and induction score, from its attention pattern"
+    reads = Scan.reads | {"model", "batches"}
     mode_independent = True
 
     def compute(self, key: str) -> pd.DataFrame:

@@ -24,6 +24,7 @@ class ImportanceScan(Scan):
     kind = "importance"
     ranks_heads = True
     doc = "gradient importance E|dL/dg| (Michel et al.), per batch and per example"
+    reads = Scan.reads | {"model", "batches", "replacements", "layer_head_tensor"}
 
     @classmethod
     def check(cls, name: str, cfg: ScanSettings, settings: AblationConfig) -> None:
@@ -31,6 +32,9 @@ class ImportanceScan(Scan):
 
     def fingerprint_parts(self) -> tuple:
         return (self.kind, self.session.settings.normalize_importance)
+
+    def optional_needs(self) -> list[str]:
+        return ["single_head"]  # the single_head_delta column, where single_head ran first or is up to date
 
     def compute(self, key: str) -> pd.DataFrame:
         session, hpl = self.session, self.session.model.heads_per_layer

@@ -21,6 +21,7 @@ KV_NAME_PREFIX = "KV"
 class KvGroupsScan(MaskScan):
     kind = "kv_groups"
     doc = "each key/value head off with every query head that reads it"
+    reads = MaskScan.reads | {"model"}
 
     def masks(self) -> list[HeadMask]:
         return kv_group_masks([block.attn.kv_groups for block in self.session.model.blocks])

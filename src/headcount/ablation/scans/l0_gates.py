@@ -22,6 +22,17 @@ from headcount.plotting import head_heatmap
 class L0GatesScan(Scan):
     kind = "l0_gates"
     doc = "Voita et al.'s learned hard-concrete gates, their masks evaluated exactly"
+    reads = Scan.reads | {
+        "model",
+        "batches",
+        "device",
+        "evaluator",
+        "mode",
+        "replacements",
+        "run",
+        "task",
+        "layer_head_tensor",
+    }
     Settings = L0GatesSettings
 
     @classmethod

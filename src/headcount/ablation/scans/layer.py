@@ -14,6 +14,7 @@ from headcount.plotting import heatmap
 class LayerScan(MaskScan):
     kind = "layer"
     doc = "all heads of one layer off"
+    reads = MaskScan.reads | {"model"}
 
     def masks(self) -> list[HeadMask]:
         return layer_masks(self.session.model.heads_per_layer)

@@ -13,6 +13,7 @@ from headcount.ablation.scans.mask_scan import MaskScan, head_figure
 class LeaveOneInScan(MaskScan):
     kind = "leave_one_in"
     doc = "in one layer only one head stays on (Michel et al.'s all but one)"
+    reads = MaskScan.reads | {"model"}
 
     def masks(self) -> list[HeadMask]:
         return leave_one_in_masks(self.session.model.heads_per_layer)

@@ -31,6 +31,8 @@ SCAN_COLUMNS += ["delta_loss_ci_low", "delta_loss_ci_high", "top_share"]  # inte
 
 
 class MaskScan(Scan):
+    reads = Scan.reads | {"evaluator", "positions", "baseline", "counterpart"}
+
     def masks(self) -> list[HeadMask]:
         raise NotImplementedError
 

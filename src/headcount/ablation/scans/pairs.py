@@ -22,6 +22,7 @@ from headcount.plotting import heatmap
 class PairsScan(MaskScan):
     kind = "pairs"
     doc = "two heads off together: all pairs, or pairs among the top k"
+    reads = MaskScan.reads | {"model"}
     Settings = PairsSettings
 
     @classmethod

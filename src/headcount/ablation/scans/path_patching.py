@@ -53,6 +53,7 @@ BOOTSTRAP_RULE = f"effect intervals: {RESAMPLES} resamples of prompts, {LEVEL} p
 class PathPatchingScan(Scan):
     kind = "path_patching"
     doc = "each sender's corrupted output sent along the direct path into the receivers only (Wang et al. 2022)"
+    reads = Scan.reads | {"model", "batches", "mode"}
     ranks_senders = True  # other circuit scans name its top sender heads (circuit_inputs.named_heads)
     Settings = PathPatchingSettings
 

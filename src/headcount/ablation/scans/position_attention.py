@@ -25,6 +25,7 @@ from headcount.plotting import head_heatmap
 class PositionAttentionScan(Scan):
     kind = "position_attention"
     doc = "attention from each scored position to each of a task's named positions, per head"
+    reads = Scan.reads | {"model", "batches", "positions", "task"}
     mode_independent = True
     Settings = PositionAttentionSettings
 

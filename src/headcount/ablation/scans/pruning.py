@@ -25,6 +25,7 @@ from headcount.plotting import new_figure, set_title
 class PruningScan(Scan):
     kind = "pruning"
     doc = "heads removed step by step in gradient, single-head and random orders"
+    reads = Scan.reads | {"model", "baseline", "importance", "evaluator", "positions"}
 
     @classmethod
     def check(cls, name: str, cfg: ScanSettings, settings: AblationConfig) -> None:

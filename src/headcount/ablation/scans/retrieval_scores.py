@@ -21,6 +21,7 @@ class RetrievalScoresScan(Scan):
     kind = "retrieval_scores"
     ranks_heads = True
     doc = "Wu et al.'s retrieval score: how often a head's strongest attention lands on the token the model copies"
+    reads = Scan.reads | {"model", "batches", "positions", "layer_head_tensor"}
     mode_independent = True
 
     def prepare(self) -> None:

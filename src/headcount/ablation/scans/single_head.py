@@ -18,6 +18,7 @@ class SingleHeadScan(MaskScan):
     kind = "single_head"
     ranks_heads = True
     doc = "each head off alone (or each head at each named position of a task)"
+    reads = MaskScan.reads | {"model", "layer_head_tensor"}
 
     def masks(self) -> list[HeadMask]:
         positions = self.session.positions if self.session.settings.patch_positions == "each" else None

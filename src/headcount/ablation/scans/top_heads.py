@@ -23,6 +23,7 @@ from headcount.errors import ConfigError
 class TopHeadsScan(MaskScan):
     kind = "top_heads"
     doc = "the top fraction of heads by another scan, off together, beside random sets of as many"
+    reads = MaskScan.reads | {"model"}
     Settings = TopHeadsSettings
 
     @classmethod
