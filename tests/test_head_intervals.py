@@ -154,8 +154,10 @@ class PlantedRun:
 
 
 def test_seed_stability_overlaps_planted_tops():
-    from headcount.api_stability import seed_stability, top_heads
+    from headcount.api import Run
+    from headcount.api_stability import top_heads
 
+    seed_stability = Run.seed_stability  # on the stand-in: Run strings the scans and the stability together
     run = PlantedRun()
     pairs, summary = seed_stability(run, "single_head", [0, 1, 2], n=3)
     assert [s for _, s, _ in run.scanned] == [0, 1, 2]

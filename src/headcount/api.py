@@ -55,7 +55,7 @@ from headcount.api_edges import (
     requested_edge_sets,
     score_rankings,
 )
-from headcount.api_stability import seed_stability
+from headcount.api_stability import seed_stability, seed_tasks
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, mode_setting_keys
 from headcount.config.task import TaskConfig
@@ -253,7 +253,8 @@ class Run:
     ) -> tuple[pd.DataFrame, dict]:
         """How much the scan's top n heads agree across seeds of the task generator (api_stability.py): the scan run
         on the task regenerated with each seed; a row per two seeds with their overlap, and a summary."""
-        return seed_stability(self, kind, seeds, task, n, **scan_args)
+        tasks = seed_tasks(self.task_settings(task), seeds)
+        return seed_stability({cfg.seed: self.scan(kind, task=cfg, **scan_args) for cfg in tasks}, n)
 
     def results(
         self,
