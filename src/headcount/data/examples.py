@@ -1,4 +1,7 @@
-"""The one example format every source produces: `input_ids` (int64) and `loss_mask` (bool), both seq_len long."""
+"""The one example format every source produces: `input_ids` (int64) and `loss_mask` (bool), both seq_len long; and
+the one place examples are split into batches (`to_batches`), which every reader of them shares."""
+
+import collections.abc
 
 import numpy as np
 import pyarrow as pa
@@ -44,8 +47,25 @@ def split_examples(splits: dict, split: str, n: int | None, key: str) -> dict[st
     return {"input_ids": rows["input_ids"].long(), "loss_mask": rows["loss_mask"].bool()}
 
 
-def to_batches(examples: dict[str, Tensor], batch_size: int, device: torch.device) -> list[dict[str, Tensor]]:
-    n = len(examples["input_ids"])
-    return [
-        {key: value[i : i + batch_size].to(device) for key, value in examples.items()} for i in range(0, n, batch_size)
-    ]
+class ExampleBatches(collections.abc.Sequence):
+    """Examples split into batches once, where they enter: `examples` holds every example's tensors (N, ...) on the
+    device, and each batch is a view of batch_size of their rows (no copy). A reader that takes them whole (the
+    circuits core, through ablation/scans/circuit_inputs.py) reads `examples`, never the batches joined again."""
+
+    def __init__(self, examples: dict[str, Tensor], batch_size: int):
+        self.examples, self.batch_size = examples, batch_size
+        n = len(examples["input_ids"])
+        self.views = [
+            {key: value[i : i + batch_size] for key, value in examples.items()} for i in range(0, n, batch_size)
+        ]
+
+    def __getitem__(self, index):  # a batch, or a list of them for a slice
+        return self.views[index]
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+
+def to_batches(examples: dict[str, Tensor], batch_size: int, device: torch.device) -> ExampleBatches:
+    """The examples on `device`, in batches of batch_size (the last may hold fewer)."""
+    return ExampleBatches({key: value.to(device) for key, value in examples.items()}, batch_size)

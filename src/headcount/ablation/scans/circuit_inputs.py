@@ -2,9 +2,9 @@
 prompts, the corrupted run, the score points and the metric, from the session; and the senders and receivers a
 scan's config names.
 
-- Prompts: the session's evaluation batches joined into one (right-padded to the longest: causal attention keeps the
-  padding out of every scored position), scored at each batch's own score points (a (B, T) mask: a task's scored
-  position, or language modelling's every target token).
+- Prompts: the examples the session's evaluation batches are views of (data/examples.py `ExampleBatches`: split
+  once, where they enter), scored at their score points (a (B, T) mask: a task's scored position, or language
+  modelling's every target token).
 - The corrupted run, by mode: patch and resample run the model on each example's source (its counterpart prompt, or
   the reference input it is paired with), so an edge carries the sender's output on that input; zero makes every
   sender's output zero (the embeddings, each head's z, each MLP's output), as zero ablation does to a head's z. mean
@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from headcount.ablation.engine.heads import top_heads
@@ -38,6 +37,7 @@ from headcount.circuits import Graph, NodeOutputs, PointMetric
 from headcount.circuits.graph import QKV
 from headcount.circuits.shares import ExampleShare
 from headcount.config.ablation import AblationConfig
+from headcount.data.examples import ExampleBatches
 from headcount.errors import ConfigError
 from headcount.labels import input_label, parse_head
 
@@ -135,13 +135,6 @@ class CircuitInputs:
         return per_example_tables(world, len(self.clean_ids_BT), share)
 
 
-def joined_batch(batches: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """The batches as one, every (B, T) tensor right-padded with zeros (False) to the longest T."""
-    T = max(b["input_ids"].shape[1] for b in batches)
-    keys = [k for k, v in batches[0].items() if isinstance(v, Tensor) and v.ndim == 2]
-    return {k: torch.cat([F.pad(b[k], (0, T - b[k].shape[1])) for b in batches]) for k in keys}
-
-
 def circuit_inputs(session, scan_name: str) -> tuple[CircuitInputs, object]:
     """The clean ids, the corrupted run, the score points and the core metric callable of the session."""
     inputs, targets = edge_inputs(
@@ -151,11 +144,14 @@ def circuit_inputs(session, scan_name: str) -> tuple[CircuitInputs, object]:
 
 
 def edge_inputs(
-    batches: list[dict[str, Tensor]], mode: AblationMode, model, memory_budget_mb: int | None, key: str
+    batches: ExampleBatches, mode: AblationMode, model, memory_budget_mb: int | None, key: str
 ) -> tuple[CircuitInputs, Targets]:
     """The circuits core's inputs from evaluation batches prepared by `mode` (a scan session's, or Run.evaluate's),
-    and their score points' targets; `key` names what a task whose prompts are shifted is refused for."""
-    batch = joined_batch(batches)
+    and their score points' targets; `key` names what a task whose prompts are shifted is refused for. The core
+    takes the examples whole, as the batches hold them (data/examples.py): not joined again, not copied."""
+    batch = {
+        k: v for k, v in batches.examples.items() if v.ndim == 2
+    }  # the (B, T) tensors; (B,) ones are the evaluator's
     if "source_pos" in batch:
         raise ConfigError(
             key,
