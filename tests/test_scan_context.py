@@ -117,3 +117,16 @@ def test_a_planted_undeclared_read_fails_a_real_session(run_dir, monkeypatch):
         run.scan("single_head")
     monkeypatch.undo()
     assert len(run.scan("single_head")) == 8  # declared again, it runs (2 layers of 4 heads)
+
+
+def test_a_head_circuit_of_a_ranking_s_top_heads_declares_the_ranking_and_runs_after_it(run_dir):
+    """head_circuit read its top-k entry's ranking undeclared: it worked only where the list ran the ranking first."""
+    run = headcount.load_run(run_dir)
+    scan = KINDS["head_circuit"](
+        "circuit", KINDS["head_circuit"].Settings(kind="head_circuit", heads=["top2:single_head"]), stand_in()
+    )
+    assert scan.needs() == ["single_head"]
+    table = run.scan("head_circuit", heads=["top2:single_head"], random_sets=0)
+    damage = run.results("single_head", mode="zero")["delta_loss"].to_numpy()  # loss: its damage is its delta
+    top2 = run.results("single_head", mode="zero")["mask"].to_numpy()[damage.argsort()[::-1][:2]]
+    assert table["mask"].iloc[0] == "circuit: " + "+".join(sorted(top2))

@@ -20,7 +20,7 @@ import torch
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.masks import HeadMask, joined_name
 from headcount.ablation.scans.base import KINDS, ScanResult
-from headcount.ablation.scans.circuit_inputs import check_top_names, named_heads
+from headcount.ablation.scans.circuit_inputs import check_top_names, named_heads, ranked_scans
 from headcount.ablation.scans.custom import CustomScan
 from headcount.ablation.scans.mask_scan import MaskScan
 from headcount.circuits import Graph
@@ -47,6 +47,9 @@ class HeadCircuitScan(MaskScan):
         if cfg.random_sets < 0:
             raise ConfigError(f"{key}.random_sets", cfg.random_sets, "must be 0 or more")
         check_top_names(name, cfg.heads, settings, f"{key}.heads")
+
+    def needs(self) -> list[str]:
+        return ranked_scans(self.cfg.heads)  # a top-k entry's ranking (top3:direct_effect), run before this one
 
     def prepare(self) -> None:
         if not any(str(e).strip().startswith("top") for e in self.cfg.heads):
