@@ -97,6 +97,7 @@ def test_patch_an_encoder_head_from_a_corrupted_source(case, dtype):
     name = f"enc.blocks.{LAYER}.attn.z"
     with torch.no_grad():
         _, cache = model.run_with_cache(corrupted, decoder_input, names=[name])
+        assert list(cache) == [name]
 
         def patch(z, site):
             z[:, :, HEAD] = cache[site.name][:, :, HEAD]  # site.name is the stack's: enc.blocks.1.attn.z
