@@ -264,3 +264,41 @@ def test_load_model_gives_a_seq2seq_for_a_saved_folder_and_a_preset(tmp_path):
     assert isinstance(preset, HookedSeq2Seq) and preset.start_id == 0 and preset.eos_id is None
     with pytest.raises(ConfigError, match="tokens=.*has no tokenizer: pass token ids"):
         preset.to_tokens("a sentence")
+
+
+def test_a_translation_run_loads_with_the_tasks_ids_and_scores_and_decodes_as_the_finding_does(compose_train, tmp_path):
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from headcount.cli.train import run
+    from headcount.data.synthetic import BOS
+    from headcount.data.translation import EOS, MAX_TARGET, translation_pairs
+    from headcount.model.seq2seq import greedy_decode, seq2seq_batch, seq2seq_loss
+    from headcount.run_dir import RunPaths
+
+    cfg = compose_train(["experiment=nmt_heads", "size=smoke"])
+    run(cfg, tmp_path)
+    RunPaths(tmp_path).config.parent.mkdir(exist_ok=True)
+    OmegaConf.save(cfg, RunPaths(tmp_path).config)  # what Hydra writes for headcount-train
+    model = headcount.load_model(tmp_path)
+    from_checkpoint = headcount.load_model(RunPaths(tmp_path).last_ckpt)
+    assert isinstance(model, HookedSeq2Seq) and model.tokenizer is None
+    assert (
+        (model.start_id, model.eos_id, model.pad_id)
+        == (BOS, EOS, BOS)
+        == (
+            from_checkpoint.start_id,
+            from_checkpoint.eos_id,
+            from_checkpoint.pad_id,
+        )
+    )
+    pairs = translation_pairs(np.random.default_rng(0), 16, cfg.data.vocab_size)
+    src, tgt = torch.as_tensor(pairs.source), torch.as_tensor(pairs.target)
+    keep = torch.arange(src.shape[1])[None] < torch.as_tensor(pairs.source_lengths)[:, None]
+    sources = [row[:n].tolist() for row, n in zip(src, pairs.source_lengths)]
+    targets = [row[:n].tolist() for row, n in zip(tgt, pairs.target_lengths)]
+    with torch.no_grad():
+        expected_ids = greedy_decode(model.model, src, BOS, MAX_TARGET, eos_id=EOS, pad_id=BOS, src_keep=keep)
+        assert torch.equal(model.generate(src, MAX_TARGET), expected_ids)
+        expected_loss = seq2seq_loss(model.model, seq2seq_batch(sources, targets, BOS, BOS))
+        torch.testing.assert_close(model.loss(src, tgt), expected_loss, rtol=0, atol=1e-6)

@@ -103,7 +103,8 @@ def load_model(
     architecture such as tiny, built with random weights from seed 0), a run directory, a checkpoint file (.ckpt,
     .pt) or any model.pretrained source (a checkpoint folder, a .gguf file, headcount:tiny-random-llama, a Hub name).
     An encoder-decoder (T5, BART, Marian, a seq2seq run) is a HookedSeq2Seq (api_seq2seq.py) with its special ids:
-    the checkpoint's config's, the translation task's for a run trained on it, else start 0 and no eos or padding."""
+    the checkpoint's config's, the translation task's for a run (or a run's checkpoint) trained on it, else start 0
+    and no eos or padding."""
     given = str(source)
     path = Path(given).expanduser()
     tokenizer, ids = None, {}
@@ -118,6 +119,12 @@ def load_model(
         from headcount.run_dir import load_model as load_checkpoint
 
         model = load_checkpoint(path)
+        run_dir = path.parent.parent  # <run>/checkpoints/last.ckpt: the run's data names an encoder-decoder's ids
+        if isinstance(model, EncoderDecoder) and (run_dir / ".hydra" / "config.yaml").is_file():
+            from headcount.run_dir import load_run_config
+
+            config = load_run_config(run_dir)
+            ids = _run_ids(config, config.model.get("pretrained"))
     elif (preset := Path(CONF_DIR) / "model" / f"{given}.yaml").is_file() and "/" not in given:
         settings = OmegaConf.load(preset)
         if settings.get("pretrained"):
