@@ -250,7 +250,7 @@ def test_the_cache_names_activations_by_site_and_kind():
     for name in cache:
         stack, site = parse_stack_site(name)
         assert name.startswith(stack) and (site.layer is None) == (name == "enc.out")
-    with pytest.raises(ConfigError, match="hooks.site='enc.blocks.0.cross.z': allowed: enc.out or"):
+    with pytest.raises(ConfigError, match="hooks.site='enc.blocks.0.cross.z': allowed: enc.embed, enc.out"):
         parse_stack_site("enc.blocks.0.cross.z")
 
 

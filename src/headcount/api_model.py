@@ -24,8 +24,10 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor
 
+from headcount.api_seq2seq import HookedSeq2Seq, special_ids
 from headcount.config import CONF_DIR
 from headcount.errors import ConfigError
+from headcount.model.encoder_decoder import EncoderDecoder
 from headcount.model.intervention import Hook, Intervention
 from headcount.model.sites import Site, site_names
 from headcount.model.transformer import Transformer
@@ -96,46 +98,77 @@ class HookedModel:
 
 def load_model(
     source: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-) -> HookedModel:
+) -> "HookedModel | HookedSeq2Seq":
     """A bare model with its tokenizer, from a model preset's name (conf/model: tiny_random_llama, smollm2_135m, or an
     architecture such as tiny, built with random weights from seed 0), a run directory, a checkpoint file (.ckpt,
-    .pt) or any model.pretrained source (a checkpoint folder, a .gguf file, headcount:tiny-random-llama, a Hub name)."""
+    .pt) or any model.pretrained source (a checkpoint folder, a .gguf file, headcount:tiny-random-llama, a Hub name).
+    An encoder-decoder (T5, BART, Marian, a seq2seq run) is a HookedSeq2Seq (api_seq2seq.py) with its special ids:
+    the checkpoint's config's, the translation task's for a run (or a run's checkpoint) trained on it, else start 0
+    and no eos or padding."""
     given = str(source)
     path = Path(given).expanduser()
-    tokenizer = None
+    tokenizer, ids = None, {}
     if path.is_dir() and (path / ".hydra" / "config.yaml").is_file():
         from headcount.run_dir import load_run
 
         finished = load_run(path)
         model, pretrained = finished.model, finished.config.model.get("pretrained")
         tokenizer = _tokenizer(pretrained) if pretrained else None
+        ids = _run_ids(finished.config, pretrained) if isinstance(model, EncoderDecoder) else {}
     elif path.is_file() and path.suffix in (".ckpt", ".pt"):
         from headcount.run_dir import load_model as load_checkpoint
 
         model = load_checkpoint(path)
+        run_dir = path.parent.parent  # <run>/checkpoints/last.ckpt: the run's data names an encoder-decoder's ids
+        if isinstance(model, EncoderDecoder) and (run_dir / ".hydra" / "config.yaml").is_file():
+            from headcount.run_dir import load_run_config
+
+            config = load_run_config(run_dir)
+            ids = _run_ids(config, config.model.get("pretrained"))
     elif (preset := Path(CONF_DIR) / "model" / f"{given}.yaml").is_file() and "/" not in given:
         settings = OmegaConf.load(preset)
         if settings.get("pretrained"):
             return load_model(settings.pretrained, device, dtype)
+        from headcount.model.encoder_decoder import build_model
         from headcount.run_dir import model_config_from_dict
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            model = Transformer(model_config_from_dict(settings))
+            model = build_model(model_config_from_dict(settings))
     else:
         from headcount.pretrained import load_pretrained
 
         model, tokenizer, _ = load_pretrained(given)
-    if model.cfg.encoder_layers:  # HookedModel's hooks and loss read one stack
-        allowed = (
-            "is an encoder-decoder, which HookedModel does not hook yet: load it with "
-            "headcount.pretrained.load_pretrained or headcount.run_dir.load_model (docs/guide/encoders.md)"
-        )
-        raise ConfigError("source", given, allowed)
-    return HookedModel(model.to(device=device, dtype=dtype).eval(), tokenizer, given)
+        ids = _pretrained_ids(given) if isinstance(model, EncoderDecoder) else {}
+    model = model.to(device=device, dtype=dtype).eval()
+    if isinstance(model, EncoderDecoder):
+        return HookedSeq2Seq(model, tokenizer, given, **ids)
+    return HookedModel(model, tokenizer, given)
 
 
 def _tokenizer(pretrained: str) -> Any:
     from headcount.pretrained.run_config import raw_tokenizer
 
     return raw_tokenizer(pretrained)
+
+
+def _pretrained_ids(pretrained: str) -> dict[str, int | None]:
+    """An encoder-decoder checkpoint's start, eos and pad ids, from its transformers config."""
+    import transformers
+
+    from headcount.pretrained.source import locate
+
+    name, kwargs = locate(pretrained).from_pretrained_args()
+    return special_ids(transformers.AutoConfig.from_pretrained(name, **kwargs))
+
+
+def _run_ids(config: Any, pretrained: str | None) -> dict[str, int | None]:
+    """A seq2seq run's special ids: its pretrained checkpoint's, or the translation task's (BOS starts and pads)."""
+    if pretrained:
+        return _pretrained_ids(pretrained)
+    if config.data.get("source") == "translation_seq2seq":
+        from headcount.data.synthetic import BOS
+        from headcount.data.translation import EOS
+
+        return {"start_id": BOS, "eos_id": EOS, "pad_id": BOS}
+    return {}

@@ -14,6 +14,7 @@ head h of a kind is that head's z set to 0 before its output projection, as ever
 """
 
 import dataclasses
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -23,10 +24,33 @@ from headcount.errors import ConfigError
 from headcount.labels import HEAD_KINDS, KIND_NAMES, kind_head_label, parse_kind_head
 from headcount.model.intervention import Gates as GateHook
 from headcount.model.intervention import Hook, Intervention, reads
-from headcount.model.sites import Site
-from headcount.model.transformer import Memory, Transformer
+from headcount.model.sites import Site, parse_stack_site
+from headcount.model.transformer import EMBED, FINAL_NORM, LOGITS, Memory, Transformer
 
 Gates = dict[str, Tensor]
+ENC_OUT = Site("out")  # the encoder's output after its final norm, enc.out
+
+
+class StackIntervention:
+    """An encoder-decoder's intervention at its stack-prefixed site names (model/sites.py: enc.blocks.1.attn.z,
+    dec.blocks.0.cross.z, enc.out): hooks and reads split into one `Intervention` per stack, which that stack's
+    forward runs; its hooks see, its errors and its cache name, each site with its stack."""
+
+    def __init__(self, hooks: Iterable[tuple[str, Hook]] = (), cache: Iterable[str] = ()):
+        split_hooks: dict[str, list] = {"enc": [], "dec": []}
+        split_cache: dict[str, list] = {"enc": [], "dec": []}
+        for name, fn in hooks:
+            stack, site = parse_stack_site(name)
+            split_hooks[stack].append((site, fn))
+        for name in cache:
+            stack, site = parse_stack_site(name)
+            split_cache[stack].append(site)
+        self.enc = Intervention(split_hooks["enc"], split_cache["enc"], stack="enc")
+        self.dec = Intervention(split_hooks["dec"], split_cache["dec"], stack="dec")
+
+    @property
+    def cache(self) -> dict[str, Tensor]:
+        return {**self.enc.cache, **self.dec.cache}
 
 
 def stack_configs(cfg: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
@@ -72,6 +96,7 @@ class EncoderDecoder(nn.Module):
         replacements: dict[str, list[Tensor | None]] | None = None,
         src_keep: Tensor | None = None,
         cache: dict | None = None,
+        intervention: StackIntervention | None = None,
     ) -> Tensor:
         """Logits (B, T, vocab) of the decoder reading tgt (teacher forcing: position t predicts tgt's t + 1) and
         the encoder's output for src.
@@ -81,8 +106,13 @@ class EncoderDecoder(nn.Module):
         src_keep: (B, S) bool, False at padded source positions (no head attends to them); cache: if a dict, gets the
         activations by site name (model/sites.py): <enc|dec>.blocks.<l>.resid_pre and .attn.z, dec.blocks.<l>.cross.z
         (z after the gates) and enc.out. Each stack runs one intervention (`stack_intervention`): the kinds' gates
-        as `Gates` hooks at their sites, the cache as its reads."""
+        as `Gates` hooks at their sites, the cache as its reads. intervention: a user's hooks and reads at the stack
+        sites (StackIntervention), in place of gates, replacements and cache."""
         gates, replacements = self.check_kinds(gates, "gates"), self.check_kinds(replacements, "replacements")
+        if intervention is not None:
+            check_alone(intervention, gates or replacements or cache)
+            memory = self.encode(src_BS, src_keep=src_keep, intervention=intervention.enc)
+            return self.decode(tgt_BT, memory, src_keep, intervention=intervention.dec)
         memory = self.encode(src_BS, gates.get("enc"), replacements.get("enc"), src_keep, cache)
         logits = self.decode(tgt_BT, memory, src_keep, gates.get("dec"), gates.get("cross"), replacements, cache)
         if cache is not None:
@@ -96,16 +126,25 @@ class EncoderDecoder(nn.Module):
         replacements: list[Tensor | None] | None = None,
         src_keep: Tensor | None = None,
         cache: dict | None = None,
+        intervention: Intervention | None = None,
     ) -> Tensor:
         """The encoder's output (B, S, C), after its final norm: what every cross-attention head reads. cache: if a
-        dict, gets the encoder's resid_pre and attn.z by site name (enc.blocks.<l>.<site>)."""
+        dict, gets the encoder's resid_pre and attn.z by site name (enc.blocks.<l>.<site>). intervention: the
+        encoder's (StackIntervention.enc), in place of gates, replacements and cache."""
         enc = self.encoder
-        hooks = [] if gates is None else GateHook(gates, replacements).hooks()
-        intervention = stack_intervention(enc, hooks, cache is not None, ())
-        stream_BSC = enc.forward_layers(enc.embed(src_BS), 0, intervention, keep_BT=src_keep)
+        if intervention is None:
+            hooks = [] if gates is None else GateHook(gates, replacements).hooks()
+            stack = stack_intervention(enc, hooks, cache is not None, ())
+        else:
+            check_alone(intervention, gates is not None or replacements or cache is not None)
+            stack = intervention
+        stream_BSC = enc.embed(src_BS)
+        if stack is not None and stack.touches(None):
+            stream_BSC = stack.at(EMBED, stream_BSC)
+        out_BSC = enc.ln_f(enc.forward_layers(stream_BSC, 0, stack, keep_BT=src_keep))
         if cache is not None:
-            cache.update(named_reads("enc", intervention))
-        return enc.ln_f(stream_BSC)
+            cache.update(named_reads("enc", stack))
+        return out_BSC if stack is None or not stack.touches(None) else stack.at(ENC_OUT, out_BSC)
 
     @torch.no_grad()
     def encoder_patterns(self, src_BS: Tensor, src_keep: Tensor | None = None, gates: Tensor | None = None) -> Tensor:
@@ -127,21 +166,33 @@ class EncoderDecoder(nn.Module):
         cross_gates: Tensor | None = None,
         replacements: dict[str, list[Tensor | None]] | None = None,
         cache: dict | None = None,
+        intervention: Intervention | None = None,
     ) -> Tensor:
         """The decoder's logits (B, T, vocab) given the encoder's output; gates the decoder self-attention's,
         cross_gates the cross-attention's (a `Gates` hook at each layer's cross.z); replacements by kind and cache as
-        in forward."""
-        replacements = replacements or {}
-        hooks = [] if gates is None else GateHook(gates, replacements.get("dec")).hooks()
-        if cross_gates is not None:
-            cross = GateHook(cross_gates, replacements.get("cross"), site="cross.z", key="gates['cross']")
-            hooks += cross.hooks()
+        in forward; intervention: the decoder's (StackIntervention.dec), in place of gates, replacements and cache."""
         dec = self.decoder
-        intervention = stack_intervention(dec, hooks, cache is not None, ("cross.z",))
-        stream_BTC = dec.forward_layers(dec.embed(tgt_BT), 0, intervention, memory=Memory(memory_BSC, src_keep))
+        if intervention is None:
+            replacements = replacements or {}
+            hooks = [] if gates is None else GateHook(gates, replacements.get("dec")).hooks()
+            if cross_gates is not None:
+                cross = GateHook(cross_gates, replacements.get("cross"), site="cross.z", key="gates['cross']")
+                hooks += cross.hooks()
+            stack = stack_intervention(dec, hooks, cache is not None, ("cross.z",))
+        else:
+            given = gates is not None or cross_gates is not None or replacements or cache is not None
+            check_alone(intervention, given)
+            stack = intervention
+        stream_BTC = dec.embed(tgt_BT)
+        if stack is not None and stack.touches(None):
+            stream_BTC = stack.at(EMBED, stream_BTC)
+        stream_BTC = dec.forward_layers(stream_BTC, 0, stack, memory=Memory(memory_BSC, src_keep))
         if cache is not None:
-            cache.update(named_reads("dec", intervention))
-        return dec.unembed(stream_BTC)
+            cache.update(named_reads("dec", stack))
+        if stack is None or not stack.touches(None):
+            return dec.unembed(stream_BTC)
+        normed_BTC = stack.at(FINAL_NORM, dec.ln_f(stream_BTC))
+        return stack.at(LOGITS, dec.lm_head(dec.readout(normed_BTC)))
 
     @staticmethod
     def check_kinds(by_kind: dict | None, key: str) -> dict:
@@ -171,6 +222,13 @@ def stack_intervention(
         return None
     kinds = (*CACHED_KINDS, *stack_kinds) if cached else ()
     return reads(kinds, range(stack.n_layers), hooks)
+
+
+def check_alone(intervention: object, given: object) -> None:
+    """A user's intervention runs alone: gates, replacements and a cache are hooks and reads of their own."""
+    if given:
+        allowed = "an intervention runs alone: give gates, replacements and cache as its hooks and reads"
+        raise ConfigError("intervention", "with gates or a cache", allowed)
 
 
 def named_reads(stack: str, intervention: Intervention) -> dict[str, Tensor]:

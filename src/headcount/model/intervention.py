@@ -30,7 +30,13 @@ Hook = Callable[[Tensor, Site], Tensor | None]
 
 
 class Intervention:
-    def __init__(self, hooks: Iterable[tuple[str | Site, Hook]] = (), cache: Iterable[str | Site] = ()):
+    """stack: an encoder-decoder's stack ("enc", "dec") whose forward runs this intervention (sites given without
+    it, as the stack looks them up): its hooks then see, its errors and its cache name, the site with its stack."""
+
+    def __init__(
+        self, hooks: Iterable[tuple[str | Site, Hook]] = (), cache: Iterable[str | Site] = (), stack: str | None = None
+    ):
+        self.stack = stack
         self.hooks: dict[Site, list[Hook]] = {}
         for name, fn in hooks:
             if not callable(fn):
@@ -47,7 +53,11 @@ class Intervention:
 
     def read(self, kind: str, layer: int | None = None) -> Tensor:
         """The cached activation of the site `kind` of `layer` (None: a model site), e.g. read("attn.z", 1)."""
-        return self.cache[Site(kind, layer).name]
+        return self.cache[self.named(Site(kind, layer)).name]
+
+    def named(self, site: Site) -> Site:
+        """The site as hooks see it and errors and the cache name it: with this intervention's stack."""
+        return site if self.stack is None else Site(site.kind, site.layer, self.stack)
 
     def __bool__(self) -> bool:
         return bool(self.sites)
@@ -66,18 +76,25 @@ class Intervention:
             gates.check(model, batch)
         n_layers = model.n_layers
         for site in self.sites:
+            name = self.named(site).name
             if site.layer is not None and site.layer >= n_layers:
-                raise ConfigError(KEY, site.name, f"this model has layers 0..{n_layers - 1}")
+                stack = "this model" if self.stack is None else f"this {dict(enc='encoder', dec='decoder')[self.stack]}"
+                raise ConfigError(KEY, name, f"{stack} has layers 0..{n_layers - 1}")
             if site.kind in STACK_SITES and model.cross_heads is None:
-                raise ConfigError(KEY, site.name, "this stack has no cross-attention")
+                raise ConfigError(KEY, name, "this stack has no cross-attention")
             if not model.cfg.mlp and site.kind.startswith("mlp"):
-                raise ConfigError(KEY, site.name, "this model has no MLPs (model.mlp=false)")
+                raise ConfigError(KEY, name, "this model has no MLPs (model.mlp=false)")
 
     def at(self, site: Site, x: Tensor) -> Tensor:
         """x after the site's hooks, cached when asked."""
-        for fn in self.hooks.get(site, ()):
+        hooks = self.hooks.get(site, ())
+        if self.stack is not None and (hooks or site in self.cached_sites):
+            site, looked_up = self.named(site), site
+        else:
+            looked_up = site
+        for fn in hooks:
             x = run_hook(fn, x, site)
-        if site in self.cached_sites:
+        if looked_up in self.cached_sites:
             self.cache[site.name] = x
         return x
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from headcount.model.encoder_decoder import EncoderDecoder, Gates
+from headcount.model.encoder_decoder import EncoderDecoder, Gates, StackIntervention
 
 
 def seq2seq_batch(sources: list[list[int]], targets: list[list[int]], start_id: int, pad_id: int) -> dict:
@@ -61,17 +61,20 @@ def greedy_decode(
     pad_id: int | None = None,
     src_keep: Tensor | None = None,
     gates: Gates | None = None,
+    intervention: StackIntervention | None = None,
 ) -> Tensor:
     """(B, 1 + n) token ids: start_id, then up to max_new_tokens argmax tokens per source (n the longest decoded);
     after a sequence's eos_id, pad_id (default eos_id). gates: a dict by kind (EncoderDecoder.forward), applied at
-    every step, so an ablated model decodes as ablated."""
+    every step, so an ablated model decodes as ablated; intervention: a user's hooks at the stack sites in their
+    place, the encoder's once and the decoder's at every step (over the whole prefix decoded so far)."""
     gates = model.check_kinds(gates, "gates")
-    memory_BSC = model.encode(src_BS, gates.get("enc"), src_keep=src_keep)
+    enc, dec = (None, None) if intervention is None else (intervention.enc, intervention.dec)
+    memory_BSC = model.encode(src_BS, gates.get("enc"), src_keep=src_keep, intervention=enc)
     out_BT = torch.full((src_BS.shape[0], 1), start_id, dtype=torch.long, device=src_BS.device)
     done_B = torch.zeros(src_BS.shape[0], dtype=torch.bool, device=src_BS.device)
     fill = eos_id if pad_id is None else pad_id
     for _ in range(max_new_tokens):
-        logits_BTV = model.decode(out_BT, memory_BSC, src_keep, gates.get("dec"), gates.get("cross"))
+        logits_BTV = model.decode(out_BT, memory_BSC, src_keep, gates.get("dec"), gates.get("cross"), intervention=dec)
         next_B = logits_BTV[:, -1].argmax(-1)
         if eos_id is not None:
             next_B = torch.where(done_B, torch.full_like(next_B, fill), next_B)

@@ -27,6 +27,8 @@ layers have cross-attention's own:
     dec.blocks.{l}.<site>      the decoder's layer l
     dec.blocks.{l}.cross.z     (B, T, H_cross, D_cross)  each cross-attention head's output before its W_O (after gates)
     enc.out                    (B, S, C)   the encoder's output after its final norm: what cross-attention reads
+    enc.embed, dec.embed       each stack's stream after its embedding (one token embedding, shared)
+    dec.final_norm, dec.logits the decoder's final norm and logits (the encoder has none: enc.out is its final norm)
 
 so a site's stack prefix is its heads' kind in labels.py (enc.L1H3 is enc.blocks.1.attn.z[:, :, 3], dec.L1H3
 dec.blocks.1.attn.z[:, :, 3], cross.L1H3 dec.blocks.1.cross.z[:, :, 3]). An encoder-decoder's forward fills a cache
@@ -80,6 +82,7 @@ SHAPES = {
     "final_norm": "(B, T, C)",
     "logits": "(B, T, V)",
     "cross.z": "(B, T, H, D)",
+    "out": "(B, S, C)",
 }
 HEAD_INPUTS = ("attn.q_input", "attn.k_input", "attn.v_input")
 _BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
@@ -89,14 +92,17 @@ KEY = "hooks.site"
 @dataclass(frozen=True)
 class Site:
     """One named activation: `kind` is the name without its layer ("attn.z", "logits"), `layer` None for the model's
-    own sites (embed, final_norm, logits)."""
+    own sites (embed, final_norm, logits), `stack` an encoder-decoder's stack ("enc", "dec") as a hook there sees it
+    (its name then starts with the stack: enc.blocks.1.attn.z); a stack's own forward looks sites up without it."""
 
     kind: str
     layer: int | None = None
+    stack: str | None = None
 
     @property
     def name(self) -> str:
-        return self.kind if self.layer is None else f"blocks.{self.layer}.{self.kind}"
+        name = self.kind if self.layer is None else f"blocks.{self.layer}.{self.kind}"
+        return name if self.stack is None else f"{self.stack}.{name}"
 
     @property
     def shape(self) -> str:
@@ -126,17 +132,32 @@ def site_names(n_layers: int, mlp: bool = True) -> list[str]:
 
 STACKS = ("enc", "dec")  # an encoder-decoder's stacks: the prefixes of its site names
 STACK_SITES = ("cross.z",)  # sites of a decoder layer with cross-attention, beside BLOCK_SITES
+STACK_MODEL_SITES = {"enc": ("embed", "out"), "dec": MODEL_SITES}  # each stack's sites outside its layers
 _STACK_NAME = re.compile(r"(enc|dec)\.(.+)")
 
 
 def parse_stack_site(name: str) -> tuple[str, Site]:
-    """(stack, Site) of an encoder-decoder's site name; a one-line ConfigError naming what is allowed otherwise."""
+    """(stack, Site) of an encoder-decoder's site name, the Site without its stack (as the stack's forward looks it
+    up); a one-line ConfigError naming what is allowed otherwise."""
     found = _STACK_NAME.fullmatch(name) if isinstance(name, str) else None
-    if found is not None and found.group(0) == "enc.out":
-        return "enc", Site("out")
+    if found is not None and found.group(2) in STACK_MODEL_SITES[found.group(1)]:
+        return found.group(1), Site(found.group(2))
     block = _BLOCK_NAME.fullmatch(found.group(2)) if found is not None else None
     kinds = BLOCK_SITES + (STACK_SITES if found is not None and found.group(1) == "dec" else ())
     if block is None or block.group(2) not in kinds:
-        allowed = f"allowed: enc.out or <enc|dec>.blocks.<layer>.<{'|'.join(BLOCK_SITES)}>, dec.blocks.<layer>.cross.z"
+        allowed = (
+            f"allowed: enc.embed, enc.out, dec.embed, dec.final_norm, dec.logits, "
+            f"<enc|dec>.blocks.<layer>.<{'|'.join(BLOCK_SITES)}> or dec.blocks.<layer>.cross.z"
+        )
         raise ConfigError(KEY, name, allowed)
     return found.group(1), Site(block.group(2), int(block.group(1)))
+
+
+def stack_site_names(encoder_layers: int, decoder_layers: int, mlp: bool = True) -> list[str]:
+    """Every site of an encoder-decoder, in the order its forward reaches them: the encoder's (enc.embed, its
+    layers, enc.out), then the decoder's (dec.embed, its layers with cross.z after attn_out, final_norm, logits)."""
+    kinds = [k for k in BLOCK_SITES if mlp or not k.startswith("mlp")]
+    decoder_kinds = [*kinds[: kinds.index("attn_out") + 1], *STACK_SITES, *kinds[kinds.index("attn_out") + 1 :]]
+    encoder = [Site(k, layer, "enc").name for layer in range(encoder_layers) for k in kinds]
+    decoder = [Site(k, layer, "dec").name for layer in range(decoder_layers) for k in decoder_kinds]
+    return ["enc.embed", *encoder, "enc.out", "dec.embed", *decoder, "dec.final_norm", "dec.logits"]
