@@ -302,3 +302,29 @@ def test_a_translation_run_loads_with_the_tasks_ids_and_scores_and_decodes_as_th
         assert torch.equal(model.generate(src, MAX_TARGET), expected_ids)
         expected_loss = seq2seq_loss(model.model, seq2seq_batch(sources, targets, BOS, BOS))
         torch.testing.assert_close(model.loss(src, tgt), expected_loss, rtol=0, atol=1e-6)
+
+
+def word_tokenizer():
+    """A word-level fast tokenizer over BART's test vocabulary (pad 0, eos 1), eos appended, built offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
+    vocab = {"<pad>": 0, "</s>": 1, "<s>": 2, **{w: 3 + i for i, w in enumerate(words)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<s>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return tf.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="</s>")
+
+
+def test_texts_become_padded_source_and_target_ids_and_their_loss_is_transformers():
+    hf, model = hooked("bart", torch.float64)
+    model.tokenizer = word_tokenizer()
+    src = model.to_tokens(["the cat sat on the mat", "a dog ran"])
+    tgt = model.to_target_tokens(["a cat sat", "the dog ran on a mat"])
+    assert src.tolist() == [[3, 4, 5, 6, 3, 7, 1], [8, 9, 10, 1, 0, 0, 0]]
+    assert tgt.tolist() == [[8, 4, 5, 1, 0, 0, 0], [3, 9, 10, 6, 8, 7, 1]]
+    assert model.decoder_input(tgt)[:, 0].tolist() == [hf.config.decoder_start_token_id] * 2
+    with torch.no_grad():
+        ours = model.loss(["the cat sat on the mat", "a dog ran"], ["a cat sat", "the dog ran on a mat"])
+        theirs = hf(input_ids=src, attention_mask=src != 0, labels=tgt.masked_fill(tgt == 0, -100)).loss
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
