@@ -28,7 +28,7 @@ from headcount.ablation.data_check import checked_data
 from headcount.ablation.encoder_checks import refuse_decoder_only
 from headcount.ablation.engine.evaluation import (
     EvaluationSet,
-    counterpart_baseline,
+    counterpart_sums,
     evaluation,
     evaluation_set,
     run_task,
@@ -250,7 +250,8 @@ class AblationSession:
                 self.metric.name,
                 f"is {self.baseline[self.metric.primary]} on the unablated model: nothing was written",
             )
-        self.counterpart = counterpart_baseline(s, self.metric, self.model, eval_set, self.device)
+        self.counterpart_sums = counterpart_sums(s, self.metric, self.model, eval_set, self.device)
+        self.counterpart = None if self.counterpart_sums is None else self.counterpart_sums.baseline
 
     def open_results(self, eval_set: EvaluationSet, data: dict, run_dir: Path) -> None:
         """The constant columns every table ends with (`record`), and the results' section of summary.json opened
