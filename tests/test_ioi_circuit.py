@@ -220,6 +220,32 @@ def test_seed_stability_on_the_generated_ioi_task(smoke_run):
     assert summary["mean_overlap"] == pytest.approx(pairs["overlap"].mean()) and 0 <= summary["min_overlap"] <= 1
 
 
+def test_task_seeds_from_the_command_line_write_the_tables_seed_stability_gives(smoke_run, tmp_path, monkeypatch):
+    """headcount-ablate ablation.task_seeds=[1,2,3]: each mask scan run on each seed's task and its tops compared,
+    written beside the scan's table; the table is Run.seed_stability's (computed there in another copy of the run)."""
+    import shutil
+
+    import headcount
+
+    run = shutil.copytree(smoke_run, tmp_path / "run")
+    for seeded in (RunPaths(run).ablation / "tasks").glob("ioi_seed*"):
+        shutil.rmtree(seeded)  # computed here, not read back from another test's
+    args = [f"run_dir={run}", "ablation=[single_head]", "ablation.task_seeds=[1,2,3]", "ablation.progress=false"]
+    assert command_in_process(ablating.main, monkeypatch, tmp_path, args) == 0
+    folder = RunPaths(run).ablation / "tasks"
+    written = pd.read_csv(folder / "ioi" / "single_head_seed_stability.patch.logit_diff.csv")
+    assert (folder / "ioi" / "single_head_seed_stability.patch.logit_diff.png").stat().st_size > 1000
+    assert all((folder / f"ioi_seed{s}" / "single_head.patch.logit_diff.csv").exists() for s in (1, 2, 3))
+    pairs, summary = headcount.load_run(shutil.copytree(smoke_run, tmp_path / "api")).seed_stability(
+        "single_head", [1, 2, 3]
+    )
+    pd.testing.assert_frame_equal(written, pairs)
+    recorded = json.loads((folder / "ioi" / "summary.json").read_text())
+    section = next(s for s in recorded["modes"].values() if "seed_stability" in s)
+    assert section["seed_stability"]["single_head"]["mean_overlap"] == summary["mean_overlap"]
+    assert section["seed_stability"]["single_head"]["tops"] == {str(k): v for k, v in summary["tops"].items()}
+
+
 def test_each_scan_reads_the_heads_the_one_before_found(smoke_run):
     direct = task_table(smoke_run, "direct_effect")
     name_movers = [f"L{r.layer}H{r.head}" for r in direct.nlargest(3, "direct_effect").itertuples()]
@@ -279,6 +305,8 @@ BAD = [
     ),
     (["ablation=path_patching", "ablation.scans.path_patching.senders=[top3:path_patching]"], "names this scan itself"),
     (["ablation=head_circuit", "ablation.scans.head_circuit.heads=[]"], "head_circuit.heads=[]: names none"),
+    (["ablation=single_head", "ablation.task_seeds=[1,1]"], "ablation.task_seeds=[1, 1]: a list of at least two"),
+    (["ablation=single_head", "ablation.task_seeds=3"], "ablation.task_seeds=3: a list of at least two different"),
     (["ablation=head_circuit", "ablation.scans.head_circuit.heads=[L0.mlp]"], "heads='L0.mlp': is not a head"),
     (
         [

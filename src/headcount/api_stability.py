@@ -1,29 +1,14 @@
-"""How stable a scan's top heads are across seeds of the task generator (`Run.seed_stability`): the scan run on the
-task regenerated with each seed (task.seed = s, each in its own results folder `<task>_seed<s>`), each seed's top n
-heads by damage (how much a head's removal worsens the metric: headcount's sign for every metric), and the overlap
-|top_a & top_b| / n of every two seeds' tops, with their mean and lowest. Beside the bootstrap's stability over
-resamples of one seed's prompts (ablation/scans/intervals.py), this is the other half of "the circuit is stable":
-prompts drawn anew, not resampled.
+"""How stable a scan's top heads are across seeds of the task generator, from Python (`Run.seed_stability`): the
+scan run by Run.scan on the task regenerated with each seed, compared as headcount-ablate's `ablation.task_seeds`
+compares them (ablation/task_seeds.py says how).
 """
 
-import dataclasses
-from itertools import combinations
 from typing import Any
 
 import pandas as pd
 
-from headcount.ablation.engine.metrics import table_metric
-from headcount.ablation.scans.intervals import top_n
-from headcount.circuits.bootstrap import top_n_overlap
-from headcount.errors import ConfigError
-from headcount.tasks import task_name
-
-
-def top_heads(table: pd.DataFrame, n: int) -> list[str]:
-    """A head scan's n masks of largest damage, largest first (ties by the table's order)."""
-    metric = table_metric(table)
-    damage = metric.damage(table[f"delta_{metric.primary}"].astype(float), 0.0)
-    return table.loc[damage.sort_values(ascending=False, kind="stable").index[:n], "mask"].astype(str).tolist()
+from headcount.ablation import task_seeds
+from headcount.ablation.task_seeds import top_heads  # noqa: F401  (what the Python API names a table's top heads by)
 
 
 def seed_stability(
@@ -34,23 +19,7 @@ def seed_stability(
     no seed). n: default 5% of the scan's masks (at least 1), as the scan's own stability. scan_args: Run.scan's mode,
     metric and the kind's settings."""
     base = run.task_settings(task)
-    if base is None or base.source == "file":
-        source = None if base is None else base.source
-        raise ConfigError("task.source", source, "seed stability regenerates the task: a generator (ioi, ...)")
-    if len(set(seeds)) < 2:
-        raise ConfigError("seeds", list(seeds), "at least two different seeds of the task generator")
-    tops: dict[int, list[str]] = {}
-    for seed in seeds:
-        cfg = dataclasses.replace(base, seed=seed, name=f"{task_name(base)}_seed{seed}")
-        table = run.scan(kind, task=cfg, **scan_args)
-        tops[seed] = top_heads(table, n or top_n(len(table)))
-    rows = [{"seed_a": a, "seed_b": b, "overlap": top_n_overlap(tops[a], tops[b])} for a, b in combinations(tops, 2)]
-    pairs = pd.DataFrame(rows, columns=["seed_a", "seed_b", "overlap"])
-    summary = {
-        "n": len(next(iter(tops.values()))),
-        "seeds": list(tops),
-        "tops": tops,
-        "mean_overlap": float(pairs["overlap"].mean()),
-        "min_overlap": float(pairs["overlap"].min()),
-    }
-    return pairs, summary
+    task_seeds.check_generated(base, "task.source", None if base is None else base.source)
+    seeds = task_seeds.check_task_seeds(seeds, "seeds")
+    tables = {seed: run.scan(kind, task=task_seeds.seeded_task(base, seed), **scan_args) for seed in seeds}
+    return task_seeds.seed_stability(tables, n)
