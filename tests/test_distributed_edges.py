@@ -73,8 +73,9 @@ def test_two_processes_compute_one_processs_per_example_tables(tmp_path, dtype):
     for name, scores in whole.items():
         torch.testing.assert_close(two["tables"][name].sum(0), scores, rtol=tol, atol=tol, msg=name)
     # edge pruning: each step's batch shared 4 and 3, the gradients all-reduced: one process's steps, mask by mask
+    one_process = pruned(getattr(torch, dtype), None)
     for objective, (log_alpha, history) in two["edge_pruning"].items():
-        one_pruned = pruned(getattr(torch, dtype), None)[objective]
+        one_pruned = one_process[objective]
         assert not torch.equal(one_pruned.log_alpha, torch.full_like(one_pruned.log_alpha, 3.0))  # it trained
         torch.testing.assert_close(log_alpha, one_pruned.log_alpha, rtol=tol, atol=tol, msg=objective)
         assert [h["step"] for h in history] == [h["step"] for h in one_pruned.history]
