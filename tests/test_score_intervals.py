@@ -149,8 +149,12 @@ def test_per_prompt_direct_effects_and_attributions_are_the_scores_on_the_prompt
     full = attribute(model, batches_of(prompts), zero, logit_diff)
     torch.testing.assert_close(full.example_ELH.sum(0) / full.points_E.sum(), full.estimate_LH, rtol=1e-12, atol=1e-12)
     resampled = torch.einsum("e,elh->lh", counts, full.example_ELH) / (counts @ full.points_E)
-    on_drawn = attribute(model, batches_of(drawn, 3), zero, logit_diff).estimate_LH
-    torch.testing.assert_close(resampled, on_drawn, rtol=1e-12, atol=1e-12)
+    drawn_attribution = attribute(model, batches_of(drawn, 3), zero, logit_diff)
+    torch.testing.assert_close(resampled, drawn_attribution.estimate_LH, rtol=1e-12, atol=1e-12)
+    # importance's per-prompt form: the mean of |A_p| / n_p over the drawn prompts (each of the 7 is scored)
+    per_prompt = full.example_ELH.abs() / full.points_E[:, None, None]
+    resampled = torch.einsum("e,elh->lh", counts, per_prompt) / counts.sum()
+    torch.testing.assert_close(resampled, drawn_attribution.example_abs_LH, rtol=1e-12, atol=1e-12)
 
 
 def test_score_intervals_cover_the_score_narrow_with_more_prompts_and_rank_a_planted_top():
