@@ -12,6 +12,7 @@ import torch
 from sweep_helpers import command_in_process, one_line, train_in_process
 
 from headcount.ablation.scans.circuit_inputs import top_sender_heads
+from headcount.ablation.scans.intervals import score_intervals
 from headcount.circuits import Graph, edge_metric, node_outputs
 from headcount.cli import ablate as ablating
 from headcount.config.model import AttentionConfig, ModelConfig
@@ -277,21 +278,31 @@ def test_attention_from_s2_is_read_at_each_prompts_s2(smoke_run):
     session = AblationSession(config, smoke_run)
     table = task_table(smoke_run, "attention_from_s2", tagged=False)
     positions = session.positions
-    sums, n = torch.zeros(4, 3, 4, dtype=torch.float64), 0
+    sums, n, per_prompt = torch.zeros(4, 3, 4, dtype=torch.float64), 0, []
     for batch in session.batches:
         cache = reads(["attn.pattern"], range(session.model.n_layers))
         with torch.no_grad():
             session.model(batch["input_ids"], cache)
         for b in range(batch["input_ids"].shape[0]):
             s2 = int(batch["named_pos"][b, positions.index("S2")])
+            prompt = torch.zeros(4, 3, 4, dtype=torch.float64)
             for k, name in enumerate(["IO", "S1", "S1+1", "S2"]):
                 to = int(batch["named_pos"][b, positions.index(name)])
                 for layer in range(3):
-                    sums[k, layer] += cache.read("attn.pattern", layer)[b, :, s2, to].double()
+                    prompt[k, layer] = cache.read("attn.pattern", layer)[b, :, s2, to].double()
+            sums += prompt
+            per_prompt.append(prompt)
             n += 1
+    layers, heads = table["layer"].tolist(), table["head"].tolist()
     for k, name in enumerate(["IO", "S1", "S1+1", "S2"]):
-        expected = (sums[k] / n)[table["layer"].tolist(), table["head"].tolist()]
+        expected = (sums[k] / n)[layers, heads]
         torch.testing.assert_close(torch.tensor(table[f"attn_to_{name}"].to_numpy()), expected, rtol=1e-5, atol=1e-7)
+        # its interval: these prompts' own values resampled (a value credited to another prompt would move it)
+        values = torch.stack(per_prompt)[:, k][:, layers, heads]
+        bounds, _ = score_intervals(values, torch.ones(n, dtype=torch.float64), f"attn_to_{name}", 0)
+        for end in ("ci_low", "ci_high"):
+            got = table[f"attn_to_{name}_{end}"].to_numpy()
+            assert got == pytest.approx(bounds[f"attn_to_{name}_{end}"], rel=1e-5, abs=1e-7)
 
 
 BAD = [

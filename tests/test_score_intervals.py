@@ -172,3 +172,14 @@ def test_score_intervals_cover_the_score_narrow_with_more_prompts_and_rank_a_pla
     width = lambda c: c["direct_effect_ci_high"] - c["direct_effect_ci_low"]  # noqa: E731
     assert (width(planted(256)[1]) < width(planted(16)[1]) / 2).all()
     assert entry["top_n"] == 1 and entry["by"] == "|direct_effect|" and columns["top_share"][-1] == 1.0
+
+
+def test_bench_score_intervals_runs():
+    """scripts/bench_score_intervals.py (docs/BENCHMARKS.md's figures) still runs against the code it measures."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_score_intervals.py"
+    done = subprocess.run([sys.executable, str(script), "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1024 prompts: gap_fraction" in done.stdout
