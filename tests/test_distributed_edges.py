@@ -27,6 +27,10 @@ SCRIPT = REPO / "tests" / "distributed_edges.py"
 EDGE_SCANS = ["ablation=[edge_attribution,path_patching]", "ablation.mode=patch", "ablation.metric=logit_diff"]
 EDGE_SCANS += ["task=file", f"task.path={TASK}", "ablation.scans.edge_attribution.steps=2"]
 EDGE_SCANS += ["ablation.scans.edge_attribution.random_sets=1", "ablation.scans.edge_attribution.circuit_size=10"]
+EDGE_SCANS += [
+    "ablation.scans.edge_attribution.methods=[edge_pruning]",
+    "ablation.scans.edge_attribution.edge_pruning.steps=4",
+]
 
 
 def test_shares_cover_every_example_once_in_order():
