@@ -1,13 +1,14 @@
 """The circuits core's per-example evaluations over two CPU processes (Lightning's DDP, gloo) through the ScanWorld a
 scan uses, or in this process alone: `python tests/distributed_edges.py OUT DTYPE` saves the tables (the first process
-writes), tests/test_distributed_edges.py compares them with one process's. Lightning's launcher reruns this command
-for the second process."""
+writes) and edge pruning's learned log_alpha; tests/test_distributed_edges.py compares them with one process's.
+Lightning's launcher reruns this command for the second process."""
 
 import sys
 
 import torch
 from test_circuits import make_model, prompts
 
+from headcount.ablation.methods.edge_pruning import edge_pruning
 from headcount.ablation.records.distributed import ScanWorld, per_example_tables, scan_world
 from headcount.circuits import Graph, PointMetric
 from headcount.circuits.attribution import eap_ig_scores, eap_scores, exact_edge_scores
@@ -15,6 +16,7 @@ from headcount.circuits.faithfulness import circuit_metrics
 from headcount.circuits.forward import outputs_of
 from headcount.circuits.path_patching import path_patch
 from headcount.circuits.shares import ExampleShare
+from headcount.config.scans import EdgePruningSettings
 from headcount.config.train import TrainerConfig
 
 EXAMPLES, T = 7, 6  # split 4 and 3
@@ -67,10 +69,23 @@ def tables(dtype: torch.dtype, world: ScanWorld | None) -> dict[str, torch.Tenso
     return per_example_tables(world, EXAMPLES, compute)
 
 
+def pruned(dtype: torch.dtype, world: ScanWorld | None):
+    """Edge pruning's steps on the 7 examples in one batch (shared 4 and 3 over two processes), both objectives."""
+    model, clean, corrupted, points_BT, metric = inputs(dtype)
+    result = {}
+    for objective in ("kl", "metric"):
+        cfg = EdgePruningSettings(steps=6, lr=0.3, target_sparsity=0.5, target_warmup=0.5, objective=objective)
+        result[objective] = edge_pruning(model, clean, corrupted, metric, cfg, points_BT, world=world)
+    return result
+
+
 if __name__ == "__main__":
     out, dtype = sys.argv[1], getattr(torch, sys.argv[2])
     torch.set_num_threads(1)
     world = scan_world(TrainerConfig(accelerator="cpu", devices=2, strategy="ddp"))
     result = tables(dtype, world)
+    learned = pruned(dtype, world)
     if world.rank == 0:
-        torch.save({"tables": result, "size": world.size, "reduce_seconds": world.reduce_seconds}, out)
+        saved = {"tables": result, "size": world.size, "reduce_seconds": world.reduce_seconds}
+        saved["edge_pruning"] = {k: (v.log_alpha, v.history) for k, v in learned.items()}
+        torch.save(saved, out)

@@ -319,6 +319,7 @@ def test_ablate_writes_every_scan_kind_in_the_run_layout(run_copy, tmp_path):
         "grad_importance_per_example",
         "grad_importance_per_example_raw",
     ]
+    scores += ["grad_importance_per_example_raw_ci_low", "grad_importance_per_example_raw_ci_high", "top_share"]
     scores.append("single_head_delta")  # pairs ran single_head
     assert list(importance.columns) == ["layer", "head", *scores, "mode", *RECORD]
     curves = pd.read_csv(out / "pruning.mean.csv")

@@ -1,7 +1,8 @@
 """Edge scans over two CPU processes (Lightning's DDP, gloo): each process evaluates a contiguous share of the
 examples, the per-example tables are all-reduced in float64, and the result equals one process's: exact, EAP (ids and
 given outputs), EAP-IG, path patching and circuits' metrics within 1e-12 in float64 and within float32 rounding; and
-the edge_attribution and path_patching scans of headcount-ablate write the tables one process writes.
+the edge_attribution and path_patching scans of headcount-ablate write the tables one process writes. Edge pruning's
+steps, each batch shared over the processes and the gradients all-reduced, learn one process's log_alpha.
 
 Every command runs with one thread per process (OMP_NUM_THREADS=1), as tests/test_distributed.py's do."""
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from distributed_edges import PAIRS, inputs, tables
+from distributed_edges import PAIRS, inputs, pruned, tables
 from test_distributed import TASK, TWO_PROCESSES, ablate, copy_of, trained  # noqa: F401 (a fixture)
 
 from headcount.circuits.attribution import eap_ig_scores, eap_scores, exact_edge_scores
@@ -26,6 +27,10 @@ SCRIPT = REPO / "tests" / "distributed_edges.py"
 EDGE_SCANS = ["ablation=[edge_attribution,path_patching]", "ablation.mode=patch", "ablation.metric=logit_diff"]
 EDGE_SCANS += ["task=file", f"task.path={TASK}", "ablation.scans.edge_attribution.steps=2"]
 EDGE_SCANS += ["ablation.scans.edge_attribution.random_sets=1", "ablation.scans.edge_attribution.circuit_size=10"]
+EDGE_SCANS += [
+    "ablation.scans.edge_attribution.methods=[edge_pruning]",
+    "ablation.scans.edge_attribution.edge_pruning.steps=4",
+]
 
 
 def test_shares_cover_every_example_once_in_order():
@@ -71,6 +76,16 @@ def test_two_processes_compute_one_processs_per_example_tables(tmp_path, dtype):
     }
     for name, scores in whole.items():
         torch.testing.assert_close(two["tables"][name].sum(0), scores, rtol=tol, atol=tol, msg=name)
+    # edge pruning: each step's batch shared 4 and 3, the gradients all-reduced: one process's steps, mask by mask
+    one_process = pruned(getattr(torch, dtype), None)
+    for objective, (log_alpha, history) in two["edge_pruning"].items():
+        one_pruned = one_process[objective]
+        assert not torch.equal(one_pruned.log_alpha, torch.full_like(one_pruned.log_alpha, 3.0))  # it trained
+        torch.testing.assert_close(log_alpha, one_pruned.log_alpha, rtol=tol, atol=tol, msg=objective)
+        assert [h["step"] for h in history] == [h["step"] for h in one_pruned.history]
+        for got, expected in zip(history, one_pruned.history):
+            for key in ("task_loss", "density", "lambda_1", "lambda_2"):
+                assert got[key] == pytest.approx(expected[key], rel=tol, abs=tol), (objective, key)
 
 
 def test_two_process_edge_scans_write_the_tables_of_one(trained, tmp_path):  # noqa: F811

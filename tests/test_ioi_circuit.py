@@ -12,6 +12,7 @@ import torch
 from sweep_helpers import command_in_process, one_line, train_in_process
 
 from headcount.ablation.scans.circuit_inputs import top_sender_heads
+from headcount.ablation.scans.intervals import score_intervals
 from headcount.circuits import Graph, edge_metric, node_outputs
 from headcount.cli import ablate as ablating
 from headcount.config.model import AttentionConfig, ModelConfig
@@ -220,6 +221,32 @@ def test_seed_stability_on_the_generated_ioi_task(smoke_run):
     assert summary["mean_overlap"] == pytest.approx(pairs["overlap"].mean()) and 0 <= summary["min_overlap"] <= 1
 
 
+def test_task_seeds_from_the_command_line_write_the_tables_seed_stability_gives(smoke_run, tmp_path, monkeypatch):
+    """headcount-ablate ablation.task_seeds=[1,2,3]: each mask scan run on each seed's task and its tops compared,
+    written beside the scan's table; the table is Run.seed_stability's (computed there in another copy of the run)."""
+    import shutil
+
+    import headcount
+
+    run = shutil.copytree(smoke_run, tmp_path / "run")
+    for seeded in (RunPaths(run).ablation / "tasks").glob("ioi_seed*"):
+        shutil.rmtree(seeded)  # computed here, not read back from another test's
+    args = [f"run_dir={run}", "ablation=[single_head]", "ablation.task_seeds=[1,2,3]", "ablation.progress=false"]
+    assert command_in_process(ablating.main, monkeypatch, tmp_path, args) == 0
+    folder = RunPaths(run).ablation / "tasks"
+    written = pd.read_csv(folder / "ioi" / "single_head_seed_stability.patch.logit_diff.csv")
+    assert (folder / "ioi" / "single_head_seed_stability.patch.logit_diff.png").stat().st_size > 1000
+    assert all((folder / f"ioi_seed{s}" / "single_head.patch.logit_diff.csv").exists() for s in (1, 2, 3))
+    pairs, summary = headcount.load_run(shutil.copytree(smoke_run, tmp_path / "api")).seed_stability(
+        "single_head", [1, 2, 3]
+    )
+    pd.testing.assert_frame_equal(written, pairs)
+    recorded = json.loads((folder / "ioi" / "summary.json").read_text())
+    section = next(s for s in recorded["modes"].values() if "seed_stability" in s)
+    assert section["seed_stability"]["single_head"]["mean_overlap"] == summary["mean_overlap"]
+    assert section["seed_stability"]["single_head"]["tops"] == {str(k): v for k, v in summary["tops"].items()}
+
+
 def test_each_scan_reads_the_heads_the_one_before_found(smoke_run):
     direct = task_table(smoke_run, "direct_effect")
     name_movers = [f"L{r.layer}H{r.head}" for r in direct.nlargest(3, "direct_effect").itertuples()]
@@ -251,21 +278,31 @@ def test_attention_from_s2_is_read_at_each_prompts_s2(smoke_run):
     session = AblationSession(config, smoke_run)
     table = task_table(smoke_run, "attention_from_s2", tagged=False)
     positions = session.positions
-    sums, n = torch.zeros(4, 3, 4, dtype=torch.float64), 0
+    sums, n, per_prompt = torch.zeros(4, 3, 4, dtype=torch.float64), 0, []
     for batch in session.batches:
         cache = reads(["attn.pattern"], range(session.model.n_layers))
         with torch.no_grad():
             session.model(batch["input_ids"], cache)
         for b in range(batch["input_ids"].shape[0]):
             s2 = int(batch["named_pos"][b, positions.index("S2")])
+            prompt = torch.zeros(4, 3, 4, dtype=torch.float64)
             for k, name in enumerate(["IO", "S1", "S1+1", "S2"]):
                 to = int(batch["named_pos"][b, positions.index(name)])
                 for layer in range(3):
-                    sums[k, layer] += cache.read("attn.pattern", layer)[b, :, s2, to].double()
+                    prompt[k, layer] = cache.read("attn.pattern", layer)[b, :, s2, to].double()
+            sums += prompt
+            per_prompt.append(prompt)
             n += 1
+    layers, heads = table["layer"].tolist(), table["head"].tolist()
     for k, name in enumerate(["IO", "S1", "S1+1", "S2"]):
-        expected = (sums[k] / n)[table["layer"].tolist(), table["head"].tolist()]
+        expected = (sums[k] / n)[layers, heads]
         torch.testing.assert_close(torch.tensor(table[f"attn_to_{name}"].to_numpy()), expected, rtol=1e-5, atol=1e-7)
+        # its interval: these prompts' own values resampled (a value credited to another prompt would move it)
+        values = torch.stack(per_prompt)[:, k][:, layers, heads]
+        bounds, _ = score_intervals(values, torch.ones(n, dtype=torch.float64), f"attn_to_{name}", 0)
+        for end in ("ci_low", "ci_high"):
+            got = table[f"attn_to_{name}_{end}"].to_numpy()
+            assert got == pytest.approx(bounds[f"attn_to_{name}_{end}"], rel=1e-5, abs=1e-7)
 
 
 BAD = [
@@ -279,6 +316,8 @@ BAD = [
     ),
     (["ablation=path_patching", "ablation.scans.path_patching.senders=[top3:path_patching]"], "names this scan itself"),
     (["ablation=head_circuit", "ablation.scans.head_circuit.heads=[]"], "head_circuit.heads=[]: names none"),
+    (["ablation=single_head", "ablation.task_seeds=[1,1]"], "ablation.task_seeds=[1, 1]: a list of at least two"),
+    (["ablation=single_head", "ablation.task_seeds=3"], "ablation.task_seeds=3: a list of at least two different"),
     (["ablation=head_circuit", "ablation.scans.head_circuit.heads=[L0.mlp]"], "heads='L0.mlp': is not a head"),
     (
         [

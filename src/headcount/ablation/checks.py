@@ -9,6 +9,7 @@ from enum import Enum
 from headcount.ablation.engine.metrics import resolve_metric
 from headcount.ablation.engine.modes import MODES, AblationMode
 from headcount.ablation.scans import validate_scans
+from headcount.ablation.task_seeds import check_generated, check_task_seeds
 from headcount.config.ablation import AblationConfig, mode_setting_keys, validate_ablation_config
 from headcount.config.task import TaskConfig, validate_task_config
 from headcount.errors import ConfigError
@@ -28,6 +29,9 @@ def validate_settings(s: AblationConfig, task: TaskConfig | None) -> CheckedSett
     """The settings checked, with their mode; ConfigError for the first thing wrong. task: the task section, None for
     the run's own data. Every scan's settings are its kind's (typed by ablation/scans/base.py's typed_scan)."""
     validate_ablation_config(s)
+    if s.task_seeds is not None:
+        check_task_seeds(s.task_seeds)
+        check_generated(task, seeds=s.task_seeds)
     mode = MODES.get(str(s.mode))()
     if task is not None:
         validate_task_config(task, list(SOURCES))

@@ -28,7 +28,7 @@ from headcount.ablation.data_check import checked_data
 from headcount.ablation.encoder_checks import refuse_decoder_only
 from headcount.ablation.engine.evaluation import (
     EvaluationSet,
-    counterpart_baseline,
+    counterpart_sums,
     evaluation,
     evaluation_set,
     run_task,
@@ -46,12 +46,15 @@ from headcount.ablation.records.results import ResultFiles, fingerprint, model_f
 from headcount.ablation.records.summary import read_summary, record_default_metric, record_task_source
 from headcount.ablation.scans import KINDS, Scan
 from headcount.ablation.scans.base import ScanSettings, typed_scans
+from headcount.ablation.scans.mask_scan import MaskScan
+from headcount.ablation.task_seeds import seed_stability, seeded_task, stability_figure
 from headcount.captions import describe_run
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, ScanDtype
 from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
+from headcount.io import atomic_write_text
 from headcount.processes import console, set_first_process
 from headcount.run_dir import RunPaths, load_run, read_pretrained
 
@@ -63,7 +66,34 @@ def run_ablations(cfg: DictConfig, run_dir: str | Path) -> list[Path]:
     session.run_scans()
     if session.settings.prune.export:
         export_pruned_model(session)
+    if session.settings.task_seeds is not None:
+        compare_task_seeds(session, cfg, Path(run_dir))
     return session.files.written
+
+
+def compare_task_seeds(session: "AblationSession", cfg: DictConfig, run_dir: Path) -> None:
+    """ablation.task_seeds: every mask scan of the session run again on the task drawn with each seed (each seed's
+    session in its own folder <task>_seed<s>), and each scan's top heads compared across the seeds
+    (ablation/task_seeds.py), written beside the scan's table in the base task's folder."""
+    tables: dict[int, dict[str, pd.DataFrame]] = {}
+    for seed in session.settings.task_seeds:
+        seeded = cfg.copy()
+        seeded.task = OmegaConf.structured(seeded_task(session.task_cfg, seed))
+        seeded.ablation.task_seeds = None
+        seed_session = AblationSession(seeded, run_dir)
+        tables[seed] = seed_session.run_scans()
+        session.files.written.extend(p for p in seed_session.files.written if p not in session.files.written)
+    for scan in session.order:
+        if not isinstance(scan, MaskScan):
+            continue
+        pairs, summary = seed_stability({seed: by_name[scan.name] for seed, by_name in tables.items()})
+        csv = scan.path(".csv", "_seed_stability")
+        atomic_write_text(csv, pairs.to_csv(index=False))  # by the first process of a distributed scan only
+        title = scan.title(f"overlap of the top {summary['n']} heads by damage across task seeds")
+        figure = stability_figure(pairs, summary, scan.path(".png", "_seed_stability"), title)
+        session.files.note_written(csv)
+        session.files.note_written(figure)
+        session.files.update_summary({"seed_stability": {scan.name: summary}})
 
 
 def resolve_device(device: str) -> torch.device:
@@ -250,7 +280,8 @@ class AblationSession:
                 self.metric.name,
                 f"is {self.baseline[self.metric.primary]} on the unablated model: nothing was written",
             )
-        self.counterpart = counterpart_baseline(s, self.metric, self.model, eval_set, self.device)
+        self.counterpart_sums = counterpart_sums(s, self.metric, self.model, eval_set, self.device)
+        self.counterpart = None if self.counterpart_sums is None else self.counterpart_sums.baseline
 
     def open_results(self, eval_set: EvaluationSet, data: dict, run_dir: Path) -> None:
         """The constant columns every table ends with (`record`), and the results' section of summary.json opened

@@ -39,20 +39,32 @@ def bootstrap_scores(contributions_PK: Tensor, points_P: Tensor, counts_RP: Tens
     return (counts @ contributions_PK.double()) / (counts @ points_P.double())[:, None]
 
 
+def resampled_score(contributions_P: Tensor, points_P: Tensor, counts_RP: Tensor) -> Tensor:
+    """(R,): one score's value in each resample, sum_p k_rp c_p / sum_p k_rp n_p (a divisor for percentile_interval)."""
+    return bootstrap_scores(contributions_P[:, None], points_P, counts_RP)[:, 0]
+
+
 CHUNK = 2**22  # resampled scores held at once (float64: 32 MiB), whatever the number of items and resamples
 
 
 def percentile_interval(
-    contributions_PK: Tensor, points_P: Tensor, counts_RP: Tensor, level: float = 0.95
+    contributions_PK: Tensor,
+    points_P: Tensor,
+    counts_RP: Tensor,
+    level: float = 0.95,
+    divisor_R: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(low, high), each (K,): the resampled scores' (1 - level)/2 and (1 + level)/2 quantiles, items taken some at a
-    time so that R resamples of K items never sit in memory at once."""
+    time so that R resamples of K items never sit in memory at once. divisor_R: each resample's scores divided by
+    it, for a ratio of two scores over the same resample (a share of a gap, a faithfulness: `resampled_score`);
+    a resample whose divisor is 0 gives a NaN or infinite score, which the quantiles carry."""
     if not 0 < level < 1:
         raise ConfigError("bootstrap.level", level, "a confidence level strictly between 0 and 1, e.g. 0.95")
     tails = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
     step = max(1, CHUNK // len(counts_RP))
+    scale = 1.0 if divisor_R is None else divisor_R.double()[:, None]
     bounds = [
-        torch.quantile(bootstrap_scores(contributions_PK[:, k : k + step], points_P, counts_RP), tails, dim=0)
+        torch.quantile(bootstrap_scores(contributions_PK[:, k : k + step], points_P, counts_RP) / scale, tails, dim=0)
         for k in range(0, contributions_PK.shape[1], step)
     ]
     both = torch.cat(bounds, dim=1) if bounds else torch.zeros(2, 0, dtype=torch.float64)

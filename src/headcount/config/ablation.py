@@ -132,6 +132,9 @@ class AblationConfig:
     # another dtype than float32 record it (summary.json and the tables' dtype column).
     dtype: ScanDtype = ScanDtype.float32
     seed: int = 0  # resample pairing and random pruning orders
+    # Seeds of the task generator (e.g. [0,1,2]): the mask scans run again on the task drawn with each, and their
+    # top heads compared across seeds (ablation/task_seeds.py); null: none. Any: checked by ablation/task_seeds.py.
+    task_seeds: Any = None
     normalize_importance: bool = True  # per-layer l2 normalisation of gradient importance (Michel et al.)
     progress: bool = True
     # Ablate although the data differs from what the run trained on (recorded in summary.json); off: refuse.

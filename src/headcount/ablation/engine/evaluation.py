@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from torch import Tensor
 
-from headcount.ablation.engine.evaluator import MaskEvaluator
-from headcount.ablation.engine.metrics import Metric
+from headcount.ablation.engine.evaluator import MaskEvaluator, MaskTotals
+from headcount.ablation.engine.metrics import Metric, Targets
 from headcount.ablation.engine.modes import AblationMode, Replacements, ReplacementStore
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig
@@ -137,14 +137,38 @@ def evaluation(
     return Evaluation(replacements, batches, evaluator)
 
 
+@dataclass
+class CounterpartSums:
+    """The unmasked model on a task's counterpart prompts, the other end of the gap: each metric column (and
+    n_targets), and per counterpart (in the prompts' order) its primary column summed over its score points and its
+    points: what a bootstrap over the prompts resamples the gap by (ablation/scans/intervals.py)."""
+
+    baseline: dict[str, float]
+    examples_E: Tensor  # (E,) float64
+    points_E: Tensor  # (E,) float64
+
+
+def counterpart_sums(
+    s: AblationConfig, metric: Metric, model: Transformer, data: EvaluationSet, device: torch.device
+) -> CounterpartSums | None:
+    """The metric on the unmasked model's counterpart prompts, with each one's sums (None without them)."""
+    if data.counterpart is None:
+        return None
+    batches = to_batches(data.counterpart, s.batch_size, device)
+    evaluator = MaskEvaluator(model, batches, masks_per_pass=1, metric=metric)
+    totals = MaskTotals.empty(1, evaluator.columns, evaluator.n_examples)
+    evaluator.accumulate(torch.ones(1, *evaluator.gates_shape), totals)
+    baseline = {column: float(v[0]) for column, v in totals.values().items()} | {"n_targets": int(totals.n_targets[0])}
+    points_E = torch.cat([Targets.of(batch).where_BT.sum(1).cpu() for batch in evaluator.batches]).double()
+    return CounterpartSums(baseline, totals.examples[0], points_E)
+
+
 def counterpart_baseline(
     s: AblationConfig, metric: Metric, model: Transformer, data: EvaluationSet, device: torch.device
 ) -> dict[str, float] | None:
     """The metric on the unmasked model's counterpart prompts (None without them): the other end of the gap."""
-    if data.counterpart is None:
-        return None
-    batches = to_batches(data.counterpart, s.batch_size, device)
-    return MaskEvaluator(model, batches, masks_per_pass=1, metric=metric).baseline()
+    sums = counterpart_sums(s, metric, model, data, device)
+    return None if sums is None else sums.baseline
 
 
 def task_config(config: DictConfig) -> TaskConfig | None:

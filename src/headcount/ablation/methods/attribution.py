@@ -37,6 +37,11 @@ class Attribution:
     batch_abs_LH: Tensor  # mean over batches of |A over the batch| / the batch's points
     example_abs_LH: Tensor  # mean over examples with score points of |A over the example| / its points
     n_points: int
+    # each example's A summed over its points (E, L, H), per named position (E, K, L, H) when asked, and its points
+    # (E,): the units a bootstrap over the prompts resamples (estimate_LH is sum over E / sum of points)
+    example_ELH: Tensor | None = None
+    example_EKLH: Tensor | None = None
+    points_E: Tensor | None = None
 
 
 def attribute(
@@ -57,6 +62,7 @@ def attribute(
     total_KLH = None
     batch_abs_LH, example_abs_LH = torch.zeros(L, H, dtype=torch.float64), torch.zeros(L, H, dtype=torch.float64)
     n_points = n_batches = n_examples = 0
+    examples, examples_at, points = [], [], []
     gates_LH = None if mask_LH is None or bool((mask_LH == 1).all()) else mask_LH.to(param.device, param.dtype)
     try:
         for batch in batches:
@@ -65,6 +71,8 @@ def attribute(
             contribution_BTLH, targets = batch_contributions(model, batch, replacement, metric, gates_LH)
             points_B = targets.where_BT.sum(1)
             per_example_BLH = contribution_BTLH.sum(1)
+            examples.append(per_example_BLH.double().cpu())
+            points.append(points_B.double().cpu())
             total_LH += per_example_BLH.sum(0).cpu()
             if int(points_B.sum()) > 0:
                 batch_abs_LH += (per_example_BLH.sum(0).abs() / points_B.sum()).cpu()
@@ -74,8 +82,9 @@ def attribute(
             n_examples += int(has_points.sum())
             n_points += int(points_B.sum())
             if per_position:
-                at_KLH = at_named_positions(contribution_BTLH, batch["named_pos"]).cpu()
-                total_KLH = at_KLH if total_KLH is None else total_KLH + at_KLH
+                at_BKLH = at_named_positions(contribution_BTLH, batch["named_pos"]).double().cpu()
+                examples_at.append(at_BKLH)
+                total_KLH = at_BKLH.sum(0) if total_KLH is None else total_KLH + at_BKLH.sum(0)
     finally:
         model.train(was_training)
     off_LH = (mask_LH == 0).cpu() if mask_LH is not None else torch.zeros(L, H, dtype=torch.bool)
@@ -86,6 +95,9 @@ def attribute(
         clear(batch_abs_LH / max(n_batches, 1)),
         clear(example_abs_LH / max(n_examples, 1)),
         n_points,
+        torch.cat(examples).masked_fill(off_LH, 0.0),
+        torch.cat(examples_at).masked_fill(off_LH, 0.0) if examples_at else None,
+        torch.cat(points),
     )
 
 
@@ -128,8 +140,8 @@ def batch_contributions(
 
 
 def at_named_positions(contribution_BTLH: Tensor, named_pos_BK: Tensor) -> Tensor:
-    """(K, L, H): the contributions summed over examples at each named position (examples lacking one add nothing)."""
+    """(B, K, L, H): each example's contributions at each named position (zero where an example lacks one)."""
     B, T = contribution_BTLH.shape[:2]
     index_BK = named_pos_BK.clamp_min(0)
     at_BKLH = contribution_BTLH.gather(1, index_BK[:, :, None, None].expand(-1, -1, *contribution_BTLH.shape[2:]))
-    return (at_BKLH * (named_pos_BK >= 0)[:, :, None, None]).sum(0)
+    return at_BKLH * (named_pos_BK >= 0)[:, :, None, None]

@@ -35,7 +35,6 @@ def unembedding_direction(model: Transformer, targets: Targets, metric: Metric) 
     return W_VC[targets.answer_N]
 
 
-@torch.no_grad()
 def direct_effects(
     model: Transformer,
     batches: list[dict[str, Tensor]],
@@ -45,8 +44,22 @@ def direct_effects(
 ) -> Tensor:
     """(L, H) float64: each head's direct effect, the mean over the score points; with gates_LH (and the heads' mode
     replacements), on that masked model, the norm's scale its own."""
+    sums_ELH, points_E = direct_effect_sums(model, batches, metric, gates_LH, replacements)
+    return sums_ELH.sum(0) / max(int(points_E.sum()), 1)
+
+
+@torch.no_grad()
+def direct_effect_sums(
+    model: Transformer,
+    batches: list[dict[str, Tensor]],
+    metric: Metric,
+    gates_LH: Tensor | None = None,
+    replacements: Replacements | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(E, L, H) float64: each example's direct effects summed over its score points, and (E,) its points, in the
+    batches' example order: the units a bootstrap over the prompts resamples (direct_effects is their ratio)."""
     L, H = model.n_layers, model.max_heads
-    total_LH, n_points = torch.zeros(L, H, dtype=torch.float64), 0
+    sums, points = [], []
     for batch in batches:
         targets = Targets.of(batch)
         values, where = None, None
@@ -60,12 +73,16 @@ def direct_effects(
         final_BTC = model.forward_layers(resid_BTC, 0, intervention)
         normed = frozen_norm(model.ln_f, final_BTC[targets.where_BT])
         direction_N1C = unembedding_direction(model, targets, metric)[:, None]
+        example_N = targets.where_BT.nonzero()[:, 0].cpu()
+        batch_BLH = torch.zeros(targets.where_BT.shape[0], L, H, dtype=torch.float64)
         for layer, block in enumerate(model.blocks):
             z_NHD = intervention.read("attn.z", layer)[targets.where_BT]
             out_NHC = torch.einsum("nhd,hdc->nhc", z_NHD, block.attn.W_O)
             if block.ln_attn_out is not None:  # sandwich norms (Gemma 2/3): the attention output is normalised before
                 # it is added, its scale frozen at the layer's whole output, as the final norm's is
                 out_NHC = frozen_norm(block.ln_attn_out, block.attn.combine_heads(z_NHD[:, None])[:, 0])(out_NHC)
-            total_LH[layer, : z_NHD.shape[1]] += (normed(out_NHC) * direction_N1C).sum(-1).double().sum(0).cpu()
-        n_points += len(targets)
-    return total_LH / max(n_points, 1)
+            point_NH = (normed(out_NHC) * direction_N1C).sum(-1).double().cpu()
+            batch_BLH[:, layer, : z_NHD.shape[1]].index_add_(0, example_N, point_NH)
+        sums.append(batch_BLH)
+        points.append(targets.where_BT.sum(1).cpu().double())
+    return torch.cat(sums), torch.cat(points)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from headcount.ablation.methods.edge_pruning_shared import shared_training
 from headcount.ablation.methods.l0_gates import expected_open, sample_gates
 from headcount.circuits.attribution import edge_plan, example_chunks, logits_at, outputs_at
 from headcount.circuits.ensemble import rank_normalise
@@ -66,10 +67,12 @@ def edge_pruning(
     warm_start_scores: Tensor | None = None,
     memory_budget: int | None = None,
     key: str = "edge_pruning",
+    world=None,
 ) -> EdgePruningResult:
     """Train one hard-concrete mask per edge on the frozen model (module docstring). warm_start_scores: (E,) EAP-IG
     scores when cfg.warm_start (required then). Batches hold cfg.batch_size examples (None: as many as EAP's
-    gradient passes fit in memory_budget bytes). The model's requires_grad flags and mode are restored afterwards."""
+    gradient passes fit in memory_budget bytes). The model's requires_grad flags and mode are restored afterwards.
+    world: a scan's processes (ScanWorld), each step's examples shared out over them (edge_pruning_shared.py)."""
     check_edge_pruning(cfg, key)
     n_edges = len(Graph.of(model).edges)
     if cfg.warm_start and (warm_start_scores is None or tuple(warm_start_scores.shape) != (n_edges,)):
@@ -83,6 +86,11 @@ def edge_pruning(
     if cfg.warm_start:
         init = init + cfg.warm_scale * (2 * rank_normalise(warm_start_scores.double()) - 1)
     dtype = torch.promote_types(param.dtype, torch.float32)  # half-precision log_alpha would round Adam's steps away
+    if world is not None:
+        start = time.process_time()
+        args = (clean_ids_BT, corrupted_ids_BT, points_BT, metric, cfg, batches, init.to(dtype))
+        log_alpha, history = shared_training(world, model, *args)
+        return learned(log_alpha.double().cpu(), history, cfg, examples, start)
     module = EdgeMasks(model, clean_ids_BT, corrupted_ids_BT, points_BT, metric, cfg, batches, init.to(dtype))
     requires_grad = [p.requires_grad for p in model.parameters()]
     was_training = model.training
@@ -109,12 +117,17 @@ def edge_pruning(
         for p, flag in zip(model.parameters(), requires_grad):
             p.requires_grad_(flag)
         model.train(was_training)
-    log_alpha = module.log_alpha.detach().double().cpu()
+    return learned(module.log_alpha.detach().double().cpu(), module.history, cfg, examples, start)
+
+
+def learned(
+    log_alpha: Tensor, history: list[dict], cfg: EdgePruningSettings, examples: int, start: float
+) -> EdgePruningResult:
     return EdgePruningResult(
         log_alpha=log_alpha,
         scores=log_alpha - log_alpha.min(),
         kept=expected_open(log_alpha, cfg) > 0.5,
-        history=module.history,
+        history=history,
         steps=cfg.steps,
         examples_per_step=examples,
         cpu_seconds=time.process_time() - start,

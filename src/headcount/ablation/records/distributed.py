@@ -153,6 +153,29 @@ class ScanWorld:
             raise
         return evaluation.tables
 
+    def together(self, work: Callable[[], None]) -> None:
+        """work() in every process at once, with gradients on, as one run of Lightning's predict loop (its launcher
+        starts the processes as for a mask evaluation): work that shares itself out and reduces across the processes
+        (edge pruning's steps, ablation/methods/edge_pruning_shared.py)."""
+        try:
+            self.trainer.predict(Together(work), dataloaders=DataLoader([0]), return_predictions=False)
+        except SystemExit:
+            if self.trainer.interrupted:
+                raise KeyboardInterrupt from None
+            raise
+
+
+class Together(L.LightningModule):
+    """ScanWorld.together's work as the one predict step of every process."""
+
+    def __init__(self, work: Callable[[], None]):
+        super().__init__()
+        self.work = work
+
+    def predict_step(self, batch: int, batch_idx: int) -> None:
+        with torch.enable_grad():
+            self.work()
+
 
 PerExample = Callable[[slice], dict[str, Tensor]]
 

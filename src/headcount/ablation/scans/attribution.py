@@ -3,8 +3,11 @@
 head and named position with ablation.patch_positions=each), then the `verify_top_k` largest estimates evaluated exactly
 by the evaluator.
 
-Columns: layer, head, [position], attribution (the estimated change of the metric, in its unit), rank (by
-|attribution|, 1 first), exact (the exact change of the verified heads), verified. When an exact single_head scan of
+Columns: layer, head, [position], attribution (the estimated change of the metric, in its unit), attribution_ci_low
+and _ci_high (the estimate's 95% bootstrap interval over the prompts, 1000 resamples seeded by ablation.seed:
+intervals.py), top_share (the share of resamples with the head among the top 5% by |attribution|; summary.json's
+`intervals` entry says how stable that top is), rank (by |attribution|, 1 first), exact (the exact change of the
+verified heads), verified; the figure draws each estimate's interval. When an exact single_head scan of
 the same mode and metric is up to date in the run (run it first), the table handed back, the figure and the summary
 read every head's exact change from it, and summary.json's `attribution` entry reports Spearman's rank correlation of
 the estimates with the exact changes and the recall of the exact top-k (by |change|) within the estimate's top-k and
@@ -19,7 +22,8 @@ import pandas as pd
 from headcount.ablation.engine.masks import single_head_masks
 from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.methods.attribution import attribute
-from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult
+from headcount.ablation.scans.intervals import BOOTSTRAP_RULE, score_intervals
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import AttributionSettings
 from headcount.errors import ConfigError
@@ -42,29 +46,33 @@ class AttributionScan(Scan):
             raise ConfigError(f"ablation.scans.{name}.verify_top_k", cfg.verify_top_k, "must be 0 or more")
 
     def fingerprint_parts(self) -> tuple:
-        return (self.kind, self.cfg.verify_top_k, str(self.session.settings.patch_positions))
+        return (self.kind, self.cfg.verify_top_k, str(self.session.settings.patch_positions), BOOTSTRAP_RULE)
 
     def per_position(self) -> bool:
         return self.session.settings.patch_positions == "each"
 
-    def compute(self, key: str) -> pd.DataFrame:
+    def compute(self, key: str) -> ScanResult:
         session = self.session
         masks = single_head_masks(session.model.heads_per_layer, session.positions if self.per_position() else None)
         attribution = attribute(
             session.model, session.batches, session.replacements, session.metric, per_position=self.per_position()
         )
+        layers, heads = [m.layer for m in masks], [m.head for m in masks]
         if self.per_position():
-            estimate = [
-                float(attribution.estimate_KLH[session.positions.index(m.position), m.layer, m.head]) for m in masks
-            ]
+            at = [session.positions.index(m.position) for m in masks]
+            estimate = [float(attribution.estimate_KLH[k, layer, head]) for k, layer, head in zip(at, layers, heads)]
+            examples_EM = attribution.example_EKLH[:, at, layers, heads]
         else:
-            estimate = [float(attribution.estimate_LH[m.layer, m.head]) for m in masks]
+            estimate = [float(attribution.estimate_LH[layer, head]) for layer, head in zip(layers, heads)]
+            examples_EM = attribution.example_ELH[:, layers, heads]
         table = pd.DataFrame(
             {"mask": [m.name for m in masks], "layer": [m.layer for m in masks], "head": [m.head for m in masks]}
         )
         if self.per_position():
             table["position"] = [m.position for m in masks]
         table["attribution"] = estimate
+        intervals, entry = score_intervals(examples_EM, attribution.points_E, "attribution", session.settings.seed)
+        table = table.assign(**intervals)
         table["rank"] = table["attribution"].abs().rank(ascending=False, method="first").astype(int)
         verified = [m for m, rank in zip(masks, table["rank"]) if rank <= self.cfg.verify_top_k]
         exact = {}
@@ -75,7 +83,7 @@ class AttributionScan(Scan):
             exact = dict(zip([m.name for m in verified], deltas))
         table["exact"] = table["mask"].map(exact).astype(float)
         table["verified"] = table["rank"] <= self.cfg.verify_top_k
-        return table
+        return ScanResult(table, summary={"intervals": {self.name: entry}})
 
     def optional_needs(self) -> list[str]:
         return ["single_head"]  # every head's exact change, where an up-to-date single_head result is there
@@ -154,6 +162,9 @@ def attribution_figure(table: pd.DataFrame, path: Path, title: str, unit: str) -
     ax.scatter(
         others["attribution"], others["exact"], s=10, color="tab:gray", alpha=0.6, label="exact from single_head"
     )
+    if "attribution_ci_low" in known:  # each estimate's bootstrap interval, drawn across the estimate's axis
+        low, high = known["attribution_ci_low"].to_numpy(float), known["attribution_ci_high"].to_numpy(float)
+        ax.hlines(known["exact"], low, high, color="tab:gray", linewidth=0.7, label="95% bootstrap interval")
     top = known[known["verified"]]
     ax.scatter(top["attribution"], top["exact"], s=22, color="tab:red", label=f"verified (top {len(top)})")
     for row in top.itertuples():

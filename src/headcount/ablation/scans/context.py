@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from headcount.ablation.engine.evaluation import CounterpartSums
 from headcount.ablation.engine.evaluator import MaskEvaluator
 from headcount.ablation.engine.metrics import Metric
 from headcount.ablation.engine.modes import AblationMode, Replacements
@@ -44,6 +45,7 @@ class ScanContext(Protocol):
     evaluator: MaskEvaluator
     baseline: dict[str, float]  # each metric column of the unmasked model, and n_targets
     counterpart: dict[str, float] | None  # the same on a task's counterpart prompts (the gap's other end), or None
+    counterpart_sums: CounterpartSums | None  # that, with each counterpart's sums: the gap's bootstrap units
     world: ScanWorld | None  # the processes mask evaluations are shared out over; None for this one alone
 
     def provided(self, kind: str, compute: bool = True) -> Any:

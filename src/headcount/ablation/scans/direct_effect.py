@@ -1,6 +1,9 @@
 """`direct_effect`: each head's direct effect on the metric through the residual stream
 (ablation/methods/direct_effect.py), in the metric's unit (logits for a logit difference), the mean over the score
-points of the clean run.
+points of the clean run, with its 95% bootstrap interval over the prompts (direct_effect_ci_low, _ci_high: 1000
+resamples seeded by ablation.seed, intervals.py) and top_share (the share of resamples with the head among the top 5%
+by |direct effect|; summary.json's `intervals` entry says how stable that top is). The second figure draws the largest
+direct effects with their intervals.
 
 With `backup_top_k` = k > 0 it also measures self-repair (Wang et al. 2022's backup name movers): the k heads of
 largest direct effect are mean-ablated together (means over the evaluation set's own inputs, whatever the session's
@@ -22,8 +25,9 @@ from headcount.ablation.engine.evaluator import MaskEvaluator
 from headcount.ablation.engine.heads import all_heads, head_name, top_heads
 from headcount.ablation.engine.masks import HeadMask, masks_to_gates
 from headcount.ablation.engine.modes import Mean, Replacements, mean_z
-from headcount.ablation.methods.direct_effect import direct_effects, refusal
+from headcount.ablation.methods.direct_effect import direct_effect_sums, direct_effects, refusal
 from headcount.ablation.scans.base import KINDS, Scan, ScanResult
+from headcount.ablation.scans.intervals import BOOTSTRAP_RULE, interval_figure, score_intervals
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import DirectEffectSettings
 from headcount.errors import ConfigError
@@ -55,7 +59,7 @@ class DirectEffectScan(Scan):
             )
 
     def fingerprint_parts(self) -> tuple:
-        return (self.kind, self.cfg.backup_top_k)
+        return (self.kind, self.cfg.backup_top_k, BOOTSTRAP_RULE)
 
     def record(self) -> dict:
         """The session's columns, with the mode and metric of what the table holds (the module's docstring)."""
@@ -68,15 +72,19 @@ class DirectEffectScan(Scan):
 
     def compute(self, key: str) -> pd.DataFrame | ScanResult:
         session, hpl = self.session, self.session.model.heads_per_layer
-        effect_LH = direct_effects(session.model, session.batches, session.metric)
+        sums_ELH, points_E = direct_effect_sums(session.model, session.batches, session.metric)
+        effect_LH = sums_ELH.sum(0) / max(int(points_E.sum()), 1)
         layers, heads = (list(x) for x in zip(*all_heads(hpl)))
         table = pd.DataFrame({"layer": layers, "head": heads, "direct_effect": effect_LH[layers, heads].numpy()})
+        columns, entry = score_intervals(sums_ELH[:, layers, heads], points_E, "direct_effect", session.settings.seed)
+        table = table.assign(**columns)
+        summary = {"intervals": {self.name: entry}}
         k = self.cfg.backup_top_k
         if not k:
-            return table
+            return ScanResult(table, summary=summary)
         after_LH, record = self.backup(effect_LH, k)
         table["direct_effect_after"] = after_LH[layers, heads].numpy()
-        return ScanResult(table, summary={"backup": {self.name: record}})
+        return ScanResult(table, summary=summary | {"backup": {self.name: record}})
 
     def backup(self, effect_LH: torch.Tensor, k: int) -> tuple[torch.Tensor, dict]:
         """Mean-ablate the top k heads together: the direct effects after, and the record of the joint and single
@@ -116,4 +124,11 @@ class DirectEffectScan(Scan):
             grown = table.assign(growth=table["direct_effect_after"] - table["direct_effect"])
             title = self.title(f"direct effect's change after the top {self.cfg.backup_top_k} are mean-ablated")
             figures.append(head_heatmap(grown, self.path(".png", "_growth"), "growth", title, metric.unit))
+        named = table.assign(mask=[head_name(layer, head) for layer, head in zip(table["layer"], table["head"])])
+        title = self.title("direct effects, the largest with their intervals")
+        label = f"direct effect ({metric.unit})"
+        figures.append(interval_figure(named, self.path(".png", "_intervals"), title, label, "direct_effect"))
         return figures
+
+    def file_names(self) -> list[tuple[str, str]]:
+        return [*super().file_names(), ("_intervals", ".png")]

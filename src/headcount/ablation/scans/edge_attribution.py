@@ -236,9 +236,8 @@ class EdgeAttributionScan(Scan):
             return None
         key = f"ablation.scans.{self.name}.edge_pruning"
         warm = eap_ig if self.cfg.edge_pruning.warm_start else None
-        return edge_pruning(
-            *args, self.cfg.edge_pruning, inputs.points_BT, warm, memory_budget=inputs.memory_budget, key=key
-        )
+        budget, world = inputs.memory_budget, self.session.world  # each step's examples shared over its processes
+        return edge_pruning(*args, self.cfg.edge_pruning, inputs.points_BT, warm, budget, key, world)
 
     def learned_entry(self, pruned, inputs, metric) -> dict:
         """summary.json's record of the learned circuit: its edges (P(mask > 0) > 1/2), their faithfulness measured

@@ -8,8 +8,10 @@ Faithfulness = (M(circuit kept) - M(no head kept)) / (M(clean) - M(no head kept)
 whole model does, 0 when it does what no head does. In edge terms it is the circuit of every edge between the
 embeddings, the MLPs, the logits and the circuit's heads (removing all of a head's out-edges is ablating its z), but
 evaluated as head masks on the fast evaluator. One row per mask (a mask scan: the metric, its delta, gap_fraction),
-plus `faithfulness` and `kept` (the heads kept); summary.json's `head_circuit` entry has the circuit's faithfulness
-beside the random circuits'.
+plus `kept` (the heads kept), `faithfulness` and its 95% bootstrap interval over the prompts (faithfulness_ci_low,
+_ci_high: intervals.py's resamples, numerator and denominator from the same one); summary.json's `head_circuit` entry
+has the circuit's faithfulness and interval beside the random circuits' faithfulness. The figure draws every mask's
+faithfulness with its interval.
 """
 
 from pathlib import Path
@@ -22,6 +24,7 @@ from headcount.ablation.engine.masks import HeadMask, joined_name
 from headcount.ablation.scans.base import KINDS, ScanResult
 from headcount.ablation.scans.circuit_inputs import check_top_names, named_heads, ranked_scans
 from headcount.ablation.scans.custom import CustomScan
+from headcount.ablation.scans.intervals import ExampleSums, interval_figure
 from headcount.ablation.scans.mask_scan import MaskScan
 from headcount.circuits import Graph
 from headcount.config.ablation import AblationConfig
@@ -86,7 +89,7 @@ class HeadCircuitScan(MaskScan):
         kept = [[h for h in everything if h not in set(m.heads_off)] for m in self.head_masks]
         table["kept"] = [join_heads(list(k)) for k in kept]
         primary = self.session.metric.primary
-        result.table = with_faithfulness(table, self.session.baseline[primary], primary)
+        result.table = with_faithfulness(table, self.session.baseline[primary], primary, self.example_sums)
         return result
 
     def use(self, table: pd.DataFrame) -> None:
@@ -94,6 +97,7 @@ class HeadCircuitScan(MaskScan):
         entry = {
             "heads": split_heads(circuit["kept"]),
             "faithfulness": float(circuit["faithfulness"]),
+            "faithfulness_interval": [float(circuit["faithfulness_ci_low"]), float(circuit["faithfulness_ci_high"])],
             "random_faithfulness": [float(v) for v in random["faithfulness"]],
         }
         self.session.files.update_summary({"head_circuit": {self.name: entry}})
@@ -102,13 +106,31 @@ class HeadCircuitScan(MaskScan):
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
         return CustomScan.figure(table, path, subject)
 
+    def file_names(self) -> list[tuple[str, str]]:
+        return [*super().file_names(), ("_faithfulness", ".png")]
 
-def with_faithfulness(table: pd.DataFrame, clean: float, metric: str) -> pd.DataFrame:
-    """The table with each mask's faithfulness, (M(mask) - M(no head kept)) / (M(clean) - M(no head kept))."""
-    none_kept = float(table.loc[table["mask"] == NONE_KEPT, metric].iloc[0])
+    def figures(self, table: pd.DataFrame) -> list[Path | None]:
+        figures = super().figures(table)
+        if table["faithfulness_ci_low"].notna().any():
+            title = self.title("faithfulness of the circuit, random circuits and no head kept")
+            path = self.path(".png", "_faithfulness")
+            figures.append(interval_figure(table, path, title, "faithfulness", "faithfulness", len(table)))
+        return figures
+
+
+def with_faithfulness(table: pd.DataFrame, clean: float, metric: str, sums: ExampleSums | None = None) -> pd.DataFrame:
+    """The table with each mask's faithfulness, (M(mask) - M(no head kept)) / (M(clean) - M(no head kept)), and its
+    bootstrap interval over the prompts where their sums are given (NaN where not kept): numerator and denominator
+    from the same resample, the none-kept and clean sums drawn with the mask's."""
+    none_row = int((table["mask"] == NONE_KEPT).to_numpy().nonzero()[0][0])
+    none_kept = float(table[metric].iloc[none_row])
     gap = clean - none_kept
     table["faithfulness"] = (table[metric] - none_kept) / gap if gap != 0 else float("nan")
-    return table
+    if sums is None:
+        return table.assign(faithfulness_ci_low=float("nan"), faithfulness_ci_high=float("nan"))
+    none_E = sums.masks_ME[none_row]
+    low, high = sums.share_interval(sums.masks_ME - none_E[None], sums.baseline_E - none_E, sums.points_E)
+    return table.assign(faithfulness_ci_low=low.numpy(), faithfulness_ci_high=high.numpy())
 
 
 def circuit_and_random(table: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame]:

@@ -2,18 +2,23 @@
 (ablation/methods/attribution.py): `grad_importance` as the pruning orders rank it (normalised per layer with
 ablation.normalize_importance, except in layers of one head), `grad_importance_raw` (E_batches |dL/dg|, in the
 metric's unit per unit of gate), and the paper's own form, the expectation over examples, as
-`grad_importance_per_example` (normalised likewise) and `grad_importance_per_example_raw`; with each head's
-single-head delta beside them when the single_head scan has run or is up to date."""
+`grad_importance_per_example` (normalised likewise) and `grad_importance_per_example_raw`, the last with its 95%
+bootstrap interval over the prompts (`_ci_low`, `_ci_high`: the mean over prompts of |A_p| / n_p resampled, 1000
+resamples seeded by ablation.seed, intervals.py) and top_share (summary.json's `intervals` entry); with each head's
+single-head delta beside them when the single_head scan has run or is up to date. The per-batch forms are means over
+batches, not over prompts: they have no interval."""
 
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.methods.attribution import attribute
 from headcount.ablation.methods.importance import normalize_per_layer
-from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult, ScanSettings
+from headcount.ablation.scans.intervals import BOOTSTRAP_RULE, score_intervals
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig
 from headcount.plotting import head_heatmap
@@ -31,12 +36,12 @@ class ImportanceScan(Scan):
         require_differentiable(settings.metric, f"the {name} scan (gradient importance)")
 
     def fingerprint_parts(self) -> tuple:
-        return (self.kind, self.session.settings.normalize_importance)
+        return (self.kind, self.session.settings.normalize_importance, BOOTSTRAP_RULE)
 
     def optional_needs(self) -> list[str]:
         return ["single_head"]  # the single_head_delta column, where single_head ran first or is up to date
 
-    def compute(self, key: str) -> pd.DataFrame:
+    def compute(self, key: str) -> ScanResult:
         session, hpl = self.session, self.session.model.heads_per_layer
         attribution = attribute(session.model, session.batches, session.replacements, session.metric)
         normalize = session.settings.normalize_importance
@@ -51,10 +56,17 @@ class ImportanceScan(Scan):
         table = pd.DataFrame(
             {"layer": layers, "head": heads, **{k: v[layers, heads].numpy() for k, v in forms.items()}}
         )
+        # the paper's form is a mean over prompts of |A_p| / n_p: resampled as prompts of one point each
+        scored_E = attribution.points_E > 0
+        per_prompt_EK = attribution.example_ELH[scored_E][:, layers, heads].abs() / attribution.points_E[scored_E, None]
+        ones_E = torch.ones(len(per_prompt_EK), dtype=torch.float64)
+        column = "grad_importance_per_example_raw"
+        intervals, entry = score_intervals(per_prompt_EK, ones_E, column, session.settings.seed)
+        table = table.assign(**intervals)
         delta_LH = single_head_delta(session, compute=False)
         if delta_LH is not None:
             table["single_head_delta"] = delta_LH[layers, heads].numpy()
-        return table
+        return ScanResult(table, summary={"intervals": {self.name: entry}})
 
     def use(self, table: pd.DataFrame) -> None:
         self.session.hand(self.kind, self.session.layer_head_tensor(table, "grad_importance_raw"))

@@ -2,13 +2,15 @@
 metric's values and their deltas against the unmasked model, and draws the metric's delta as its figure.
 
 Columns: scan, mask, layer, head, [position], mode, each metric column (loss and acc for loss), delta_<column> for
-each, [gap_fraction], n_heads_off, then how the table was computed (ablation/records/results.py). gap_fraction, on a
-task with corrupted prompts: the mask's delta as a share of the gap between the prompts and their counterparts, delta /
-(counterpart - baseline) of the metric: the fraction of the clean-to-corrupted gap a mask removes (noising) or
-restores (denoising, where the baseline is the corrupted run). delta_<metric>_ci_low and _ci_high: the primary
-delta's 95% bootstrap interval over the examples, top_share: the share of resamples with the mask among the scan's top
-heads by damage (intervals.py; summary.json's `intervals` entry has their stability); the second figure draws the
-largest deltas with their intervals.
+each, [gap_fraction], n_heads_off, delta_<metric>_ci_low and _ci_high, [gap_fraction_ci_low and _ci_high], top_share,
+then how the table was computed (ablation/records/results.py). gap_fraction, on a task with corrupted prompts: the
+mask's delta as a share of the gap between the prompts and their counterparts, delta / (counterpart - baseline) of the
+metric: the fraction of the clean-to-corrupted gap a mask removes (noising) or restores (denoising, where the baseline
+is the corrupted run). delta_<metric>_ci_low and _ci_high: the primary delta's 95% bootstrap interval over the
+examples; gap_fraction's the same over the same resamples (a prompt drawn with its counterpart, the gap resampled
+with the delta); top_share: the share of resamples with the mask among the scan's top heads by damage (intervals.py;
+summary.json's `intervals` entry has their stability); the second figure draws the largest deltas with their
+intervals.
 """
 
 from functools import cached_property
@@ -22,7 +24,13 @@ from headcount.ablation.engine.masks import HeadMask
 from headcount.ablation.engine.metrics import Metric
 from headcount.ablation.engine.metrics import table_metric as metric_of
 from headcount.ablation.scans.base import Scan, ScanResult
-from headcount.ablation.scans.intervals import BOOTSTRAP_RULE, example_points, interval_figure, with_intervals
+from headcount.ablation.scans.intervals import (
+    BOOTSTRAP_RULE,
+    example_points,
+    example_sums,
+    interval_figure,
+    with_intervals,
+)
 from headcount.plotting import head_heatmap, heatmap
 
 EXAMPLE_BASELINE = "no head off (each example's baseline)"  # the mask evaluated beside a scan's for its intervals
@@ -66,9 +74,11 @@ class MaskScan(Scan):
         table = scan_table(
             self.name, mode, self.head_masks, totals, session.baseline, session.metric, session.counterpart
         )
-        points = example_points(session.evaluator)
+        points, seed = example_points(session.evaluator), session.settings.seed
         baseline = None if ex is None else ex[-1]
-        table, entry = with_intervals(table, totals, baseline, points, session.metric, session.settings.seed)
+        self.example_sums = example_sums(totals, baseline, points, seed)  # a subclass's own ratios resample them
+        counterpart = session.counterpart_sums
+        table, entry = with_intervals(table, totals, baseline, points, session.metric, seed, counterpart)
         return ScanResult(table, summary={"intervals": {self.name: entry}})
 
     def file_names(self) -> list[tuple[str, str]]:
@@ -79,7 +89,9 @@ class MaskScan(Scan):
         value, label = table_metric(table)
         if f"{value}_ci_low" in table and table[f"{value}_ci_low"].notna().any():
             title = self.title(f"{label}, the largest with their intervals")
-            figures.append(interval_figure(table, self.path(".png", "_intervals"), title, label, value))
+            gap = "gap_fraction_ci_low" in table and table["gap_fraction_ci_low"].notna().any()
+            beside = ("gap_fraction", "share of the clean-to-corrupted gap") if gap else None
+            figures.append(interval_figure(table, self.path(".png", "_intervals"), title, label, value, beside=beside))
         return figures
 
 

@@ -5,7 +5,8 @@ input, or zero.
 
 Columns: sender, receivers (the set, joined by ', '), effect (metric(patched) - metric(clean), in the metric's unit
 per score point), effect_ci_low and effect_ci_high (its 95% bootstrap interval over the prompts, 1000 resamples
-seeded by ablation.seed: circuits/bootstrap.py), damage (how much it worsens the metric), rank (by damage, 1 first).
+seeded by ablation.seed: circuits/bootstrap.py), damage (how much it worsens the metric), damage_ci_low and
+damage_ci_high (the effect's interval as damage), rank (by damage, 1 first).
 With receivers_together=false each receiver is its own set (a row per sender and receiver). Figures: a heatmap of
 effects (senders by receiver sets) and the paths drawn as a circuit graph, arrows as wide as |effect|.
 summary.json's `path_patching` entry names the path of largest damage. No partial file: a killed scan recomputes its
@@ -36,6 +37,7 @@ from headcount.ablation.scans.circuit_inputs import (
     resolve_receivers,
     resolve_senders,
 )
+from headcount.ablation.scans.intervals import interval_figure
 from headcount.circuits import Graph, draw_circuit, path_patch
 from headcount.circuits.bootstrap import LEVEL, RESAMPLES, percentile_interval, resample_counts
 from headcount.circuits.shares import ExampleShare
@@ -46,7 +48,7 @@ from headcount.io import atomic_savefig
 from headcount.labels import edge_label, join_names, split_names
 from headcount.plotting import new_figure, set_title
 
-BOOTSTRAP_RULE = f"effect intervals: {RESAMPLES} resamples of prompts, {LEVEL} percentile"
+BOOTSTRAP_RULE = f"effect and damage intervals: {RESAMPLES} resamples of prompts, {LEVEL} percentile"
 
 
 @KINDS.register
@@ -129,7 +131,10 @@ class PathPatchingScan(Scan):
                 "effect_ci_high": high.numpy(),
             }
         )
-        table["damage"] = self.session.metric.damage(table["effect"], 0.0)
+        damage = self.session.metric.damage
+        table["damage"] = damage(table["effect"], 0.0)
+        ends = np.stack([damage(low.numpy(), 0.0), damage(high.numpy(), 0.0)])  # a decrease's damage swaps the ends
+        table["damage_ci_low"], table["damage_ci_high"] = ends.min(0), ends.max(0)
         table["rank"] = table["damage"].rank(ascending=False, method="first").astype(int)
         return table
 
@@ -157,7 +162,12 @@ class PathPatchingScan(Scan):
         fig = draw_circuit(graph, edges, weights, self.title("paths patched, arrows as wide as |effect|"))
         circuit = self.path(".png", "_circuit")
         atomic_savefig(fig, circuit, dpi=120)
-        return [heatmap, circuit]
+        paths = table.assign(mask=table["sender"] + " -> " + table["receivers"])
+        label, title = f"effect ({metric.unit})", self.title("path-patching effects, the largest with their intervals")
+        return [heatmap, circuit, interval_figure(paths, self.path(".png", "_intervals"), title, label, "effect")]
+
+    def file_names(self) -> list[tuple[str, str]]:
+        return [*super().file_names(), ("_circuit", ".png"), ("_intervals", ".png")]
 
 
 def effect_heatmap(table: pd.DataFrame, path: Path, title: str, unit: str) -> Path:

@@ -5,7 +5,10 @@ al. 2022) attend from the end to the indirect object more than to the subject.
 
 With `from_position` (a named position, S2) the attention is read from that position of each prompt instead, to every
 named position: induction heads attend from S2 to S1+1, duplicate-token heads to S1; a position after the query reads
-0 (causal attention)."""
+0 (causal attention).
+
+Each share has its 95% bootstrap interval over the prompts (attn_to_<position>_ci_low, _ci_high: a prompt's queries
+drawn together, 1000 resamples seeded by 0, as the scan is the same in every mode; intervals.py)."""
 
 from pathlib import Path
 
@@ -15,6 +18,7 @@ import torch
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import Targets
 from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.scans.intervals import BOOTSTRAP_RULE, score_intervals
 from headcount.config.scans import PositionAttentionSettings
 from headcount.errors import ConfigError
 from headcount.model.intervention import reads
@@ -49,38 +53,49 @@ class PositionAttentionScan(Scan):
 
     def fingerprint_parts(self) -> tuple:
         start = self.cfg.from_position
-        return (self.kind, self.session.positions, *([] if start is None else [f"from {start}"]))
+        parts = (self.kind, self.session.positions, *([] if start is None else [f"from {start}"]))
+        return (*parts, BOOTSTRAP_RULE)
 
     def compute(self, key: str) -> pd.DataFrame:
         session = self.session
         names = [name for name in session.positions if name != "end"]
         L, H = session.model.n_layers, session.model.max_heads
-        sums = torch.zeros(len(names), L, H, dtype=torch.float64)
-        counts = torch.zeros(len(names), dtype=torch.float64)
+        sums, counts = [], []  # per prompt: (K, L, H) attention summed over its queries, (K,) its queries
         for batch in session.batches:
             patterns = reads(["attn.pattern"], range(L))
             with torch.no_grad():
                 session.model(batch["input_ids"], patterns)
             b, t = self.query_points(batch)
+            B = len(batch["input_ids"])
+            sums_BKLH = torch.zeros(B, len(names), L, H, dtype=torch.float64)
+            counts_BK = torch.zeros(B, len(names), dtype=torch.float64)
             for k, name in enumerate(names):
                 to = batch["named_pos"][b, session.positions.index(name)]
                 has = to >= 0
-                counts[k] += float(has.sum())
+                counts_BK[:, k].index_add_(0, b[has].cpu(), torch.ones(int(has.sum()), dtype=torch.float64))
                 for layer in range(L):
                     pattern_BHTT = patterns.read("attn.pattern", layer)
                     h = pattern_BHTT.shape[1]
                     at_NH = pattern_BHTT[b[has], :, t[has], to[has]]
-                    sums[k, layer, :h] += at_NH.double().sum(0).cpu()
+                    sums_BKLH[:, k, layer, :h].index_add_(0, b[has].cpu(), at_NH.double().cpu())
+            sums.append(sums_BKLH)
+            counts.append(counts_BK)
+        sums_EKLH, counts_EK = torch.cat(sums), torch.cat(counts)
         hpl = session.model.heads_per_layer
         layers, heads = (list(x) for x in zip(*all_heads(hpl)))
-        means = sums / counts.clamp_min(1)[:, None, None]
-        return pd.DataFrame(
+        means = sums_EKLH.sum(0) / counts_EK.sum(0).clamp_min(1)[:, None, None]
+        table = pd.DataFrame(
             {
                 "layer": layers,
                 "head": heads,
                 **{f"attn_to_{n}": means[k, layers, heads].numpy() for k, n in enumerate(names)},
             }
         )
+        for k, name in enumerate(names):  # each share's interval over the prompts (their queries drawn together)
+            if counts_EK[:, k].sum() > 0:
+                columns, _ = score_intervals(sums_EKLH[:, k][:, layers, heads], counts_EK[:, k], f"attn_to_{name}", 0)
+                table = table.assign(**{c: v for c, v in columns.items() if c != "top_share"})
+        return table
 
     def query_points(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(prompt, position) of every query the attention is read from: the scored points, or from_position."""
@@ -101,5 +116,5 @@ class PositionAttentionScan(Scan):
                 "share of attention (fraction)",
             )
             for column in table.columns
-            if column.startswith("attn_to_")
+            if column.startswith("attn_to_") and not column.endswith(("_ci_low", "_ci_high"))
         ]
