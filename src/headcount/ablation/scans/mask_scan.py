@@ -39,7 +39,7 @@ SCAN_COLUMNS += ["delta_loss_ci_low", "delta_loss_ci_high", "top_share"]  # inte
 
 
 class MaskScan(Scan):
-    reads = Scan.reads | {"evaluator", "positions", "baseline", "counterpart"}
+    reads = Scan.reads | {"evaluator", "positions", "baseline", "counterpart", "counterpart_sums"}
 
     def masks(self) -> list[HeadMask]:
         raise NotImplementedError
