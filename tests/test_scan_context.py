@@ -130,3 +130,13 @@ def test_a_head_circuit_of_a_ranking_s_top_heads_declares_the_ranking_and_runs_a
     damage = run.results("single_head", mode="zero")["delta_loss"].to_numpy()  # loss: its damage is its delta
     top2 = run.results("single_head", mode="zero")["mask"].to_numpy()[damage.argsort()[::-1][:2]]
     assert table["mask"].iloc[0] == "circuit: " + "+".join(sorted(top2))
+
+
+def test_the_api_checks_a_scan_s_settings_once(run_dir, monkeypatch):
+    """Settings are validated once (ablation/checks.py), on the command line (tests/test_scan_settings.py
+    `test_a_session_checks_each_scan_once`) and in the API: Run.scan's session checks the scan, nothing again."""
+    calls = []
+    check = KINDS["pairs"].check
+    monkeypatch.setattr(KINDS["pairs"], "check", classmethod(lambda cls, *a: calls.append(a) or check(*a)))
+    table = headcount.load_run(run_dir).scan("pairs", top_k=2)
+    assert len(calls) == 1 and len(table) == 1  # the one pair of the top 2 heads
