@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from headcount.config.model import ModelConfig, cross_attention, validate_model_config
 from headcount.errors import ConfigError
-from headcount.labels import HEAD_KINDS, KIND_NAMES, kind_head_label, parse_kind_head
+from headcount.labels import HEAD_KINDS, KIND_NAMES, KindRows, kind_head_label, parse_kind_head
 from headcount.model.intervention import Gates as GateHook
 from headcount.model.intervention import Hook, Intervention, reads
 from headcount.model.sites import Site
@@ -63,6 +63,16 @@ class EncoderDecoder(nn.Module):
             "dec": (self.decoder.n_layers, self.decoder.max_heads),
             "cross": (self.decoder.n_layers, cross_heads),
         }
+
+    @property
+    def heads_per_layer(self) -> KindRows:
+        """Every head as one grid, the scans' view (labels.KindRows): rows the encoder's layers, the decoder's, then
+        its cross-attention layers."""
+        return KindRows(self.head_kinds)
+
+    @property
+    def max_heads(self) -> int:
+        return max(self.heads_per_layer)
 
     def forward(
         self,
@@ -131,6 +141,21 @@ class EncoderDecoder(nn.Module):
         """The decoder's logits (B, T, vocab) given the encoder's output; gates the decoder self-attention's,
         cross_gates the cross-attention's (a `Gates` hook at each layer's cross.z); replacements by kind and cache as
         in forward."""
+        stream_BTC = self.decode_stream(tgt_BT, memory_BSC, src_keep, gates, cross_gates, replacements, cache)
+        return self.decoder.unembed(stream_BTC)
+
+    def decode_stream(
+        self,
+        tgt_BT: Tensor,
+        memory_BSC: Tensor,
+        src_keep: Tensor | None = None,
+        gates: Tensor | None = None,
+        cross_gates: Tensor | None = None,
+        replacements: dict[str, list[Tensor | None]] | None = None,
+        cache: dict | None = None,
+    ) -> Tensor:
+        """decode's final stream (B, T, C), before the final norm and the unembedding: what a scan's metric reads at
+        its score points."""
         replacements = replacements or {}
         hooks = [] if gates is None else GateHook(gates, replacements.get("dec")).hooks()
         if cross_gates is not None:
@@ -141,7 +166,7 @@ class EncoderDecoder(nn.Module):
         stream_BTC = dec.forward_layers(dec.embed(tgt_BT), 0, intervention, memory=Memory(memory_BSC, src_keep))
         if cache is not None:
             cache.update(named_reads("dec", intervention))
-        return dec.unembed(stream_BTC)
+        return stream_BTC
 
     @staticmethod
     def check_kinds(by_kind: dict | None, key: str) -> dict:
