@@ -53,8 +53,12 @@ def tiny_seq2seq(dtype: torch.dtype, seed: int = 0) -> EncoderDecoder:
 def pairs(n: int = 7, seed: int = 1) -> dict:
     """n source/target pairs of different lengths, right-padded (sources 2-6 tokens, targets 1-6)."""
     g = torch.Generator().manual_seed(seed)
-    sources = [torch.randint(3, 30, (int(torch.randint(2, 7, (), generator=g)),), generator=g).tolist() for _ in range(n)]
-    targets = [torch.randint(3, 30, (int(torch.randint(1, 7, (), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+    def sentence(shortest: int) -> list[int]:
+        return torch.randint(3, 30, (int(torch.randint(shortest, 7, (), generator=g)),), generator=g).tolist()
+
+    sources = [sentence(2) for _ in range(n)]
+    targets = [sentence(1) for _ in range(n)]
     batch = seq2seq_batch(sources, targets, start_id=1, pad_id=0)
     return {**batch, "loss_mask": batch["loss_mask"].bool()}
 
@@ -97,7 +101,8 @@ def test_cross_l1h0_and_a_layer_unit_against_gates_written_by_hand(dtype):
     evaluator = Seq2SeqEvaluator(model, to_batches(batch, 8, CPU))
     grid = model.heads_per_layer
     masks = requested_masks(["cross.L1H0"], grid) + [m for m in layer_masks(grid) if m.name == "dec.L0"]
-    assert [(m.name, m.kind, m.layer, m.head) for m in masks] == [("cross.L1H0", "cross", 1, 0), ("dec.L0", "dec", 0, -1)]
+    about = [(m.name, m.kind, m.layer, m.head) for m in masks]
+    assert about == [("cross.L1H0", "cross", 1, 0), ("dec.L0", "dec", 0, -1)]
     cross = torch.ones(2, 2, dtype=dtype)
     cross[1, 0] = 0
     decoder = torch.ones(2, 3, dtype=dtype)
@@ -151,9 +156,7 @@ def test_mean_ablation_equals_the_hand_computed_means_of_each_kind(dtype, per_po
     masks = requested_masks(["cross.L1H0", "enc.L0H2", "dec.L1H1+cross.L0H1"], grid) + layer_masks(grid)[:1]
     got = evaluator.evaluate(masks_to_gates(masks, grid, dtype))["loss"].tolist()
     replacements = {kind: [m.to(dtype) for m in means[kind]] for kind in means}
-    expected = [
-        loss_with(model, batch, gates_off(model, heads_of(m, model), dtype=dtype), replacements) for m in masks
-    ]
+    expected = [loss_with(model, batch, gates_off(model, heads_of(m, model), dtype=dtype), replacements) for m in masks]
     assert got == pytest.approx(expected, abs=TOLERANCE[dtype])
     zero = Seq2SeqEvaluator(model, to_batches(batch, 4, CPU)).evaluate(masks_to_gates(masks, grid, dtype))["loss"]
     assert not torch.allclose(zero, torch.tensor(got, dtype=zero.dtype))  # mean differs from zero: the check binds
@@ -238,8 +241,9 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         "ablation.scans.direct_effect.kind='direct_effect': a head's direct effect reads one stack's residual stream "
         "into the logits; " + takes: settings(scans={"direct_effect": {"kind": "direct_effect"}}),
         "ablation.mode='patch': " + takes: settings(mode="patch"),
-        "ablation.prune.export=True: a structural export is not built for an encoder-decoder; "
-        + takes: settings(prune={"export": True}),
+        "ablation.prune.export=True: a structural export is not built for an encoder-decoder; " + takes: settings(
+            prune={"export": True}
+        ),
     }
     for line, s in cases.items():
         with pytest.raises(ConfigError) as error:
