@@ -349,3 +349,20 @@ def test_headcount_ablate_scans_an_encoder_decoder_from_the_command_line(trained
     )  # fmt: skip
     assert refused.returncode != 0
     assert "ablation.scans.head_scores.kind='head_scores': its previous-token and induction scores" in refused.stderr
+
+
+def test_a_table_by_kind_hands_other_scans_each_head_at_its_grid_row():
+    from types import SimpleNamespace
+
+    from headcount.ablation.session import AblationSession
+
+    grid = tiny_seq2seq(torch.float32).heads_per_layer
+    masks = single_head_masks(grid)
+    table = pd.DataFrame(
+        {"kind": [m.kind for m in masks], "layer": [m.layer for m in masks], "head": [m.head for m in masks]}
+    ).assign(value=range(len(masks)))
+    values = AblationSession.layer_head_tensor(SimpleNamespace(heads_per_layer=grid), table, "value")
+    assert values.shape == (6, 3)
+    for i, mask in enumerate(masks):
+        assert values[mask.heads_off[0]] == i, mask.name
+    assert values[grid.row("cross", 1), 2] == 0  # cross-attention layers have 2 heads: the third slot is no head
