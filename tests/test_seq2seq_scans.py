@@ -19,8 +19,8 @@ from headcount.ablation.engine.masks import (
     requested_masks,
     single_head_masks,
 )
-from headcount.ablation.engine.modes import Mean, Replacements, Resample, mean_z
-from headcount.ablation.engine.seq2seq_evaluator import Seq2SeqEvaluator
+from headcount.ablation.engine.modes import Mean, Replacements, Resample, Zero, mean_z
+from headcount.ablation.engine.seq2seq_evaluator import Seq2SeqEvaluator, by_kind
 from headcount.ablation.seq2seq_checks import refuse_one_stack_only
 from headcount.ablation.session import typed_ablation
 from headcount.config.ablation import AblationConfig
@@ -233,7 +233,7 @@ def settings(**ablation) -> AblationConfig:
 def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
-        "leave_one_in, custom in modes zero, mean, resample"
+        "leave_one_in, custom, importance in modes zero, mean, resample"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "
@@ -366,3 +366,49 @@ def test_a_table_by_kind_hands_other_scans_each_head_at_its_grid_row():
     for i, mask in enumerate(masks):
         assert values[mask.heads_off[0]] == i, mask.name
     assert values[grid.row("cross", 1), 2] == 0  # cross-attention layers have 2 heads: the third slot is no head
+
+
+def test_gradient_importance_of_every_kind_equals_central_finite_differences_of_the_loss_in_the_gate():
+    from headcount.ablation.engine.metrics import Loss
+    from headcount.ablation.methods.attribution import attribute
+
+    dtype = torch.float64
+    model, batch = tiny_seq2seq(dtype), pairs()
+    grid = model.heads_per_layer
+    mask_LH = torch.full((len(grid), max(grid)), 0.5, dtype=dtype)  # an interior point: both sides of the gate exist
+    mean = Replacements(Mean(), mean_z(model, to_batches(batch, 3, CPU), False))
+    for prepared in (Replacements(Zero()), mean):
+        attribution = attribute(model, to_batches(batch, 4, CPU), prepared, Loss(), mask_LH)
+        replacements = None if prepared.means is None else by_kind(model, prepared.means)
+        for label in ("enc.L0H1", "dec.L1H2", "cross.L1H0"):
+            row, head = requested_masks([label], grid)[0].heads_off[0]
+            eps = 1e-5
+
+            def loss_at(g: float, examples: dict = batch, at=(row, head), replaced=replacements) -> float:
+                gates_LH = mask_LH.clone()
+                gates_LH[at] = g
+                return loss_with(model, examples, by_kind(model, gates_LH), replaced)
+
+            slope = (loss_at(0.5 + eps) - loss_at(0.5 - eps)) / (2 * eps)
+            assert float(attribution.estimate_LH[row, head]) == pytest.approx(-slope, abs=1e-7), label
+            assert abs(slope) > 1e-4  # the head moves the loss: the check binds
+            alone = [{name: column[i : i + 1] for name, column in batch.items()} for i in range(7)]
+            slopes = [(loss_at(0.5 + eps, one) - loss_at(0.5 - eps, one)) / (2 * eps) for one in alone]
+            expected = sum(abs(x) for x in slopes) / 7  # Michel's form: the mean over examples of |dL_x/dg|
+            assert float(attribution.example_abs_LH[row, head]) == pytest.approx(expected, abs=1e-7), label
+        one_batch = attribute(model, to_batches(batch, 8, CPU), prepared, Loss(), mask_LH)
+        assert torch.allclose(one_batch.batch_abs_LH, one_batch.estimate_LH.abs(), atol=1e-12)  # one batch: |total|
+        assert torch.allclose(one_batch.estimate_LH, attribution.estimate_LH, atol=1e-12)  # batches sum exactly
+
+
+def test_importance_scan_names_each_head_by_kind(trained):
+    import headcount
+
+    run = headcount.load_run(trained, device="cpu")
+    single = run.scan("single_head").set_index("mask")
+    table = run.scan("importance")
+    assert list(table.columns[:3]) == ["kind", "layer", "head"]
+    assert table["kind"].tolist() == ["enc"] * 4 + ["dec"] * 4 + ["cross"] * 4
+    row = table[(table["kind"] == "cross") & (table["layer"] == 1) & (table["head"] == 0)].iloc[0]
+    assert row["single_head_delta"] == pytest.approx(single.loc["cross.L1H0", "delta_loss"], rel=1e-6)  # CSV digits
+    assert (table["grad_importance_raw"] > 0).all()

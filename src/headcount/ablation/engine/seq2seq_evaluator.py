@@ -104,15 +104,7 @@ class Seq2SeqEvaluator(MaskEvaluator):
         return Seq2SeqCleanPass([memory_BSC], [], replacement, targets, None, sums, example_sums, batch=batch)
 
     def batch_replacements(self, batch: dict[str, Tensor]) -> list[Tensor | None] | None:
-        """Per grid row what an ablated head's z becomes (None: zero): the mode's means, cut to this batch's source
-        or target length where per position, or every row's z on the paired reference examples."""
-        prepared = self.replacements
-        if prepared.means is not None:
-            lengths = [batch["src_ids" if kind == "enc" else "input_ids"].shape[1] for kind, _ in self.grid.rows]
-            return [mean[:n] if mean.ndim == 3 else mean for mean, n in zip(prepared.means, lengths)]
-        if prepared.mode.per_example:
-            return grid_z(self.model, batch["source_src_ids"], batch["source_src_mask"], batch["source_ids"])
-        return None
+        return grid_replacements(self.model, self.replacements, batch)
 
     def masked_pass(
         self, clean: "Seq2SeqCleanPass", gates_PLH: Tensor, start: int, position_P: Tensor
@@ -153,3 +145,27 @@ class Seq2SeqEvaluator(MaskEvaluator):
 def repeated(value: Tensor | None, P: int) -> Tensor | None:
     """A per-example replacement (B, X, H, D) repeated for P masks; a mean (H, D) or (X, H, D) as it is."""
     return value.repeat(P, 1, 1, 1) if value is not None and value.ndim == 4 else value
+
+
+def grid_replacements(
+    model: EncoderDecoder, prepared: Replacements, batch: dict[str, Tensor]
+) -> list[Tensor | None] | None:
+    """Per grid row what an ablated head's z becomes (None: zero): the mode's means, cut to this batch's source or
+    target length where per position, or every row's z on the paired reference examples."""
+    if prepared.means is not None:
+        lengths = [
+            batch["src_ids" if kind == "enc" else "input_ids"].shape[1] for kind, _ in model.heads_per_layer.rows
+        ]
+        return [mean[:n] if mean.ndim == 3 else mean for mean, n in zip(prepared.means, lengths)]
+    if prepared.mode.per_example:
+        return grid_z(model, batch["source_src_ids"], batch["source_src_mask"], batch["source_ids"])
+    return None
+
+
+def by_kind(model: EncoderDecoder, grid_values: list | Tensor) -> dict:
+    """Grid gates (..., L, H) or per-row values (a list) split into the model's by kind: each kind's rows, its gates
+    cut to its own heads."""
+    grid, heads = model.heads_per_layer, {kind: shape[1] for kind, shape in model.head_kinds.items()}
+    if isinstance(grid_values, Tensor):
+        return {kind: grid_values[..., grid.kind_rows(kind), : heads[kind]] for kind in grid.kinds()}
+    return {kind: [grid_values[row] for row in grid.kind_rows(kind)] for kind in grid.kinds()}

@@ -14,6 +14,7 @@ from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.methods.attribution import attribute
 from headcount.ablation.methods.importance import normalize_per_layer
 from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
+from headcount.ablation.scans.by_kind import kind_panels, with_kinds
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig
 from headcount.plotting import head_heatmap
@@ -50,7 +51,7 @@ class ImportanceScan(Scan):
         delta_LH = single_head_delta(session, compute=False)
         if delta_LH is not None:
             table["single_head_delta"] = delta_LH[layers, heads].numpy()
-        return table
+        return with_kinds(table, hpl)  # an encoder-decoder's grid rows as each head's kind and layer
 
     def use(self, table: pd.DataFrame) -> None:
         self.session.hand(self.kind, self.session.layer_head_tensor(table, "grad_importance_raw"))
@@ -63,4 +64,6 @@ class ImportanceScan(Scan):
             what, unit = "gradient importance E|dL/dg|", f"E|dL/dg| ({metric.unit} per unit of gate)"
         if metric.named_in_results:
             what = f"{what} of {metric.name}"
+        if "kind" in table:  # an encoder-decoder's: a panel per kind of head
+            return [kind_panels(table, self.path(".png"), "grad_importance", self.title(what), unit)]
         return [head_heatmap(table, self.path(".png"), "grad_importance", self.title(what), unit)]

@@ -1,4 +1,5 @@
-"""An encoder-decoder's scan figures draw its three kinds of heads apart: one (layer, head) panel per kind (encoder
+"""An encoder-decoder's heads in tables and figures: a table of grid rows gets each head's kind and its kind's own
+layer (`with_kinds`), and figures draw the three kinds of heads apart: one (layer, head) panel per kind (encoder
 self-attention, decoder self-attention, cross-attention), on one colour scale centred on zero, so that a cell is read
 against the cells of every kind; a layer scan's figure is one column with a row per kind's layer (enc.L0, cross.L1)."""
 
@@ -9,7 +10,7 @@ import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 
 from headcount.io import atomic_savefig
-from headcount.labels import HEAD_KINDS, KIND_NAMES
+from headcount.labels import HEAD_KINDS, KIND_NAMES, KindRows
 from headcount.plotting import layer_head_grid, new_figure
 
 
@@ -46,3 +47,14 @@ def kind_panels(table: pd.DataFrame, path: Path, value: str, title: str, value_l
     fig.suptitle(title, fontsize=9)
     atomic_savefig(fig, path, dpi=120)
     return Path(path)
+
+
+def with_kinds(table: pd.DataFrame, heads_per_layer: list[int]) -> pd.DataFrame:
+    """A table whose `layer` column holds grid rows, with a `kind` column before it and the kind's own layer in it
+    on an encoder-decoder (labels.KindRows); unchanged on a one-stack model."""
+    if not isinstance(heads_per_layer, KindRows):
+        return table
+    rows = [heads_per_layer.rows[row] for row in table["layer"]]
+    table = table.assign(layer=[layer for _, layer in rows])
+    table.insert(table.columns.get_loc("layer"), "kind", [kind for kind, _ in rows])
+    return table
