@@ -22,8 +22,8 @@ from headcount.ablation.engine.masks import HeadMask
 from headcount.ablation.engine.metrics import Metric
 from headcount.ablation.engine.metrics import table_metric as metric_of
 from headcount.ablation.scans.base import Scan, ScanResult
-from headcount.ablation.scans.intervals import BOOTSTRAP_RULE, example_points, interval_figure, with_intervals
 from headcount.ablation.scans.by_kind import kind_panels
+from headcount.ablation.scans.intervals import BOOTSTRAP_RULE, example_points, interval_figure, with_intervals
 from headcount.plotting import head_heatmap, heatmap
 
 EXAMPLE_BASELINE = "no head off (each example's baseline)"  # the mask evaluated beside a scan's for its intervals
