@@ -233,7 +233,7 @@ def settings(**ablation) -> AblationConfig:
 def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
-        "leave_one_in, custom, importance in modes zero, mean, resample"
+        "leave_one_in, custom, importance, pruning in modes zero, mean, resample"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "
@@ -412,3 +412,35 @@ def test_importance_scan_names_each_head_by_kind(trained):
     row = table[(table["kind"] == "cross") & (table["layer"] == 1) & (table["head"] == 0)].iloc[0]
     assert row["single_head_delta"] == pytest.approx(single.loc["cross.L1H0", "delta_loss"], rel=1e-6)  # CSV digits
     assert (table["grad_importance_raw"] > 0).all()
+
+
+def test_pruning_curves_over_every_kind_and_each_kind_alone(trained):
+    import headcount
+    from headcount.ablation.engine.metrics import Loss
+    from headcount.ablation.methods.pruning import prunable_fractions
+
+    run = headcount.load_run(trained, device="cpu")
+    examples = run.finished.examples("val", 24, "ablation.split")
+    curves = run.scan("pruning")
+    assert list(dict.fromkeys(curves["kind"])) == ["all", "enc", "dec", "cross"]
+    assert curves.groupby("kind")["n_pruned"].max().to_dict() == {"all": 12, "enc": 4, "dec": 4, "cross": 4}
+    cross = curves[(curves["kind"] == "cross") & (curves["order"] == "gradient")].drop_duplicates("n_pruned")
+    cross = cross.set_index("n_pruned")  # fractions that round to the same count prune the same heads
+    every_cross = [f"cross.L{layer}H{head}" for layer in range(2) for head in range(2)]
+    assert cross.loc[4, "loss"] == pytest.approx(
+        loss_with(run.model, examples, gates_off(run.model, every_cross)), rel=1e-5
+    )
+    importance = run.scan("importance")
+    by_cross = importance[importance["kind"] == "cross"].sort_values(["grad_importance", "grad_importance_raw"])
+    first = (
+        f"cross.L{by_cross.iloc[0]['layer']}H{by_cross.iloc[0]['head']}"  # the least important cross head goes first
+    )
+    assert cross.loc[1, "loss"] == pytest.approx(
+        loss_with(run.model, examples, gates_off(run.model, [first])), rel=1e-5
+    )
+    summary = run.summary("zero")
+    baseline, tolerance = summary["baseline_loss"], 0.01
+    for kind in ("enc", "dec", "cross"):
+        expected = prunable_fractions(curves[curves["kind"] == kind], baseline, tolerance, Loss())
+        assert summary["prunable_fraction_by_kind"][kind] == expected, kind
+    assert summary["prunable_fraction"] == prunable_fractions(curves[curves["kind"] == "all"], baseline, tolerance)

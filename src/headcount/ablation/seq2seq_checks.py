@@ -6,7 +6,7 @@ refused in one line, naming the scan and what an encoder-decoder takes."""
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 
-SEQ2SEQ_SCANS = ("baseline", "single_head", "layer", "leave_one_in", "custom", "importance")
+SEQ2SEQ_SCANS = ("baseline", "single_head", "layer", "leave_one_in", "custom", "importance", "pruning")
 SEQ2SEQ_MODES = ("zero", "mean", "resample")
 
 # Scan kinds an encoder-decoder does not take, and why.
