@@ -444,3 +444,19 @@ def test_pruning_curves_over_every_kind_and_each_kind_alone(trained):
         expected = prunable_fractions(curves[curves["kind"] == kind], baseline, tolerance, Loss())
         assert summary["prunable_fraction_by_kind"][kind] == expected, kind
     assert summary["prunable_fraction"] == prunable_fractions(curves[curves["kind"] == "all"], baseline, tolerance)
+
+
+def test_each_kind_s_prunable_fraction_reads_that_kind_s_curves_alone():
+    from headcount.ablation.engine.metrics import Loss
+    from headcount.ablation.scans.pruning import prunable_by_kind
+
+    # baseline loss 1.0, tolerance 1%: enc stays within it to 1.0, dec to 0.5, cross leaves it at once
+    losses = {"all": [1.0, 1.005, 1.5], "enc": [1.0, 1.0, 1.001], "dec": [1.0, 1.009, 1.2], "cross": [1.0, 1.3, 1.4]}
+    rows = [
+        {"kind": kind, "order": "gradient", "seed": 0, "fraction": f, "n_pruned": n, "loss": loss}
+        for kind, values in losses.items()
+        for f, n, loss in zip((0.0, 0.5, 1.0), (0, 2, 4), values)
+    ]
+    by_kind = prunable_by_kind(pd.DataFrame(rows), 1.0, 0.01, Loss())
+    assert by_kind == {"enc": {"gradient": 1.0}, "dec": {"gradient": 0.5}, "cross": {"gradient": 0.0}}
+    assert prunable_by_kind(pd.DataFrame(rows).drop(columns="kind"), 1.0, 0.01, Loss()) == {}
