@@ -100,15 +100,9 @@ class PruningScan(Scan):
     def use(self, table: pd.DataFrame) -> None:
         metric = self.session.metric
         baseline, tolerance = self.session.baseline[metric.primary], self.session.settings.pruning.tolerance
-        by_kind = {}
+        by_kind = prunable_by_kind(table, baseline, tolerance, metric)
         if "kind" in table:  # an encoder-decoder's: the export and the summary read the curves over every head
-            kinds = table["kind"].astype(str)
-            by_kind = {
-                kind: prunable_fractions(table[kinds == kind], baseline, tolerance, metric)
-                for kind in dict.fromkeys(kinds)
-                if kind != ALL_KINDS
-            }
-            table = table[kinds == ALL_KINDS]
+            table = table[table["kind"].astype(str) == ALL_KINDS]
         prunable = prunable_fractions(table, baseline, tolerance, metric)
         arbitrary = arbitrary_orders(table)
         self.session.hand(self.kind, prunable)
@@ -117,6 +111,18 @@ class PruningScan(Scan):
 
 
 ALL_KINDS = "all"  # the kind column's value for the curves over every head of an encoder-decoder
+
+
+def prunable_by_kind(curves: pd.DataFrame, baseline: float, tolerance: float, metric: Metric) -> dict:
+    """Each kind's prunable fractions from its own curves (an encoder-decoder's table); {} for a table without kinds."""
+    if "kind" not in curves:
+        return {}
+    kinds = curves["kind"].astype(str)
+    return {
+        kind: prunable_fractions(curves[kinds == kind], baseline, tolerance, metric)
+        for kind in dict.fromkeys(kinds)
+        if kind != ALL_KINDS
+    }
 
 
 class KindScope:
