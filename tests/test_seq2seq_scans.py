@@ -208,6 +208,13 @@ def test_masks_name_heads_by_kind_and_refuse_what_the_model_lacks(tmp_path):
     masks_file.write_text("- [enc.L0H1, cross.L1H0]\n- {name: cross-all, heads: [cross.L0H0, cross.L0H1]}\n")
     custom = load_custom_masks(masks_file, grid, "ablation.scans.custom.masks_file")
     assert [m.name for m in custom] == ["enc.L0H1+cross.L1H0", "cross-all"]
+    masks_file.write_text("- [cross.L0H1, L0H1]\n")
+    with pytest.raises(ConfigError) as error:
+        load_custom_masks(masks_file, grid, "ablation.scans.custom.masks_file")
+    assert str(error.value) == (
+        f"ablation.scans.custom.masks_file='{masks_file} entry 0: L0H1': an encoder-decoder's heads are named by kind: "
+        "enc.L1H3, dec.L1H3 or cross.L1H3"
+    )
     masks_file.write_text("- [[0, 1]]\n")
     with pytest.raises(ConfigError, match="each mask is a list of head names"):
         load_custom_masks(masks_file, grid, "ablation.scans.custom.masks_file")
@@ -241,9 +248,8 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         "ablation.scans.direct_effect.kind='direct_effect': a head's direct effect reads one stack's residual stream "
         "into the logits; " + takes: settings(scans={"direct_effect": {"kind": "direct_effect"}}),
         "ablation.mode='patch': " + takes: settings(mode="patch"),
-        "ablation.prune.export=True: a structural export is not built for an encoder-decoder; " + takes: settings(
-            prune={"export": True}
-        ),
+        "ablation.prune.export=True: structural pruning rebuilds one stack's self-attention (Transformer.select_heads), "
+        "and an encoder-decoder's cross-attention has no such rebuild yet; " + takes: settings(prune={"export": True}),
     }
     for line, s in cases.items():
         with pytest.raises(ConfigError) as error:

@@ -51,7 +51,9 @@ def refuse_one_stack_only(settings: AblationConfig, task_source: str | None, sev
         )
     if settings.prune.export:
         raise ConfigError(
-            "ablation.prune.export", True, f"a structural export is not built for an encoder-decoder; {takes()}"
+            "ablation.prune.export",
+            True,
+            f"structural pruning rebuilds one stack's self-attention (Transformer.select_heads), and an encoder-decoder's cross-attention has no such rebuild yet; {takes()}",
         )
     if several_processes:
         raise ConfigError(

@@ -152,7 +152,7 @@ def custom_mask(entry, where: str, heads_per_layer: list[int], key: str) -> Head
     if isinstance(heads_per_layer, KindRows):  # heads by name: [layer, head] would not say which kind
         if not isinstance(entry, list) or not all(isinstance(item, str) for item in entry):
             raise ConfigError(key, f"{where}: {json.dumps(entry)}", allowed)
-        heads = tuple(sorted({grid_head(item, heads_per_layer, key) for item in entry}))
+        heads = tuple(sorted({grid_head(item, heads_per_layer, key, where) for item in entry}))
     else:
         if not isinstance(entry, list) or not all(is_pair(pair) for pair in entry):
             raise ConfigError(key, f"{where}: {json.dumps(entry)}", allowed)
@@ -228,18 +228,19 @@ def parsed_head(item: Head | str, key: str) -> Head:
     raise ConfigError(key, item, 'a head is a (layer, head) pair or a name such as "L1H3"')
 
 
-def grid_head(item: str, grid: KindRows, key: str) -> Head:
+def grid_head(item: str, grid: KindRows, key: str, where: str = "") -> Head:
     """(row, head) in an encoder-decoder's grid of a head named by kind (cross.L1H3); one ConfigError naming the
     kinds, layers or heads the model has otherwise."""
     example = "enc.L1H3, dec.L1H3 or cross.L1H3"
     parsed = parse_kind_head(item) if isinstance(item, str) else None
     if parsed is None:
         raise ConfigError(key, item if isinstance(item, str) else list(item), f"a head is named like {example}")
+    value = f"{where}: {item}" if where else item  # a masks file's entry says which
     kind, layer, head = parsed
     if kind is None:
-        raise ConfigError(key, item, f"an encoder-decoder's heads are named by kind: {example}")
+        raise ConfigError(key, value, f"an encoder-decoder's heads are named by kind: {example}")
     if kind not in grid.kinds():
-        raise ConfigError(key, item, f"no such head kind; this encoder-decoder's: {', '.join(grid.kinds())}")
+        raise ConfigError(key, value, f"no such head kind; this encoder-decoder's: {', '.join(grid.kinds())}")
     layers = len(grid.kind_rows(kind))
     if layer >= layers:
         raise ConfigError(
@@ -247,7 +248,7 @@ def grid_head(item: str, grid: KindRows, key: str) -> Head:
         )
     row = grid.row(kind, layer)
     if head >= grid[row]:
-        raise ConfigError(key, item, f"no such head: {kind}.L{layer} has heads 0..{grid[row] - 1}")
+        raise ConfigError(key, value, f"no such head: {kind}.L{layer} has heads 0..{grid[row] - 1}")
     return row, head
 
 
