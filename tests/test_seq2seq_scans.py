@@ -248,8 +248,9 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         "ablation.scans.direct_effect.kind='direct_effect': a head's direct effect reads one stack's residual stream "
         "into the logits; " + takes: settings(scans={"direct_effect": {"kind": "direct_effect"}}),
         "ablation.mode='patch': " + takes: settings(mode="patch"),
-        "ablation.prune.export=True: structural pruning rebuilds one stack's self-attention (Transformer.select_heads), "
-        "and an encoder-decoder's cross-attention has no such rebuild yet; " + takes: settings(prune={"export": True}),
+        "ablation.prune.export=True: structural pruning rebuilds one stack's self-attention "
+        "(Transformer.select_heads), and an encoder-decoder's cross-attention has no such rebuild yet; "
+        + takes: settings(prune={"export": True}),
     }
     for line, s in cases.items():
         with pytest.raises(ConfigError) as error:

@@ -20,6 +20,10 @@ NOT_ON_SEQ2SEQ = {
     "head_circuit": "its circuit is built from a decoder's task prompts",
     "kv_groups": "its masks are one stack's key/value groups",
 }
+EXPORT_REASON = (
+    "structural pruning rebuilds one stack's self-attention (Transformer.select_heads), and an encoder-decoder's "
+    "cross-attention has no such rebuild yet; "
+)
 NOT_YET = "it is not defined on an encoder-decoder's three kinds of heads"
 
 
@@ -53,7 +57,7 @@ def refuse_one_stack_only(settings: AblationConfig, task_source: str | None, sev
         raise ConfigError(
             "ablation.prune.export",
             True,
-            f"structural pruning rebuilds one stack's self-attention (Transformer.select_heads), and an encoder-decoder's cross-attention has no such rebuild yet; {takes()}",
+            EXPORT_REASON + takes(),
         )
     if several_processes:
         raise ConfigError(
