@@ -377,7 +377,7 @@ def test_a_table_by_kind_hands_other_scans_each_head_at_its_grid_row():
 
 def test_gradient_importance_of_every_kind_equals_central_finite_differences_of_the_loss_in_the_gate():
     from headcount.ablation.engine.metrics import Loss
-    from headcount.ablation.methods.attribution import attribute
+    from headcount.ablation.methods.seq2seq_attribution import attribute_heads as attribute
 
     dtype = torch.float64
     model, batch = tiny_seq2seq(dtype), pairs()

@@ -23,7 +23,6 @@ from torch import Tensor
 
 from headcount.ablation.engine.metrics import Metric, Targets, point_values
 from headcount.ablation.engine.modes import Replacements
-from headcount.model.encoder_decoder import EncoderDecoder
 from headcount.model.intervention import Intervention, gated, keep, reads
 from headcount.model.sites import Site
 from headcount.model.transformer import Transformer
@@ -50,10 +49,6 @@ def attribute(
 ) -> Attribution:
     """One forward and backward pass per batch (batches as the evaluator takes them); mask_LH: the gates the
     gradient is taken at (default all ones); per_position: also per named position (batches carry named_pos)."""
-    if isinstance(model, EncoderDecoder):  # its heads as one grid of three kinds
-        from headcount.ablation.methods.seq2seq_attribution import attribute_seq2seq
-
-        return attribute_seq2seq(model, batches, replacements, metric, mask_LH)
     was_training = model.training
     model.eval()
     param = next(model.parameters())

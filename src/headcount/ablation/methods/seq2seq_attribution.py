@@ -12,8 +12,22 @@ from torch import Tensor
 from headcount.ablation.engine.metrics import Metric, Targets, point_values
 from headcount.ablation.engine.modes import Replacements
 from headcount.ablation.engine.seq2seq_evaluator import by_kind, grid_replacements
-from headcount.ablation.methods.attribution import Attribution
+from headcount.ablation.methods.attribution import Attribution, attribute
 from headcount.model.encoder_decoder import EncoderDecoder
+from headcount.model.transformer import Transformer
+
+
+def attribute_heads(
+    model: Transformer | EncoderDecoder,
+    batches: list[dict[str, Tensor]],
+    replacements: Replacements,
+    metric: Metric,
+    mask_LH: Tensor | None = None,
+) -> Attribution:
+    """attribute() on a one-stack model, attribute_seq2seq on an encoder-decoder (its heads as one grid of kinds)."""
+    if isinstance(model, EncoderDecoder):
+        return attribute_seq2seq(model, batches, replacements, metric, mask_LH)
+    return attribute(model, batches, replacements, metric, mask_LH)
 
 
 def attribute_seq2seq(

@@ -11,8 +11,8 @@ import pandas as pd
 
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import require_differentiable
-from headcount.ablation.methods.attribution import attribute
 from headcount.ablation.methods.importance import normalize_per_layer
+from headcount.ablation.methods.seq2seq_attribution import attribute_heads
 from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
 from headcount.ablation.scans.by_kind import kind_panels, with_kinds
 from headcount.ablation.scans.single_head import single_head_delta
@@ -35,7 +35,7 @@ class ImportanceScan(Scan):
 
     def compute(self, key: str) -> pd.DataFrame:
         session, hpl = self.session, self.session.model.heads_per_layer
-        attribution = attribute(session.model, session.batches, session.replacements, session.metric)
+        attribution = attribute_heads(session.model, session.batches, session.replacements, session.metric)
         normalize = session.settings.normalize_importance
         scored = lambda raw: normalize_per_layer(raw, hpl) if normalize else raw  # noqa: E731
         layers, heads = (list(x) for x in zip(*all_heads(hpl)))
