@@ -467,3 +467,23 @@ def test_each_kind_s_prunable_fraction_reads_that_kind_s_curves_alone():
     by_kind = prunable_by_kind(pd.DataFrame(rows), 1.0, 0.01, Loss())
     assert by_kind == {"enc": {"gradient": 1.0}, "dec": {"gradient": 0.5}, "cross": {"gradient": 0.0}}
     assert prunable_by_kind(pd.DataFrame(rows).drop(columns="kind"), 1.0, 0.01, Loss()) == {}
+
+
+def test_run_evaluate_refuses_edges_and_unnamed_kinds_on_an_encoder_decoder_in_one_line(trained):
+    import headcount
+
+    run = headcount.load_run(trained, device="cpu")
+    with pytest.raises(ConfigError) as error:
+        run.evaluate(edges_removed=["L0H1 -> logits"])
+    assert str(error.value) == (
+        "edges_removed='on an encoder-decoder': edges and circuits are defined on a decoder's task prompts; an "
+        "encoder-decoder takes head masks (masks=..., heads named enc.L1H3, dec.L1H3, cross.L1H3)"
+    )
+    with pytest.raises(ConfigError) as error:
+        run.evaluate(["L0H1"])
+    assert (
+        str(error.value)
+        == "masks='L0H1': an encoder-decoder's heads are named by kind: enc.L1H3, dec.L1H3 or cross.L1H3"
+    )
+    with pytest.raises(ConfigError, match="^ablation.mode='patch': "):
+        run.evaluate(["cross.L0H1"], mode="patch")
