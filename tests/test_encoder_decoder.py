@@ -254,18 +254,23 @@ def test_the_cache_names_activations_by_site_and_kind():
         parse_stack_site("enc.blocks.0.cross.z")
 
 
-def test_training_preflight_builds_an_encoder_decoder_and_scans_refuse_it_in_one_line():
+def test_training_preflight_builds_an_encoder_decoder_checks_its_scans_and_refuses_a_one_stack_scan_in_one_line():
     from omegaconf import OmegaConf
 
+    from headcount.ablation.session import typed_ablation
     from headcount.cli.preflight import check_ablation, check_fits_in_memory, model_on_meta
 
     trainer = OmegaConf.create({"precision": "32-true", "accelerator": "cpu", "devices": 1, "num_nodes": 1})
     model = model_on_meta(config(), trainer)
     assert isinstance(model, EncoderDecoder) and next(model.parameters()).is_meta
     check_fits_in_memory(model, trainer)
+    check_ablation(typed_ablation(OmegaConf.create({"scans": {"s": {"kind": "single_head"}}})), model)
     with pytest.raises(ConfigError) as error:
-        check_ablation(None, model)
-    assert str(error.value).startswith("model.encoder_layers=3: headcount-ablate's scans run on one-stack models")
+        check_ablation(typed_ablation(OmegaConf.create({"scans": {"e": {"kind": "edge_attribution"}}})), model)
+    assert str(error.value).startswith(
+        "ablation.scans.e.kind='edge_attribution': its circuits are defined on a decoder's task prompts, not through "
+        "cross-attention; an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline,"
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -46,6 +46,7 @@ from headcount.ablation.records.results import read_checked, with_record
 from headcount.ablation.records.summary import read_summary
 from headcount.ablation.scans.base import ScanSettings, typed_scan, typed_scans
 from headcount.ablation.scans.mask_scan import scan_table
+from headcount.ablation.seq2seq_checks import refuse_one_stack_only, refuse_seq2seq_edges
 from headcount.ablation.session import AblationSession, resolve_device, typed_ablation
 from headcount.api_edges import (
     EdgeSets,
@@ -61,6 +62,7 @@ from headcount.config.ablation import AblationConfig, mode_setting_keys
 from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
+from headcount.model.encoder_decoder import EncoderDecoder
 from headcount.model.transformer import Transformer
 from headcount.run_dir import FinishedRun, RunPaths
 from headcount.run_dir import load_run as open_finished_run
@@ -168,6 +170,13 @@ class Run:
         s = self.mode_settings(mode, metric, **settings)
         checked = validate_settings(s, self.task_settings(task))
         refuse_decoder_only(s, None if checked.task is None else str(checked.task.source), self.model.cfg.causal)
+        if isinstance(self.model, EncoderDecoder):
+            if masks is None:
+                refuse_seq2seq_edges(given[0])
+            # the masks given here, not the scans the run's config lists
+            refuse_one_stack_only(
+                dataclasses.replace(s, scans={}), None if checked.task is None else str(checked.task.source)
+            )
         if masks is None:
             refuse_edges(given[0], self.model.cfg.causal)
         planned = plan(checked, lambda _: self.task(task), self.ablation_dir)
@@ -213,6 +222,8 @@ class Run:
         those, one row per name. mode (one that corrupts every sender, as for edges), metric, task and settings as
         for evaluate."""
         s = self.mode_settings(mode, metric, **settings)
+        if isinstance(self.model, EncoderDecoder):
+            refuse_seq2seq_edges("circuit_performance")
         refuse_edges("circuit_performance", self.model.cfg.causal)
         planned = plan(validate_settings(s, self.task_settings(task)), lambda _: self.task(task), self.ablation_dir)
         ranked = checked_rankings(self.model, scores, s, resamples)

@@ -105,3 +105,41 @@ def parse_kind_head(label: str) -> KindHead | None:
     the model's kinds, so a misspelt kind gets a message naming the kinds); None for any other text."""
     match = KIND_HEAD.fullmatch(str(label).strip())
     return (match[1], int(match[2]), int(match[3])) if match else None
+
+
+class KindRows(list):
+    """An encoder-decoder's heads as the one (L, H) grid the scans work on: its rows are the encoder's layers, then
+    the decoder's, then the decoder's cross-attention layers, each row a (kind, layer); as a list, the heads of each
+    row (what `heads_per_layer` is for a one-stack model), so masks, gates and (L, H) tensors keep their shapes.
+    Labels name a row's heads by kind (cross.L1H3) and its whole row by kind and layer (cross.L1)."""
+
+    def __init__(self, kinds: dict[str, tuple[int, int]]):
+        super().__init__(heads for layers, heads in kinds.values() for _ in range(layers))
+        self.rows = [(kind, layer) for kind, (layers, _) in kinds.items() for layer in range(layers)]
+
+    def row(self, kind: str, layer: int) -> int:
+        """The grid row of a kind's layer; ValueError for one the model lacks."""
+        return self.rows.index((kind, int(layer)))
+
+    def head_label(self, row: int, head: int) -> str:
+        return kind_head_label(*self.rows[row], head)
+
+    def layer_label(self, row: int) -> str:
+        kind, layer = self.rows[row]
+        return f"{kind}.L{layer}"
+
+    def kinds(self) -> list[str]:
+        return list(dict.fromkeys(kind for kind, _ in self.rows))
+
+    def kind_rows(self, kind: str) -> list[int]:
+        return [row for row, (k, _) in enumerate(self.rows) if k == kind]
+
+
+def grid_head_label(heads_per_layer: list[int], row: int, head: int) -> str:
+    """A head's label in a model's grid: enc.L1H3 on an encoder-decoder's (KindRows), L1H3 on a one-stack model's."""
+    return heads_per_layer.head_label(row, head) if isinstance(heads_per_layer, KindRows) else head_label(row, head)
+
+
+def grid_layer_label(heads_per_layer: list[int], row: int) -> str:
+    """A layer's label in a model's grid: cross.L1 on an encoder-decoder's, L1 on a one-stack model's."""
+    return heads_per_layer.layer_label(row) if isinstance(heads_per_layer, KindRows) else f"L{row}"

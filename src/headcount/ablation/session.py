@@ -47,6 +47,7 @@ from headcount.ablation.records.summary import read_summary, record_default_metr
 from headcount.ablation.scans import KINDS, Scan
 from headcount.ablation.scans.base import ScanSettings, typed_scans
 from headcount.ablation.scans.mask_scan import MaskScan
+from headcount.ablation.seq2seq_checks import refuse_one_stack_only
 from headcount.ablation.task_seeds import seed_stability, seeded_task, stability_figure
 from headcount.captions import describe_run
 from headcount.config import typed
@@ -55,6 +56,7 @@ from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_write_text
+from headcount.model.encoder_decoder import EncoderDecoder
 from headcount.processes import console, set_first_process
 from headcount.run_dir import RunPaths, load_run, read_pretrained
 
@@ -209,6 +211,8 @@ class AblationSession:
         self.heads_per_layer = self.model.heads_per_layer
         source = None if self.task_cfg is None else str(self.task_cfg.source)
         refuse_decoder_only(s, source, self.model.cfg.causal)
+        if isinstance(self.model, EncoderDecoder):
+            refuse_one_stack_only(s, source, self.world is not None)
 
     def plan_results(self, cfg: DictConfig, checked: CheckedSettings, run_dir: Path) -> None:
         """The task, the metric, the mode against the task and the results' address (ablation/plan.py), the task's
@@ -386,7 +390,12 @@ class AblationSession:
         )
 
     def layer_head_tensor(self, table: pd.DataFrame, column: str) -> Tensor:
-        """(L, H) float64 from a table's layer, head and `column`; 0 where a head has no row."""
-        values_LH = torch.zeros(self.model.n_layers, self.model.max_heads, dtype=torch.float64)
-        values_LH[table["layer"].tolist(), table["head"].tolist()] = torch.tensor(table[column].tolist()).double()
+        """(L, H) float64 from a table's layer, head and `column`; 0 where a head has no row. On an encoder-decoder
+        (L, H) is its head grid, and a row's kind and layer say its grid row."""
+        grid = self.heads_per_layer
+        values_LH = torch.zeros(len(grid), max(grid), dtype=torch.float64)
+        rows = table["layer"].tolist()
+        if "kind" in table:
+            rows = [grid.row(kind, layer) for kind, layer in zip(table["kind"], rows)]
+        values_LH[rows, table["head"].tolist()] = torch.tensor(table[column].tolist()).double()
         return values_LH

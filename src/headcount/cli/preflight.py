@@ -20,6 +20,7 @@ from headcount.ablation.export import check_export
 from headcount.ablation.plan import AblationPlan, plan
 from headcount.ablation.records.distributed import check_scan_trainer
 from headcount.ablation.scans import KINDS
+from headcount.ablation.seq2seq_checks import refuse_one_stack_only
 from headcount.ablation.session import typed_ablation
 from headcount.config import typed, validate_train_config
 from headcount.config.ablation import AblationConfig, unselected_scans_dropped
@@ -160,12 +161,12 @@ class ModelShape:
 def check_ablation(settings: AblationConfig, model: Transformer, cfg: DictConfig | None = None) -> None:
     """The ablation section and each listed scan's checks, those against the model's heads included, and the task
     the config names: its prompts encoded for the model, every prompt checked, the metric and mode against it."""
-    if isinstance(model, EncoderDecoder):
-        allowed = "headcount-ablate's scans run on one-stack models; gate an encoder-decoder's heads from Python"
-        raise ConfigError("model.encoder_layers", model.cfg.encoder_layers, allowed + " (docs/guide/encoders.md)")
     task_cfg = task_config(cfg) if cfg is not None else None
     checked = validate_settings(settings, task_cfg)
-    refuse_decoder_only(settings, None if task_cfg is None else str(task_cfg.source), model.cfg.causal)
+    source = None if task_cfg is None else str(task_cfg.source)
+    refuse_decoder_only(settings, source, model.cfg.causal)
+    if isinstance(model, EncoderDecoder):
+        refuse_one_stack_only(settings, source)
     planned = plan(checked, lambda c: run_task(cfg, model, c), Path("ablation"))  # a run not made yet
     shape = ModelShape(planned, model)
     for name, scan in settings.scans.items():

@@ -36,7 +36,8 @@ def language_model_mask(n: int, seq_len: int) -> np.ndarray:
 
 
 def split_examples(splits: dict, split: str, n: int | None, key: str) -> dict[str, Tensor]:
-    """input_ids (N, T) int64 and loss_mask (N, T) bool of the first n examples (all when n is None)."""
+    """input_ids (N, T) int64 and loss_mask (N, T) bool of the first n examples (all when n is None), and a
+    sequence-to-sequence split's source, src_ids (N, S) int64 and src_mask (N, S) bool."""
     if split not in splits:
         raise ConfigError(key, split, f"allowed: {', '.join(splits)}")
     dataset = splits[split].with_format("torch")
@@ -44,7 +45,8 @@ def split_examples(splits: dict, split: str, n: int | None, key: str) -> dict[st
     if n == 0:
         raise ConfigError(key, split, "has no examples")
     rows = dataset[:n]
-    return {"input_ids": rows["input_ids"].long(), "loss_mask": rows["loss_mask"].bool()}
+    source = {"src_ids": rows["src_ids"].long(), "src_mask": rows["src_mask"].bool()} if "src_ids" in rows else {}
+    return {"input_ids": rows["input_ids"].long(), "loss_mask": rows["loss_mask"].bool(), **source}
 
 
 class ExampleBatches(collections.abc.Sequence):

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from headcount.config.model import ModelConfig, cross_attention, validate_model_config
 from headcount.errors import ConfigError
-from headcount.labels import HEAD_KINDS, KIND_NAMES, kind_head_label, parse_kind_head
+from headcount.labels import HEAD_KINDS, KIND_NAMES, KindRows, kind_head_label, parse_kind_head
 from headcount.model.intervention import Gates as GateHook
 from headcount.model.intervention import Hook, Intervention, reads
 from headcount.model.sites import Site, parse_stack_site
@@ -87,6 +87,16 @@ class EncoderDecoder(nn.Module):
             "dec": (self.decoder.n_layers, self.decoder.max_heads),
             "cross": (self.decoder.n_layers, cross_heads),
         }
+
+    @property
+    def heads_per_layer(self) -> KindRows:
+        """Every head as one grid, the scans' view (labels.KindRows): rows the encoder's layers, the decoder's, then
+        its cross-attention layers."""
+        return KindRows(self.head_kinds)
+
+    @property
+    def max_heads(self) -> int:
+        return max(self.heads_per_layer)
 
     def forward(
         self,
@@ -172,27 +182,51 @@ class EncoderDecoder(nn.Module):
         cross_gates the cross-attention's (a `Gates` hook at each layer's cross.z); replacements by kind and cache as
         in forward; intervention: the decoder's (StackIntervention.dec), in place of gates, replacements and cache."""
         dec = self.decoder
-        if intervention is None:
-            replacements = replacements or {}
-            hooks = [] if gates is None else GateHook(gates, replacements.get("dec")).hooks()
-            if cross_gates is not None:
-                cross = GateHook(cross_gates, replacements.get("cross"), site="cross.z", key="gates['cross']")
-                hooks += cross.hooks()
-            stack = stack_intervention(dec, hooks, cache is not None, ("cross.z",))
-        else:
+        stack = self.decoder_intervention(gates, cross_gates, replacements, cache, intervention)
+        stream_BTC = self.run_decoder(tgt_BT, memory_BSC, src_keep, stack, cache)
+        if stack is None or not stack.touches(None):
+            return dec.unembed(stream_BTC)
+        normed_BTC = stack.at(FINAL_NORM, dec.ln_f(stream_BTC))
+        return stack.at(LOGITS, dec.lm_head(dec.readout(normed_BTC)))
+
+    def decode_stream(
+        self,
+        tgt_BT: Tensor,
+        memory_BSC: Tensor,
+        src_keep: Tensor | None = None,
+        gates: Tensor | None = None,
+        cross_gates: Tensor | None = None,
+        replacements: dict[str, list[Tensor | None]] | None = None,
+        cache: dict | None = None,
+    ) -> Tensor:
+        """decode's final stream (B, T, C), before the final norm and the unembedding: what a scan's metric reads at
+        its score points."""
+        stack = self.decoder_intervention(gates, cross_gates, replacements, cache, None)
+        return self.run_decoder(tgt_BT, memory_BSC, src_keep, stack, cache)
+
+    def decoder_intervention(self, gates, cross_gates, replacements, cache, intervention):
+        """The decoder stack's intervention: the user's (alone), or the gates' hooks by kind and the cache's reads."""
+        if intervention is not None:
             given = gates is not None or cross_gates is not None or replacements or cache is not None
             check_alone(intervention, given)
-            stack = intervention
+            return intervention
+        replacements = replacements or {}
+        hooks = [] if gates is None else GateHook(gates, replacements.get("dec")).hooks()
+        if cross_gates is not None:
+            cross = GateHook(cross_gates, replacements.get("cross"), site="cross.z", key="gates['cross']")
+            hooks += cross.hooks()
+        return stack_intervention(self.decoder, hooks, cache is not None, ("cross.z",))
+
+    def run_decoder(self, tgt_BT, memory_BSC, src_keep, stack, cache) -> Tensor:
+        """The decoder's layers from its embedding (after the stack's embed hooks), its cache filled where asked."""
+        dec = self.decoder
         stream_BTC = dec.embed(tgt_BT)
         if stack is not None and stack.touches(None):
             stream_BTC = stack.at(EMBED, stream_BTC)
         stream_BTC = dec.forward_layers(stream_BTC, 0, stack, memory=Memory(memory_BSC, src_keep))
         if cache is not None:
             cache.update(named_reads("dec", stack))
-        if stack is None or not stack.touches(None):
-            return dec.unembed(stream_BTC)
-        normed_BTC = stack.at(FINAL_NORM, dec.ln_f(stream_BTC))
-        return stack.at(LOGITS, dec.lm_head(dec.readout(normed_BTC)))
+        return stream_BTC
 
     @staticmethod
     def check_kinds(by_kind: dict | None, key: str) -> dict:

@@ -17,11 +17,13 @@ from torch import Tensor
 from headcount.ablation.engine.evaluator import MaskEvaluator, MaskTotals
 from headcount.ablation.engine.metrics import Metric, Targets
 from headcount.ablation.engine.modes import AblationMode, Replacements, ReplacementStore
+from headcount.ablation.engine.seq2seq_evaluator import Seq2SeqEvaluator
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches
 from headcount.errors import ConfigError
+from headcount.model.encoder_decoder import EncoderDecoder
 from headcount.model.transformer import Transformer
 from headcount.run_dir import FinishedRun
 from headcount.tasks import ByteTokens, HFTokens, IdsOnly, TaskSet, TaskTokenizer, build_task
@@ -133,7 +135,10 @@ def evaluation(
     replacements = mode.prepare(s, model, data, files)
     batches = to_batches(data.examples, s.batch_size, device)
     budget = None if s.memory_budget_mb is None else s.memory_budget_mb * 2**20
-    evaluator = MaskEvaluator(model, batches, replacements, s.masks_per_pass, budget, metric=metric)
+    if isinstance(model, EncoderDecoder):  # its heads as one grid of three kinds (seq2seq_evaluator.py)
+        evaluator = Seq2SeqEvaluator(model, batches, replacements, s.masks_per_pass, budget, metric=metric)
+    else:
+        evaluator = MaskEvaluator(model, batches, replacements, s.masks_per_pass, budget, metric=metric)
     return Evaluation(replacements, batches, evaluator)
 
 

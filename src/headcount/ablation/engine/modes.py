@@ -25,10 +25,12 @@ from typing import ClassVar, Protocol
 import torch
 from torch import Tensor
 
+from headcount.ablation.engine.seq2seq_z import grid_mean_z
 from headcount.config.ablation import AblationConfig
 from headcount.data.examples import to_batches
 from headcount.errors import ConfigError
 from headcount.io import atomic_write
+from headcount.model.encoder_decoder import EncoderDecoder
 from headcount.model.intervention import reads
 from headcount.model.transformer import Transformer
 from headcount.registry import Registry
@@ -180,6 +182,9 @@ class Resample(AblationMode):
             saved = {"source_index": source}
             save(path, files, saved)
         data.examples["source_ids"] = data.reference["input_ids"][saved["source_index"]]
+        for column in ("src_ids", "src_mask"):  # an encoder-decoder's source pairs with its target
+            if column in data.reference:
+                data.examples[f"source_{column}"] = data.reference[column][saved["source_index"]]
         return Replacements(self)
 
     def for_batch(self, prepared: Replacements, model: Transformer, batch: dict[str, Tensor]) -> BatchReplacement:
@@ -256,7 +261,10 @@ def clean_z(model: Transformer, idx_BT: Tensor) -> list[Tensor]:
 @torch.no_grad()
 def mean_z(model: Transformer, batches: list[dict[str, Tensor]], per_position: bool) -> list[Tensor]:
     """Each layer's z averaged over the examples and, unless per_position, the positions; summed in float64. Only
-    positions inside an example count (a batch's `valid`, where prompts are padded; all positions otherwise)."""
+    positions inside an example count (a batch's `valid`, where prompts are padded; all positions otherwise). An
+    encoder-decoder's are per row of its head grid (seq2seq_z.py)."""
+    if isinstance(model, EncoderDecoder):
+        return grid_mean_z(model, batches, per_position)
     sums: list = [0.0] * model.n_layers
     counts_T: Tensor | float = 0.0
     for batch in batches:

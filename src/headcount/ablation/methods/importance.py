@@ -19,7 +19,7 @@ from torch import Tensor
 
 from headcount.ablation.engine.metrics import Loss, Metric
 from headcount.ablation.engine.modes import Mean, Replacements, Zero
-from headcount.ablation.methods.attribution import attribute
+from headcount.ablation.methods.seq2seq_attribution import attribute_heads
 from headcount.errors import ConfigError
 from headcount.model.transformer import Transformer
 
@@ -45,7 +45,7 @@ def importance_under(
     and heads a pruned layer lacks, score 0."""
     if not batches:
         raise ConfigError("ablation.n_eval", 0, "gradient importance needs at least one batch")
-    attribution = attribute(model, batches, replacements, metric or Loss(), mask_LH)
+    attribution = attribute_heads(model, batches, replacements, metric or Loss(), mask_LH)
     raw_LH = attribution.example_abs_LH if per_example else attribution.batch_abs_LH
     dtype = next(model.parameters()).dtype
     raw_LH = raw_LH.to(device=next(model.parameters()).device, dtype=dtype)

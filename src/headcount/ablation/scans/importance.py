@@ -15,9 +15,10 @@ import torch
 
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import require_differentiable
-from headcount.ablation.methods.attribution import attribute
 from headcount.ablation.methods.importance import normalize_per_layer
+from headcount.ablation.methods.seq2seq_attribution import attribute_heads
 from headcount.ablation.scans.base import KINDS, Scan, ScanResult, ScanSettings
+from headcount.ablation.scans.by_kind import kind_panels, with_kinds
 from headcount.ablation.scans.intervals import BOOTSTRAP_RULE, score_intervals
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import AblationConfig
@@ -43,7 +44,7 @@ class ImportanceScan(Scan):
 
     def compute(self, key: str) -> ScanResult:
         session, hpl = self.session, self.session.model.heads_per_layer
-        attribution = attribute(session.model, session.batches, session.replacements, session.metric)
+        attribution = attribute_heads(session.model, session.batches, session.replacements, session.metric)
         normalize = session.settings.normalize_importance
         scored = lambda raw: normalize_per_layer(raw, hpl) if normalize else raw  # noqa: E731
         layers, heads = (list(x) for x in zip(*all_heads(hpl)))
@@ -66,7 +67,8 @@ class ImportanceScan(Scan):
         delta_LH = single_head_delta(session, compute=False)
         if delta_LH is not None:
             table["single_head_delta"] = delta_LH[layers, heads].numpy()
-        return ScanResult(table, summary={"intervals": {self.name: entry}})
+        # an encoder-decoder's grid rows as each head's kind and layer
+        return ScanResult(with_kinds(table, hpl), summary={"intervals": {self.name: entry}})
 
     def use(self, table: pd.DataFrame) -> None:
         self.session.hand(self.kind, self.session.layer_head_tensor(table, "grad_importance_raw"))
@@ -79,4 +81,6 @@ class ImportanceScan(Scan):
             what, unit = "gradient importance E|dL/dg|", f"E|dL/dg| ({metric.unit} per unit of gate)"
         if metric.named_in_results:
             what = f"{what} of {metric.name}"
+        if "kind" in table:  # an encoder-decoder's: a panel per kind of head
+            return [kind_panels(table, self.path(".png"), "grad_importance", self.title(what), unit)]
         return [head_heatmap(table, self.path(".png"), "grad_importance", self.title(what), unit)]

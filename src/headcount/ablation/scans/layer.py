@@ -22,6 +22,7 @@ class LayerScan(MaskScan):
     @classmethod
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
         grid = table[table_metric(table)[0]].to_numpy(float)[:, None]
-        labels = [str(layer) for layer in table["layer"]]
+        # an encoder-decoder's rows are a kind's layers, named so (enc.L0, cross.L1)
+        labels = table["mask"].tolist() if "kind" in table else [str(layer) for layer in table["layer"]]
         title = figure_title(table, subject)
         return heatmap(grid, path, title, labels, ["all heads"], "", "layer", table_metric(table)[1])

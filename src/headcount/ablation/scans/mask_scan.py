@@ -1,16 +1,16 @@
 """What the mask scans share: each evaluates a list of named masks exactly, resumably, into one row per mask with the
 metric's values and their deltas against the unmasked model, and draws the metric's delta as its figure.
 
-Columns: scan, mask, layer, head, [position], mode, each metric column (loss and acc for loss), delta_<column> for
-each, [gap_fraction], n_heads_off, delta_<metric>_ci_low and _ci_high, [gap_fraction_ci_low and _ci_high], top_share,
-then how the table was computed (ablation/records/results.py). gap_fraction, on a task with corrupted prompts: the
-mask's delta as a share of the gap between the prompts and their counterparts, delta / (counterpart - baseline) of the
-metric: the fraction of the clean-to-corrupted gap a mask removes (noising) or restores (denoising, where the baseline
-is the corrupted run). delta_<metric>_ci_low and _ci_high: the primary delta's 95% bootstrap interval over the
-examples; gap_fraction's the same over the same resamples (a prompt drawn with its counterpart, the gap resampled
-with the delta); top_share: the share of resamples with the mask among the scan's top heads by damage (intervals.py;
-summary.json's `intervals` entry has their stability); the second figure draws the largest deltas with their
-intervals.
+Columns: scan, mask, [kind: enc, dec or cross on an encoder-decoder], layer, head, [position], mode, each metric column
+(loss and acc for loss), delta_<column> for each, [gap_fraction], n_heads_off, delta_<metric>_ci_low and _ci_high,
+[gap_fraction_ci_low and _ci_high], top_share, then how the table was computed (ablation/records/results.py).
+gap_fraction, on a task with corrupted prompts: the mask's delta as a share of the gap between the prompts and their
+counterparts, delta / (counterpart - baseline) of the metric: the fraction of the clean-to-corrupted gap a mask removes
+(noising) or restores (denoising, where the baseline is the corrupted run). delta_<metric>_ci_low and _ci_high: the
+primary delta's 95% bootstrap interval over the examples; gap_fraction's the same over the same resamples (a prompt
+drawn with its counterpart, the gap resampled with the delta); top_share: the share of resamples with the mask among the
+scan's top heads by damage (intervals.py; summary.json's `intervals` entry has their stability); the second figure draws
+the largest deltas with their intervals.
 """
 
 from functools import cached_property
@@ -24,6 +24,7 @@ from headcount.ablation.engine.masks import HeadMask
 from headcount.ablation.engine.metrics import Metric
 from headcount.ablation.engine.metrics import table_metric as metric_of
 from headcount.ablation.scans.base import Scan, ScanResult
+from headcount.ablation.scans.by_kind import kind_panels
 from headcount.ablation.scans.intervals import (
     BOOTSTRAP_RULE,
     example_points,
@@ -114,6 +115,8 @@ def head_figure(table: pd.DataFrame, path: Path, subject: str = "") -> Path:
     per position side by side."""
     value, label = table_metric(table)
     title = figure_title(table, subject)
+    if "kind" in table:  # an encoder-decoder's: a panel per kind of head
+        return kind_panels(table, path, value, title, label)
     if "position" not in table or not (table["position"].astype(str) != "").any():
         return head_heatmap(table, path, value, title, label)
     positions = list(dict.fromkeys(table["position"].astype(str)))
@@ -141,6 +144,7 @@ def scan_table(
         {
             "scan": scan,
             "mask": [m.name for m in masks],
+            **({"kind": [m.kind for m in masks]} if any(m.kind for m in masks) else {}),  # an encoder-decoder's
             "layer": [m.layer for m in masks],
             "head": [m.head for m in masks],
             **({"position": [m.position for m in masks]} if any(m.position for m in masks) else {}),

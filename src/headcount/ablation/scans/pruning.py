@@ -1,23 +1,31 @@
 """`pruning`: masked pruning curves for every order in ablation.pruning.orders (ablation/methods/pruning.py), resumable
 like a mask scan, and each order's prunable fraction in summary.json (with the orders that came out arbitrary), which
 the structural export can use. Its figure shows the loss relative to the baseline, in %, on an axis linear within
-the tolerance and logarithmic beyond, so that the tolerance line stays visible next to losses many times larger."""
+the tolerance and logarithmic beyond, so that the tolerance line stays visible next to losses many times larger.
+
+On an encoder-decoder (its heads one grid of three kinds, labels.KindRows) the table has a `kind` column: `all`, the
+curves over every head, then each kind's curves, pruning that kind's heads alone (the fraction a share of that kind's
+heads, the other kinds' heads all on); summary.json's prunable_fraction is the all-kinds curves', and
+prunable_fraction_by_kind each kind's. One figure per kind: pruning.png over every head, pruning_<kind>.png."""
 
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
+import torch
 from matplotlib.ticker import FuncFormatter
 from torch import Tensor
 
 from headcount.ablation.engine.masks import gates_to_masks
 from headcount.ablation.engine.metrics import Loss, Metric, require_differentiable
+from headcount.ablation.methods.importance import Importance
 from headcount.ablation.methods.pruning import PRUNING_ORDERS, prunable_fractions, pruning_curves
 from headcount.ablation.scans.base import KINDS, Scan, ScanSettings
 from headcount.ablation.scans.single_head import SingleHeadScan, single_head_delta
 from headcount.config.ablation import AblationConfig, validate_pruning_config
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
+from headcount.labels import HEAD_KINDS, KIND_NAMES, KindRows
 from headcount.plotting import new_figure, set_title
 
 
@@ -48,23 +56,96 @@ class PruningScan(Scan):
 
         delta_LH = single_head_delta(session) if "single_head" in s.pruning.orders else None
         hpl, baseline = session.model.heads_per_layer, session.baseline
-        return pruning_curves(evaluate, session.importance, delta_LH, hpl, s.pruning, s.seed, baseline, session.metric)
+        curves = pruning_curves(
+            evaluate, session.importance, delta_LH, hpl, s.pruning, s.seed, baseline, session.metric
+        )
+        if not isinstance(hpl, KindRows):
+            return curves
+        tables = [curves.assign(kind=ALL_KINDS)]
+        for kind in hpl.kinds():  # each kind's heads pruned alone, every other head on
+            within = KindScope(hpl, kind)
+            delta = None if delta_LH is None else within.part(delta_LH)
+            kind_curves = pruning_curves(
+                lambda gates, scope=within: evaluate(scope.whole(gates)),
+                lambda mask, scope=within: scope.importance(session.importance(scope.whole(mask))),
+                delta,
+                within.grid,
+                s.pruning,
+                s.seed,
+                baseline,
+                session.metric,
+            )
+            tables.append(kind_curves.assign(kind=kind))
+        table = pd.concat(tables, ignore_index=True)
+        return table[["kind", *curves.columns]]
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         metric = self.session.metric
         worse = f"{metric.name} increase over" if not metric.named_in_results else f"{metric.name} worse than"
-        title = self.title(f"{worse} the baseline (%) against heads pruned")
         tolerance = self.session.settings.pruning.tolerance
         baseline = self.session.baseline[metric.primary]
-        return [pruning_figure(table, self.path(".png"), baseline, tolerance, title, metric)]
+        if "kind" not in table:
+            title = self.title(f"{worse} the baseline (%) against heads pruned")
+            return [pruning_figure(table, self.path(".png"), baseline, tolerance, title, metric)]
+        figures = []
+        for kind, curves in table.groupby("kind", sort=False):  # the kinds apart: a figure each
+            heads = "every kind's heads" if kind == ALL_KINDS else f"{KIND_NAMES[kind]} heads alone"
+            title = self.title(f"{worse} the baseline (%) against {heads} pruned")
+            path = self.path(".png", "" if kind == ALL_KINDS else f"_{kind}")
+            figures.append(pruning_figure(curves, path, baseline, tolerance, title, metric))
+        return figures
+
+    def file_names(self) -> list[tuple[str, str]]:
+        return [*super().file_names(), *((f"_{kind}", ".png") for kind in HEAD_KINDS)]
 
     def use(self, table: pd.DataFrame) -> None:
         metric = self.session.metric
         baseline, tolerance = self.session.baseline[metric.primary], self.session.settings.pruning.tolerance
+        by_kind = prunable_by_kind(table, baseline, tolerance, metric)
+        if "kind" in table:  # an encoder-decoder's: the export and the summary read the curves over every head
+            table = table[table["kind"].astype(str) == ALL_KINDS]
         prunable = prunable_fractions(table, baseline, tolerance, metric)
         arbitrary = arbitrary_orders(table)
         self.session.hand(self.kind, prunable)
-        self.session.files.update_summary({"prunable_fraction": prunable, "arbitrary_orders": arbitrary})
+        entries = {"prunable_fraction": prunable, "arbitrary_orders": arbitrary}
+        self.session.files.update_summary({**entries, **({"prunable_fraction_by_kind": by_kind} if by_kind else {})})
+
+
+ALL_KINDS = "all"  # the kind column's value for the curves over every head of an encoder-decoder
+
+
+def prunable_by_kind(curves: pd.DataFrame, baseline: float, tolerance: float, metric: Metric) -> dict:
+    """Each kind's prunable fractions from its own curves (an encoder-decoder's table); {} for a table without kinds."""
+    if "kind" not in curves:
+        return {}
+    kinds = curves["kind"].astype(str)
+    return {
+        kind: prunable_fractions(curves[kinds == kind], baseline, tolerance, metric)
+        for kind in dict.fromkeys(kinds)
+        if kind != ALL_KINDS
+    }
+
+
+class KindScope:
+    """One kind's heads of an encoder-decoder's grid as a grid of their own: its gates and scores cut out of the
+    whole grid's (`part`), and put back with every other head on (`whole`)."""
+
+    def __init__(self, grid: KindRows, kind: str):
+        self.rows = grid.kind_rows(kind)
+        self.heads = grid[self.rows[0]]
+        self.shape = (len(grid), max(grid))
+        self.grid = KindRows({kind: (len(self.rows), self.heads)})
+
+    def part(self, values_XLH: Tensor) -> Tensor:
+        return values_XLH[..., self.rows, : self.heads]
+
+    def whole(self, gates_XLH: Tensor) -> Tensor:
+        full = torch.ones(*gates_XLH.shape[:-2], *self.shape, dtype=gates_XLH.dtype, device=gates_XLH.device)
+        full[..., self.rows, : self.heads] = gates_XLH
+        return full
+
+    def importance(self, scores: Importance) -> Importance:
+        return Importance(self.part(scores.score_LH), self.part(scores.raw_LH))
 
 
 def prunable_fraction(session, order: str) -> float:

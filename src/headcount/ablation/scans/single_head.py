@@ -32,11 +32,13 @@ class SingleHeadScan(MaskScan):
         metric = self.session.metric
         delta = f"delta_{metric.primary}"
         damage = table.assign(damage=metric.damage(table[delta], 0.0))
-        per_head = damage.loc[damage.groupby(["layer", "head"])["damage"].idxmax()]
+        head = ["kind", "layer", "head"] if "kind" in table else ["layer", "head"]  # an encoder-decoder's by kind
+        per_head = damage.loc[damage.groupby(head)["damage"].idxmax()]
         self.session.hand(self.kind, self.session.layer_head_tensor(per_head, "damage"))
         top = damage.loc[damage["damage"].idxmax()]
         most_important = {
             "mask": top["mask"],
+            **({"kind": top["kind"]} if "kind" in table else {}),
             "layer": int(top["layer"]),
             "head": int(top["head"]),
             delta: float(top[delta]),

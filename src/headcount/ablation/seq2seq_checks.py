@@ -1,0 +1,73 @@
+"""What an encoder-decoder (model.encoder_layers > 0) can be scanned with: its heads are one grid of three kinds
+(labels.KindRows), every mask is scored by the teacher-forced metric at the decoder's target tokens, so the scans that
+switch heads off by masks run on it; what reads one stack's residual stream, a decoder's task prompts or its edges is
+refused in one line, naming the scan and what an encoder-decoder takes."""
+
+from headcount.config.ablation import AblationConfig
+from headcount.errors import ConfigError
+
+SEQ2SEQ_SCANS = ("baseline", "single_head", "layer", "leave_one_in", "custom", "importance", "pruning")
+SEQ2SEQ_MODES = ("zero", "mean", "resample")
+
+# Scan kinds an encoder-decoder does not take, and why.
+NOT_ON_SEQ2SEQ = {
+    "path_patching": "its circuits are defined on a decoder's task prompts, not through cross-attention",
+    "edge_attribution": "its circuits are defined on a decoder's task prompts, not through cross-attention",
+    "direct_effect": "a head's direct effect reads one stack's residual stream into the logits",
+    "head_scores": "its previous-token and induction scores read a one-stack decoder's pattern",
+    "position_attention": "it reads attention from a task prompt's scored position",
+    "retrieval_scores": "it reads a copying task's next-token predictions",
+    "head_circuit": "its circuit is built from a decoder's task prompts",
+    "kv_groups": "its masks are one stack's key/value groups",
+}
+EXPORT_REASON = (
+    "structural pruning rebuilds one stack's self-attention (Transformer.select_heads), and an encoder-decoder's "
+    "cross-attention has no such rebuild yet; "
+)
+NOT_YET = "it is not defined on an encoder-decoder's three kinds of heads"
+
+
+def takes() -> str:
+    return (
+        f"an encoder-decoder is scored at its teacher-forced targets and takes the scans {', '.join(SEQ2SEQ_SCANS)} "
+        f"in modes {', '.join(SEQ2SEQ_MODES)}"
+    )
+
+
+def refuse_one_stack_only(settings: AblationConfig, task_source: str | None, several_processes: bool = False) -> None:
+    """ConfigError for a task, scan, mode, metric, export or process count an encoder-decoder cannot be scanned with."""
+    if task_source is not None:
+        raise ConfigError("task.source", task_source, f"a task scores a decoder's prompts; {takes()}")
+    for name, scan in settings.scans.items():
+        if scan.kind not in SEQ2SEQ_SCANS:
+            raise ConfigError(
+                f"ablation.scans.{name}.kind", scan.kind, f"{NOT_ON_SEQ2SEQ.get(scan.kind, NOT_YET)}; {takes()}"
+            )
+    if settings.mode not in SEQ2SEQ_MODES:
+        raise ConfigError("ablation.mode", settings.mode, takes())
+    from headcount.ablation.engine.metrics import METRICS
+
+    metric = settings.metric
+    if isinstance(metric, str) and metric in METRICS and METRICS[metric].needs_wrong:
+        allowed = ", ".join(name for name in METRICS if not METRICS[name].needs_wrong)
+        raise ConfigError(
+            "ablation.metric", metric, f"needs a task's wrong answers; an encoder-decoder's targets take {allowed}"
+        )
+    if settings.prune.export:
+        raise ConfigError(
+            "ablation.prune.export",
+            True,
+            EXPORT_REASON + takes(),
+        )
+    if several_processes:
+        raise ConfigError(
+            "trainer.devices", "several processes", f"an encoder-decoder's scans run in one process; {takes()}"
+        )
+
+
+def refuse_seq2seq_edges(what: str) -> None:
+    """ConfigError for an edge evaluation (edges_removed, circuit, circuit_performance) on an encoder-decoder."""
+    allowed = "edges and circuits are defined on a decoder's task prompts; an encoder-decoder takes head masks "
+    raise ConfigError(
+        what, "on an encoder-decoder", allowed + "(masks=..., heads named enc.L1H3, dec.L1H3, cross.L1H3)"
+    )

@@ -1,0 +1,489 @@
+"""An encoder-decoder's heads scanned by kind (ablation/engine/seq2seq_evaluator.py, docs/guide/encoders.md): every
+mask's row equals EncoderDecoder's forward with that mask's gates by kind (the Python dict gates) read by the
+teacher-forced loss, in float32 and float64; a layer unit is all of that kind's layer's heads; leave_one_in is its
+mask; mean and resample ablation equal a hand computation; the tables name heads by kind; what an encoder-decoder does
+not take is refused in one line."""
+
+import copy
+
+import pandas as pd
+import pytest
+import torch
+
+from headcount.ablation.engine.evaluation import EvaluationSet
+from headcount.ablation.engine.masks import (
+    layer_masks,
+    leave_one_in_masks,
+    load_custom_masks,
+    masks_to_gates,
+    requested_masks,
+    single_head_masks,
+)
+from headcount.ablation.engine.modes import Mean, Replacements, Resample, Zero, mean_z
+from headcount.ablation.engine.seq2seq_evaluator import Seq2SeqEvaluator, by_kind
+from headcount.ablation.seq2seq_checks import refuse_one_stack_only
+from headcount.ablation.session import typed_ablation
+from headcount.config.ablation import AblationConfig
+from headcount.config.model import AttentionConfig, ModelConfig
+from headcount.data.examples import to_batches
+from headcount.errors import ConfigError
+from headcount.model.encoder_decoder import EncoderDecoder, gates_off
+from headcount.model.seq2seq import seq2seq_batch, seq2seq_loss
+
+CPU = torch.device("cpu")
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
+DTYPES = [torch.float32, torch.float64]
+
+
+def tiny_seq2seq(dtype: torch.dtype, seed: int = 0) -> EncoderDecoder:
+    """2 encoder layers of 3 heads, 2 decoder layers of 3 heads and 2 cross-attention heads each (a narrower kind, so
+    the grid's rows differ in width), every weight, norm and bias random."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        n_layers=2, encoder_layers=2, d_model=24, n_ctx=12, vocab_size=30, mlp=True,
+        attn=AttentionConfig(n_heads=3), cross_attn=AttentionConfig(n_heads=2, head_dim=5),
+    )  # fmt: skip
+    model = EncoderDecoder(cfg).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def pairs(n: int = 7, seed: int = 1) -> dict:
+    """n source/target pairs of different lengths, right-padded (sources 2-6 tokens, targets 1-6)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def sentence(shortest: int) -> list[int]:
+        return torch.randint(3, 30, (int(torch.randint(shortest, 7, (), generator=g)),), generator=g).tolist()
+
+    sources = [sentence(2) for _ in range(n)]
+    targets = [sentence(1) for _ in range(n)]
+    batch = seq2seq_batch(sources, targets, start_id=1, pad_id=0)
+    return {**batch, "loss_mask": batch["loss_mask"].bool()}
+
+
+def loss_with(model: EncoderDecoder, batch: dict, gates: dict | None = None, replacements=None) -> float:
+    """The teacher-forced loss over every target token of the batch: EncoderDecoder's forward with gates by kind."""
+    with torch.no_grad():
+        logits = model(batch["src_ids"], batch["input_ids"], gates=gates, replacements=replacements,
+                       src_keep=batch["src_mask"])[:, :-1]  # fmt: skip
+    marked = batch["loss_mask"][:, 1:]
+    logp = torch.log_softmax(logits.double(), -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    return float(-logp[marked].mean())
+
+
+def heads_of(mask, model: EncoderDecoder) -> list[str]:
+    """The labels of a mask's heads, built from its kind and layer fields (not from the grid)."""
+    grid = model.heads_per_layer
+    return [grid.head_label(row, head) for row, head in mask.heads_off]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_single_head_layer_and_leave_one_in_row_equals_the_forward_with_dict_gates(dtype):
+    model, batch = tiny_seq2seq(dtype), pairs()
+    evaluator = Seq2SeqEvaluator(model, to_batches(batch, 4, CPU), masks_per_pass=3)  # 7 examples: 4 + 3
+    grid = model.heads_per_layer
+    assert evaluator.baseline()["loss"] == pytest.approx(loss_with(model, batch), abs=TOLERANCE[dtype])
+    assert seq2seq_loss(model, batch).item() == pytest.approx(loss_with(model, batch), abs=TOLERANCE[dtype] * 10)
+    masks = [*single_head_masks(grid), *layer_masks(grid), *leave_one_in_masks(grid)]
+    masks += requested_masks(["enc.L0H1+cross.L1H0", "dec.L1H2"], grid)
+    totals = evaluator.accumulate(masks_to_gates(masks, grid, dtype))
+    for mask, loss in zip(masks, totals.value("loss").tolist()):
+        expected = loss_with(model, batch, gates_off(model, heads_of(mask, model), dtype=dtype))
+        assert loss == pytest.approx(expected, abs=TOLERANCE[dtype]), mask.name
+    assert len(single_head_masks(grid)) == 2 * 3 + 2 * 3 + 2 * 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_l1h0_and_a_layer_unit_against_gates_written_by_hand(dtype):
+    model, batch = tiny_seq2seq(dtype), pairs()
+    evaluator = Seq2SeqEvaluator(model, to_batches(batch, 8, CPU))
+    grid = model.heads_per_layer
+    masks = requested_masks(["cross.L1H0"], grid) + [m for m in layer_masks(grid) if m.name == "dec.L0"]
+    about = [(m.name, m.kind, m.layer, m.head) for m in masks]
+    assert about == [("cross.L1H0", "cross", 1, 0), ("dec.L0", "dec", 0, -1)]
+    cross = torch.ones(2, 2, dtype=dtype)
+    cross[1, 0] = 0
+    decoder = torch.ones(2, 3, dtype=dtype)
+    decoder[0] = 0
+    expected = [loss_with(model, batch, {"cross": cross}), loss_with(model, batch, {"dec": decoder})]
+    got = evaluator.evaluate(masks_to_gates(masks, grid, dtype))["loss"].tolist()
+    assert got == pytest.approx(expected, abs=TOLERANCE[dtype])
+    assert got[0] != pytest.approx(evaluator.baseline()["loss"], abs=1e-6)  # the head matters: the check can fail
+
+
+def hand_means(model: EncoderDecoder, batch: dict, per_position: bool) -> dict[str, list[torch.Tensor]]:
+    """Each kind's mean z, one example at a time, over the source's tokens (enc) or the decoder's start and target
+    tokens (dec, cross), in float64."""
+    sums, counts = {}, {}
+    for i in range(len(batch["input_ids"])):
+        S, T = int(batch["src_mask"][i].sum()), 1 + int(batch["loss_mask"][i].sum())
+        cache = {}
+        with torch.no_grad():
+            model(batch["src_ids"][i : i + 1, :S], batch["input_ids"][i : i + 1, :T], cache=cache)
+        for name, z in cache.items():
+            if name.endswith(".z"):
+                z = z[0].double()
+                full = torch.zeros(batch["src_ids" if name.startswith("enc") else "input_ids"].shape[1], *z.shape[1:])
+                full = full.double()
+                full[: len(z)] = z
+                count = (torch.arange(len(full)) < len(z)).double()
+                sums[name] = sums.get(name, 0) + (full if per_position else full.sum(0))
+                counts[name] = counts.get(name, 0) + (count if per_position else count.sum())
+    means = {}
+    for kind, (layers, _), site in (("enc", (2, 3), "enc.blocks.{}.attn.z"), ("dec", (2, 3), "dec.blocks.{}.attn.z"),
+                                     ("cross", (2, 2), "dec.blocks.{}.cross.z")):  # fmt: skip
+        names = [site.format(layer) for layer in range(layers)]
+        if per_position:
+            means[kind] = [sums[n] / counts[n].clamp_min(1)[:, None, None] for n in names]
+        else:
+            means[kind] = [sums[n] / counts[n] for n in names]
+    return means
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("per_position", [False, True])
+def test_mean_ablation_equals_the_hand_computed_means_of_each_kind(dtype, per_position):
+    model, batch = tiny_seq2seq(dtype), pairs()
+    means = hand_means(model, batch, per_position)
+    computed = mean_z(model, to_batches(batch, 3, CPU), per_position)
+    flat = [m for kind in ("enc", "dec", "cross") for m in means[kind]]
+    for got, expected in zip(computed, flat, strict=True):
+        assert torch.allclose(got.double(), expected, atol=TOLERANCE[dtype])
+    evaluator = Seq2SeqEvaluator(model, to_batches(batch, 4, CPU), Replacements(Mean(), computed), masks_per_pass=2)
+    grid = model.heads_per_layer
+    masks = requested_masks(["cross.L1H0", "enc.L0H2", "dec.L1H1+cross.L0H1"], grid) + layer_masks(grid)[:1]
+    got = evaluator.evaluate(masks_to_gates(masks, grid, dtype))["loss"].tolist()
+    replacements = {kind: [m.to(dtype) for m in means[kind]] for kind in means}
+    expected = [loss_with(model, batch, gates_off(model, heads_of(m, model), dtype=dtype), replacements) for m in masks]
+    assert got == pytest.approx(expected, abs=TOLERANCE[dtype])
+    zero = Seq2SeqEvaluator(model, to_batches(batch, 4, CPU)).evaluate(masks_to_gates(masks, grid, dtype))["loss"]
+    assert not torch.allclose(zero, torch.tensor(got, dtype=zero.dtype))  # mean differs from zero: the check binds
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_resample_ablation_takes_every_kind_from_the_paired_reference_example(dtype):
+    model, both = tiny_seq2seq(dtype), pairs(12)
+    batch = {name: column[:7] for name, column in both.items()}
+    reference = {name: column[7:] for name, column in both.items()}  # the same widths, as a run's splits have
+    data = EvaluationSet(copy.copy(batch), reference, "val", "train")
+    settings = AblationConfig(mode="resample", seed=3)
+    replacements = Resample().prepare(settings, model, data, None)
+    source = torch.randperm(5, generator=torch.Generator().manual_seed(3))[torch.arange(7) % 5]  # modes.py's rule
+    assert torch.equal(data.examples["source_src_ids"], reference["src_ids"][source])
+    evaluator = Seq2SeqEvaluator(model, to_batches(data.examples, 4, CPU), replacements, masks_per_pass=2)
+    grid = model.heads_per_layer
+    masks = requested_masks(["cross.L1H0", "enc.L1H1", "dec.L0H0+enc.L0H2"], grid)
+    got = evaluator.evaluate(masks_to_gates(masks, grid, dtype))["loss"].tolist()
+    cache = {}
+    with torch.no_grad():  # the paired examples' z of every kind, by hand: one forward over them
+        model(reference["src_ids"][source], reference["input_ids"][source], src_keep=reference["src_mask"][source],
+              cache=cache)  # fmt: skip
+    by_kind = {
+        "enc": [cache[f"enc.blocks.{layer}.attn.z"] for layer in range(2)],
+        "dec": [cache[f"dec.blocks.{layer}.attn.z"] for layer in range(2)],
+        "cross": [cache[f"dec.blocks.{layer}.cross.z"] for layer in range(2)],
+    }
+    expected = [loss_with(model, batch, gates_off(model, heads_of(m, model), dtype=dtype), by_kind) for m in masks]
+    assert got == pytest.approx(expected, abs=TOLERANCE[dtype])
+
+
+def test_masks_name_heads_by_kind_and_refuse_what_the_model_lacks(tmp_path):
+    grid = tiny_seq2seq(torch.float32).heads_per_layer
+    assert [m.name for m in layer_masks(grid)] == ["enc.L0", "enc.L1", "dec.L0", "dec.L1", "cross.L0", "cross.L1"]
+    assert leave_one_in_masks(grid)[-1].name == "cross.L1 keep H1"
+    assert [(m.kind, m.layer, m.head) for m in single_head_masks(grid)[-2:]] == [("cross", 1, 0), ("cross", 1, 1)]
+    lines = {
+        "L0H1": "masks='L0H1': an encoder-decoder's heads are named by kind: enc.L1H3, dec.L1H3 or cross.L1H3",
+        "cros.L0H1": "masks='cros.L0H1': no such head kind; this encoder-decoder's: enc, dec, cross",
+        "cross.L2H0": "masks='cross.L2H0': no such layer: the cross-attention layers are cross.L0..cross.L1",
+        "cross.L1H2": "masks='cross.L1H2': no such head: cross.L1 has heads 0..1",
+    }
+    for spec, line in lines.items():
+        with pytest.raises(ConfigError) as error:
+            requested_masks([spec], grid)
+        assert str(error.value) == line
+    masks_file = tmp_path / "masks.yaml"
+    masks_file.write_text("- [enc.L0H1, cross.L1H0]\n- {name: cross-all, heads: [cross.L0H0, cross.L0H1]}\n")
+    custom = load_custom_masks(masks_file, grid, "ablation.scans.custom.masks_file")
+    assert [m.name for m in custom] == ["enc.L0H1+cross.L1H0", "cross-all"]
+    masks_file.write_text("- [cross.L0H1, L0H1]\n")
+    with pytest.raises(ConfigError) as error:
+        load_custom_masks(masks_file, grid, "ablation.scans.custom.masks_file")
+    assert str(error.value) == (
+        f"ablation.scans.custom.masks_file='{masks_file} entry 0: L0H1': an encoder-decoder's heads are named by kind: "
+        "enc.L1H3, dec.L1H3 or cross.L1H3"
+    )
+    masks_file.write_text("- [[0, 1]]\n")
+    with pytest.raises(ConfigError, match="each mask is a list of head names"):
+        load_custom_masks(masks_file, grid, "ablation.scans.custom.masks_file")
+
+
+def test_a_kind_mask_on_a_one_stack_model_is_one_line():
+    from headcount.model.transformer import Transformer
+
+    one_stack = Transformer(ModelConfig(n_layers=2, d_model=16, n_ctx=8, vocab_size=20))
+    with pytest.raises(ConfigError) as error:
+        requested_masks(["cross.L0H1"], one_stack.heads_per_layer)
+    assert str(error.value) == (
+        "masks='cross.L0H1': names cross-attention heads, which this one-stack model lacks: name heads like \"L1H3\""
+    )
+
+
+def settings(**ablation) -> AblationConfig:
+    from omegaconf import OmegaConf
+
+    return typed_ablation(OmegaConf.create(ablation))
+
+
+def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
+    takes = (
+        "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
+        "leave_one_in, custom, importance, pruning in modes zero, mean, resample"
+    )
+    cases = {
+        "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "
+        "not through cross-attention; " + takes: settings(scans={"path_patching": {"kind": "path_patching"}}),
+        "ablation.scans.direct_effect.kind='direct_effect': a head's direct effect reads one stack's residual stream "
+        "into the logits; " + takes: settings(scans={"direct_effect": {"kind": "direct_effect"}}),
+        "ablation.mode='patch': " + takes: settings(mode="patch"),
+        "ablation.prune.export=True: structural pruning rebuilds one stack's self-attention "
+        "(Transformer.select_heads), and an encoder-decoder's cross-attention has no such rebuild yet; "
+        + takes: settings(prune={"export": True}),
+    }
+    for line, s in cases.items():
+        with pytest.raises(ConfigError) as error:
+            refuse_one_stack_only(s, None)
+        assert str(error.value) == line
+    with pytest.raises(ConfigError) as error:
+        refuse_one_stack_only(settings(), "ioi")
+    assert str(error.value) == "task.source='ioi': a task scores a decoder's prompts; " + takes
+    refuse_one_stack_only(settings(scans={"s": {"kind": "single_head"}, "l": {"kind": "layer"}}, mode="mean"), None)
+
+
+def test_a_cross_attention_setting_on_a_decoder_only_model_is_one_line():
+    from headcount.config.model import validate_model_config
+
+    with pytest.raises(ConfigError) as error:
+        validate_model_config(ModelConfig(cross_attn=AttentionConfig(n_heads=2)))
+    assert str(error.value) == (
+        "model.cross_attn='set': is the cross-attention of an encoder-decoder; set model.encoder_layers > 0 or leave "
+        "it unset"
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny encoder-decoder trained a few steps on the generated translation task, as headcount-train runs it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from headcount.cli.train import run
+    from headcount.config import CONF_DIR
+
+    path = tmp_path_factory.mktemp("seq2seq_run")
+    overrides = ["data=translation_seq2seq", "size=smoke", "trainer.max_steps=6", "trainer.val_check_interval=6",
+                 "model.encoder_layers=2", "model.n_layers=2", "model.d_model=32", "model.n_ctx=16",
+                 "model.vocab_size=512", "model.attn.n_heads=2", "ablation=[]",
+                 "ablation.n_eval=24", "ablation.n_reference=16", "ablation.batch_size=16"]  # fmt: skip
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    run(cfg, path)
+    (path / ".hydra").mkdir()
+    (path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))  # what Hydra writes for headcount-train
+    return path
+
+
+def test_run_scan_on_a_trained_encoder_decoder_names_kinds_and_equals_the_forward(trained):
+    import headcount
+
+    run = headcount.load_run(trained, device="cpu")
+    examples = run.finished.examples("val", 24, "ablation.split")
+    single = run.scan("single_head")
+    assert list(single.columns[:5]) == ["scan", "mask", "kind", "layer", "head"]
+    assert single["kind"].value_counts().to_dict() == {"enc": 4, "dec": 4, "cross": 4}
+    row = single.set_index("mask").loc["cross.L1H0"]
+    assert (row["kind"], row["layer"], row["head"]) == ("cross", 1, 0)
+    expected = loss_with(run.model, examples, gates_off(run.model, ["cross.L1H0"]))
+    assert row["loss"] == pytest.approx(expected, rel=1e-5)
+    assert row["delta_loss"] == pytest.approx(expected - loss_with(run.model, examples), abs=1e-5)
+    layer = run.scan("layer").set_index("mask")
+    all_cross_l0 = loss_with(run.model, examples, gates_off(run.model, [f"cross.L0H{h}" for h in range(2)]))
+    assert layer.loc["cross.L0", "loss"] == pytest.approx(all_cross_l0, rel=1e-5)
+    keep = run.scan("leave_one_in").set_index("mask")
+    assert keep.loc["dec.L1 keep H0", "loss"] == pytest.approx(
+        loss_with(run.model, examples, gates_off(run.model, ["dec.L1H1"])), rel=1e-5
+    )
+    evaluated = run.evaluate(["cross.L1H0", "enc.L0H1+dec.L1H0"])
+    assert evaluated.set_index("mask").loc["cross.L1H0", "loss"] == pytest.approx(row["loss"], rel=1e-9)
+    summary = run.summary("zero")
+    assert summary["most_important_head"]["kind"] in ("enc", "dec", "cross")
+    top = single.loc[single["delta_loss"].idxmax()]
+    assert summary["most_important_head"]["mask"] == top["mask"]
+    assert (trained / "ablation" / "single_head.png").exists()
+    with pytest.raises(ConfigError, match="path_patching"):
+        run.scan("path_patching")
+
+
+def test_mean_and_resample_scans_run_on_a_trained_encoder_decoder(trained):
+    import headcount
+
+    run = headcount.load_run(trained, device="cpu")
+    for mode in ("mean", "resample"):
+        table = run.scan("single_head", mode=mode)
+        assert len(table) == 12 and table["mode"].eq(mode).all() and table["loss"].notna().all()
+        assert not table["delta_loss"].eq(0).all()
+
+
+@pytest.mark.slow
+def test_headcount_ablate_scans_an_encoder_decoder_from_the_command_line(trained, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ablate.py"
+    args = [f"run_dir={trained}", "ablation=[layer]", "ablation.mode=mean", "ablation.progress=false"]
+    done = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    layer = pd.read_csv(trained / "ablation" / "layer.mean.csv")
+    assert layer["mask"].tolist() == ["enc.L0", "enc.L1", "dec.L0", "dec.L1", "cross.L0", "cross.L1"]
+    refused = subprocess.run(
+        [sys.executable, str(script), f"run_dir={trained}", "ablation=[head_scores]"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "ablation.scans.head_scores.kind='head_scores': its previous-token and induction scores" in refused.stderr
+
+
+def test_a_table_by_kind_hands_other_scans_each_head_at_its_grid_row():
+    from types import SimpleNamespace
+
+    from headcount.ablation.session import AblationSession
+
+    grid = tiny_seq2seq(torch.float32).heads_per_layer
+    masks = single_head_masks(grid)
+    table = pd.DataFrame(
+        {"kind": [m.kind for m in masks], "layer": [m.layer for m in masks], "head": [m.head for m in masks]}
+    ).assign(value=range(len(masks)))
+    values = AblationSession.layer_head_tensor(SimpleNamespace(heads_per_layer=grid), table, "value")
+    assert values.shape == (6, 3)
+    for i, mask in enumerate(masks):
+        assert values[mask.heads_off[0]] == i, mask.name
+    assert values[grid.row("cross", 1), 2] == 0  # cross-attention layers have 2 heads: the third slot is no head
+
+
+def test_gradient_importance_of_every_kind_equals_central_finite_differences_of_the_loss_in_the_gate():
+    from headcount.ablation.engine.metrics import Loss
+    from headcount.ablation.methods.seq2seq_attribution import attribute_heads as attribute
+
+    dtype = torch.float64
+    model, batch = tiny_seq2seq(dtype), pairs()
+    grid = model.heads_per_layer
+    mask_LH = torch.full((len(grid), max(grid)), 0.5, dtype=dtype)  # an interior point: both sides of the gate exist
+    mean = Replacements(Mean(), mean_z(model, to_batches(batch, 3, CPU), False))
+    for prepared in (Replacements(Zero()), mean):
+        attribution = attribute(model, to_batches(batch, 4, CPU), prepared, Loss(), mask_LH)
+        replacements = None if prepared.means is None else by_kind(model, prepared.means)
+        for label in ("enc.L0H1", "dec.L1H2", "cross.L1H0"):
+            row, head = requested_masks([label], grid)[0].heads_off[0]
+            eps = 1e-5
+
+            def loss_at(g: float, examples: dict = batch, at=(row, head), replaced=replacements) -> float:
+                gates_LH = mask_LH.clone()
+                gates_LH[at] = g
+                return loss_with(model, examples, by_kind(model, gates_LH), replaced)
+
+            slope = (loss_at(0.5 + eps) - loss_at(0.5 - eps)) / (2 * eps)
+            assert float(attribution.estimate_LH[row, head]) == pytest.approx(-slope, abs=1e-7), label
+            assert abs(slope) > 1e-4  # the head moves the loss: the check binds
+            alone = [{name: column[i : i + 1] for name, column in batch.items()} for i in range(7)]
+            slopes = [(loss_at(0.5 + eps, one) - loss_at(0.5 - eps, one)) / (2 * eps) for one in alone]
+            expected = sum(abs(x) for x in slopes) / 7  # Michel's form: the mean over examples of |dL_x/dg|
+            assert float(attribution.example_abs_LH[row, head]) == pytest.approx(expected, abs=1e-7), label
+        one_batch = attribute(model, to_batches(batch, 8, CPU), prepared, Loss(), mask_LH)
+        assert torch.allclose(one_batch.batch_abs_LH, one_batch.estimate_LH.abs(), atol=1e-12)  # one batch: |total|
+        assert torch.allclose(one_batch.estimate_LH, attribution.estimate_LH, atol=1e-12)  # batches sum exactly
+
+
+def test_importance_scan_names_each_head_by_kind(trained):
+    import headcount
+
+    run = headcount.load_run(trained, device="cpu")
+    single = run.scan("single_head").set_index("mask")
+    table = run.scan("importance")
+    assert list(table.columns[:3]) == ["kind", "layer", "head"]
+    assert table["kind"].tolist() == ["enc"] * 4 + ["dec"] * 4 + ["cross"] * 4
+    row = table[(table["kind"] == "cross") & (table["layer"] == 1) & (table["head"] == 0)].iloc[0]
+    assert row["single_head_delta"] == pytest.approx(single.loc["cross.L1H0", "delta_loss"], rel=1e-6)  # CSV digits
+    assert (table["grad_importance_raw"] > 0).all()
+
+
+def test_pruning_curves_over_every_kind_and_each_kind_alone(trained):
+    import headcount
+    from headcount.ablation.engine.metrics import Loss
+    from headcount.ablation.methods.pruning import prunable_fractions
+
+    run = headcount.load_run(trained, device="cpu")
+    examples = run.finished.examples("val", 24, "ablation.split")
+    curves = run.scan("pruning")
+    assert list(dict.fromkeys(curves["kind"])) == ["all", "enc", "dec", "cross"]
+    assert curves.groupby("kind")["n_pruned"].max().to_dict() == {"all": 12, "enc": 4, "dec": 4, "cross": 4}
+    cross = curves[(curves["kind"] == "cross") & (curves["order"] == "gradient")].drop_duplicates("n_pruned")
+    cross = cross.set_index("n_pruned")  # fractions that round to the same count prune the same heads
+    every_cross = [f"cross.L{layer}H{head}" for layer in range(2) for head in range(2)]
+    assert cross.loc[4, "loss"] == pytest.approx(
+        loss_with(run.model, examples, gates_off(run.model, every_cross)), rel=1e-5
+    )
+    importance = run.scan("importance")
+    by_cross = importance[importance["kind"] == "cross"].sort_values(["grad_importance", "grad_importance_raw"])
+    first = (
+        f"cross.L{by_cross.iloc[0]['layer']}H{by_cross.iloc[0]['head']}"  # the least important cross head goes first
+    )
+    assert cross.loc[1, "loss"] == pytest.approx(
+        loss_with(run.model, examples, gates_off(run.model, [first])), rel=1e-5
+    )
+    summary = run.summary("zero")
+    baseline, tolerance = summary["baseline_loss"], 0.01
+    for kind in ("enc", "dec", "cross"):
+        expected = prunable_fractions(curves[curves["kind"] == kind], baseline, tolerance, Loss())
+        assert summary["prunable_fraction_by_kind"][kind] == expected, kind
+    assert summary["prunable_fraction"] == prunable_fractions(curves[curves["kind"] == "all"], baseline, tolerance)
+
+
+def test_each_kind_s_prunable_fraction_reads_that_kind_s_curves_alone():
+    from headcount.ablation.engine.metrics import Loss
+    from headcount.ablation.scans.pruning import prunable_by_kind
+
+    # baseline loss 1.0, tolerance 1%: enc stays within it to 1.0, dec to 0.5, cross leaves it at once
+    losses = {"all": [1.0, 1.005, 1.5], "enc": [1.0, 1.0, 1.001], "dec": [1.0, 1.009, 1.2], "cross": [1.0, 1.3, 1.4]}
+    rows = [
+        {"kind": kind, "order": "gradient", "seed": 0, "fraction": f, "n_pruned": n, "loss": loss}
+        for kind, values in losses.items()
+        for f, n, loss in zip((0.0, 0.5, 1.0), (0, 2, 4), values)
+    ]
+    by_kind = prunable_by_kind(pd.DataFrame(rows), 1.0, 0.01, Loss())
+    assert by_kind == {"enc": {"gradient": 1.0}, "dec": {"gradient": 0.5}, "cross": {"gradient": 0.0}}
+    assert prunable_by_kind(pd.DataFrame(rows).drop(columns="kind"), 1.0, 0.01, Loss()) == {}
+
+
+def test_run_evaluate_refuses_edges_and_unnamed_kinds_on_an_encoder_decoder_in_one_line(trained):
+    import headcount
+
+    run = headcount.load_run(trained, device="cpu")
+    with pytest.raises(ConfigError) as error:
+        run.evaluate(edges_removed=["L0H1 -> logits"])
+    assert str(error.value) == (
+        "edges_removed='on an encoder-decoder': edges and circuits are defined on a decoder's task prompts; an "
+        "encoder-decoder takes head masks (masks=..., heads named enc.L1H3, dec.L1H3, cross.L1H3)"
+    )
+    with pytest.raises(ConfigError) as error:
+        run.evaluate(["L0H1"])
+    assert (
+        str(error.value)
+        == "masks='L0H1': an encoder-decoder's heads are named by kind: enc.L1H3, dec.L1H3 or cross.L1H3"
+    )
+    with pytest.raises(ConfigError, match="^ablation.mode='patch': "):
+        run.evaluate(["cross.L0H1"], mode="patch")
