@@ -216,18 +216,25 @@ def receiver_inputs(
             return out[:, None]
         return out[:, None] + w_RX[:, :, None, None] * d[:, None]
 
-    x = mixed(outs.emb, None if delta is None else delta.emb, None if w_RXS is None else w_RXS[:, :, 0])
+    def plus(x: Tensor, term: Tensor) -> Tensor:
+        """x + term, into x where x is this sum's own tensor and of the sum's shape (the same additions, so the same
+        bits, without a new (rows, X, T, C) tensor per sender: fewer fresh pages for the allocator to map)."""
+        if x is first or torch.broadcast_shapes(x.shape, term.shape) != x.shape:
+            return x + term
+        return x.add_(term)
+
+    x = first = mixed(outs.emb, None if delta is None else delta.emb, None if w_RXS is None else w_RXS[:, :, 0])
     pos = 1
     for layer, block in enumerate(model.blocks):
         if pos >= n_senders:
             break
         n_heads = graph.heads_per_layer[layer]
         w_RXH = None if w_RXS is None else w_RXS[:, :, pos : pos + n_heads]
-        x = x + attention_contribution(block, outs.z[layer], None if delta is None else delta.z[layer], w_RXH)
+        x = plus(x, attention_contribution(block, outs.z[layer], None if delta is None else delta.z[layer], w_RXH))
         pos += n_heads
         if graph.mlp and pos < n_senders:
             w_RX = None if w_RXS is None else w_RXS[:, :, pos]
-            x = x + mixed(outs.mlp[layer], None if delta is None else delta.mlp[layer], w_RX)
+            x = plus(x, mixed(outs.mlp[layer], None if delta is None else delta.mlp[layer], w_RX))
             pos += 1
     return x
 
