@@ -21,9 +21,11 @@ a = 1 every input reads only corrupted outputs (the forward equals the corrupted
 inputs: a head h of layer l computes q from its .q input, k and v from its .k and .v inputs, by the model's own
 Block.heads_from_inputs (the layer's input norm, then MultiHeadAttention.project_inputs: under grouped-query attention
 head h's k and v are its key/value head's, computed from h's own inputs, so heads of one group may see different
-keys), then attends; an MLP
-applies its pre-norm, itself and its post-norm; the logits apply the final norm, the unembedding (tied or not) and
-the final soft-cap.
+keys), then attends; an MLP applies its pre-norm, itself and its post-norm; the logits apply the final norm, the
+unembedding (tied or not) and the final soft-cap. The run is the model's own forward (Transformer.forward_layers)
+with an intervention: each receiver's input is put in at its site (a layer's heads' at attn.qkv_input, an MLP's at
+mlp.input, the logits' in place of the last layer's resid_post) and each sender's output read at attn.z or mlp_out;
+attention's contribution to a receiver is Block.attention_mix.
 
 `reference` generalises the mix to x = out + a (out' - ref) with ref a fixed run's outputs: EAP-IG (attribution.py)
 differentiates at a = 0 on interpolated inputs with ref the clean run. Dropout is not applied (call on a model in

@@ -2,11 +2,12 @@
 
 At edge weights a = 0 every receiver of a layer reads the same stream, so the edge-patched forward (forward.py) is the
 plain forward, and d metric / d a_{s->r} = (out'_s - out_s as it enters the stream) . g_r with g_r = d metric / d x_r
-the gradient at receiver r's own input (attribution.py does the dot products). This forward gives every receiver its own
-copy of what it reads, so one backward yields every g_r: head h of layer l reads its q, k and v through three copies of
-layer l's normed input (heads_from_inputs, the edge-patched forward's own head computation; the norm is computed once
-and each copy's gradient taken back through its Jacobian), an MLP reads a copy of the stream after its layer's heads
-(before them in a parallel block), the logits the last stream (which nothing else reads). Each copy is a tensor of its
+the gradient at receiver r's own input (attribution.py does the dot products). This forward, the model's own with taps
+at named sites (run_layers), gives every receiver its own copy of what it reads, so one backward yields every g_r: head
+h of layer l reads its q, k and v through three copies of layer l's normed input (the site attn.qkv_normed, the
+edge-patched forward's own head computation; the norm is computed once and each copy's gradient taken back through its
+Jacobian), an MLP reads a copy of the stream after its layer's heads (before them in a parallel block; mlp.input), the
+logits a copy of the last stream. Each copy is a tensor of its
 own in the autograd graph: its gradient is its readers' alone, and the backward flows on through it into the senders
 before. The forward costs about one plain forward (a head's k and v projections run per query head under grouped-query
 attention) and holds every copy and its gradient: 3H + 1 streams per layer.
