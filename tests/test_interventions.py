@@ -28,7 +28,7 @@ def test_every_site_name_parses_back_to_itself():
         site = parse_site(name)
         assert site.name == name and str(site) == name and site.shape == SHAPES[site.kind]
     assert parse_site("blocks.2.attn.z") == Site("attn.z", 2)
-    assert len(site_names(2)) == 3 + 2 * 14 and len(site_names(2, mlp=False)) == 3 + 2 * 11
+    assert len(site_names(2)) == 3 + 2 * 15 and len(site_names(2, mlp=False)) == 3 + 2 * 11
 
 
 @pytest.mark.parametrize("name", ["blocks.x.attn.z", "blocks.1.attn.hook_z", "resid", "blocks.1", "blocks.-1.attn.z"])

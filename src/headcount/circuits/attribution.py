@@ -37,6 +37,7 @@ from headcount.circuits.graph import Graph
 from headcount.circuits.metric import Metric, metric_at, point_values, points_mask
 from headcount.circuits.passes import PassPlan, budget_of, edge_unit_bytes, example_bytes, plan_passes
 from headcount.errors import ConfigError
+from headcount.model.block import Block
 from headcount.model.transformer import Transformer
 
 
@@ -265,7 +266,7 @@ class EdgeGradients:
                     continue
                 combined_RTC = grads.combined[layer]
                 through_XRTC = through_norm(
-                    self.model.blocks[layer].ln_attn_out, combined_RTC, grads_XNK.reshape(-1, *combined_RTC.shape)
+                    self.model.blocks[layer], combined_RTC, grads_XNK.reshape(-1, *combined_RTC.shape)
                 )
                 product_XH = self.product(through_XRTC.view(grads_XNK.shape).sum(1), heads_HK)
                 self.sums_RS[..., row : row + len(grads_XNK), start : start + len(heads_HK)] += product_XH
@@ -302,8 +303,8 @@ def sender_rows(model: Transformer, delta: NodeOutputs) -> tuple[Tensor, dict[in
     heads whose layer has a post-norm are zero there and given apart, (H, B*T*C) per such layer."""
     rows, post_norm_heads = [delta.emb[None]], {}
     for layer, block in enumerate(model.blocks):
-        heads_HBTC = torch.einsum("bthd,hdc->hbtc", delta.z[layer], block.attn.W_O)
-        if block.ln_attn_out is not None:
+        heads_HBTC = block.head_terms(delta.z[layer], "hbtc")
+        if block.attention_post_norm:
             post_norm_heads[layer] = heads_HBTC.flatten(1)
             heads_HBTC = torch.zeros_like(heads_HBTC)
         rows.append(heads_HBTC)
@@ -322,12 +323,10 @@ def group_grads(grads: ReceiverGradients, group: tuple[str, int], n: int) -> Ten
     return (grads.mlp[layer] if kind == "mlp" else grads.logits).view(1, n, -1)
 
 
-def through_norm(norm: torch.nn.Module, at_RTC: Tensor, grads_XRTC: Tensor) -> Tensor:
-    """(X, rows, T, C): J^T g for each of the X gradients g, J the Jacobian of `norm` at `at` (row by row)."""
-    at_XRTC = at_RTC.detach().expand_as(grads_XRTC).contiguous().requires_grad_()
-    with torch.enable_grad():
-        (vjp,) = torch.autograd.grad(norm(at_XRTC), at_XRTC, grads_XRTC)
-    return vjp
+def through_norm(block: Block, at_RTC: Tensor, grads_XRTC: Tensor) -> Tensor:
+    """(X, rows, T, C): J^T g for each of the X gradients g, J the Jacobian of the block's attention post-norm at `at`
+    (row by row; Block.attention_post_norm_vjp)."""
+    return block.attention_post_norm_vjp(at_RTC, grads_XRTC)
 
 
 def ranking_agreement(estimate: Tensor, exact: Tensor, k: int) -> dict[str, float]:

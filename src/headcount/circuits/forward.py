@@ -21,9 +21,11 @@ a = 1 every input reads only corrupted outputs (the forward equals the corrupted
 inputs: a head h of layer l computes q from its .q input, k and v from its .k and .v inputs, by the model's own
 Block.heads_from_inputs (the layer's input norm, then MultiHeadAttention.project_inputs: under grouped-query attention
 head h's k and v are its key/value head's, computed from h's own inputs, so heads of one group may see different
-keys), then attends; an MLP
-applies its pre-norm, itself and its post-norm; the logits apply the final norm, the unembedding (tied or not) and
-the final soft-cap.
+keys), then attends; an MLP applies its pre-norm, itself and its post-norm; the logits apply the final norm, the
+unembedding (tied or not) and the final soft-cap. The run is the model's own forward (Transformer.forward_layers)
+with an intervention: each receiver's input is put in at its site (a layer's heads' at attn.qkv_input, an MLP's at
+mlp.input, the logits' in place of the last layer's resid_post) and each sender's output read at attn.z or mlp_out;
+attention's contribution to a receiver is Block.attention_mix.
 
 `reference` generalises the mix to x = out + a (out' - ref) with ref a fixed run's outputs: EAP-IG (attribution.py)
 differentiates at a = 0 on interpolated inputs with ref the clean run. Dropout is not applied (call on a model in
@@ -35,8 +37,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from headcount.circuits.graph import Graph
+from headcount.circuits.graph import Graph, Receiver
 from headcount.model.block import Block
+from headcount.model.intervention import Hook, Intervention
+from headcount.model.sites import Site
 from headcount.model.transformer import Transformer
 
 
@@ -113,62 +117,74 @@ def edge_stream(
     if weights is not None and weights.shape[1] != len(graph.edges):
         raise ValueError(f"weights has {weights.shape[1]} edges; this model has {len(graph.edges)}")
     emb_BTC = emb_BTC.flatten(0, 1) if emb_BTC.ndim == 4 else emb_BTC.repeat(n, 1, 1)
+    if weights is None:  # every receiver reads the plain stream (receiver_inputs without weights): the plain forward
+        return _plain_stream(model, graph, emb_BTC)
     rows = emb_BTC.shape[0]
-    target = None if corrupted is None else corrupted.repeat(n) if n > 1 else corrupted
+    target = corrupted.repeat(n) if n > 1 else corrupted
     ref = None if reference is None else reference.repeat(n) if n > 1 else reference
     outs = NodeOutputs(emb_BTC, [], [])
     # out' - ref per sender, each computed once, as the sender's output appears (ref: this run's own outputs unless a
     # reference run is given)
     base = outs if ref is None else ref
-    delta = None if target is None else NodeOutputs(target.emb - base.emb, [], [])
-
-    def grow_delta(kind: str) -> None:
-        if delta is not None:
-            done = getattr(delta, kind)
-            done.append(getattr(target, kind)[len(done)] - getattr(base, kind)[len(done)])
+    delta = NodeOutputs(target.emb - base.emb, [], [])
 
     def inputs(receiver_slice: slice, count: int, n_senders: int) -> Tensor:
         """(rows, count, T, C): the inputs of `count` receivers whose edges are receiver_slice, n_senders each."""
-        w = None if weights is None else weights[:, receiver_slice].repeat_interleave(rows // n, dim=0)
-        w = None if w is None else w.view(rows, count, n_senders)
+        w = weights[:, receiver_slice].repeat_interleave(rows // n, dim=0).view(rows, count, n_senders)
         return receiver_inputs(model, graph, outs, delta, w, n_senders).expand(-1, count, -1, -1)
 
-    for layer, block in enumerate(model.blocks):
-        receivers = graph.layer_receivers(layer)
-        n_heads, start = graph.heads_per_layer[layer], graph.sender_start(layer)
-        first = graph.edge_slices[receivers[0]].start if receivers else 0
-        if weights is None:  # every head reads the same stream: the layer's own (fused) attention
-            z_BTHD = block.attn.heads(block.ln_attn(inputs(slice(first, first), 1, start)[:, 0]))
-        elif n_heads:
+    def heads_input(first: int, n_heads: int, start: int) -> Hook:
+        def put(x_RHWTC: Tensor, site: Site) -> Tensor:  # (rows, H, 3, T, C), head h's q, k, v inputs
             x_RXTC = inputs(slice(first, first + 3 * n_heads * start), 3 * n_heads, start)
-            z_BTHD = block.heads_from_inputs(x_RXTC.view(rows, n_heads, 3, *x_RXTC.shape[2:]))
-        else:
-            z_BTHD = emb_BTC.new_zeros(rows, emb_BTC.shape[1], 0, block.attn.head_dim)
-        outs.z.append(z_BTHD)
-        grow_delta("z")
+            return x_RXTC.view(rows, n_heads, 3, *x_RXTC.shape[2:])
+
+        return put
+
+    def stream_input(receiver: Receiver) -> Hook:  # an MLP's input, or the logits'
+        return lambda x_RTC, site: inputs(graph.edge_slices[receiver], 1, graph.n_senders(receiver))[:, 0]
+
+    def sender(kind: str) -> Hook:
+        def read(out: Tensor, site: Site) -> None:  # the sender's output, and out' - ref as it appears
+            done = getattr(outs, kind)
+            done.append(out)
+            getattr(delta, kind).append(getattr(target, kind)[len(done) - 1] - getattr(base, kind)[len(done) - 1])
+
+        return read
+
+    # the model's own forward, every receiver's input put in at its site: a layer's heads' at attn.qkv_input (heads
+    # without inputs of their own compute z from the stream, which every layer without heads leaves as it is), an
+    # MLP's at mlp.input, the logits' in place of the last layer's output
+    hooks: list[tuple[Site, Hook]] = []
+    for layer in range(graph.n_layers):
+        receivers = graph.layer_receivers(layer)
+        if graph.heads_per_layer[layer]:
+            first, n_heads = graph.edge_slices[receivers[0]].start, graph.heads_per_layer[layer]
+            hooks.append((Site("attn.qkv_input", layer), heads_input(first, n_heads, graph.sender_start(layer))))
+        hooks.append((Site("attn.z", layer), sender("z")))
         if graph.mlp:
-            mlp_receiver = receivers[-1]
-            x_BTC = inputs(graph.edge_slices[mlp_receiver], 1, graph.n_senders(mlp_receiver))[:, 0]
-            outs.mlp.append(block.drop(block.mlp_out(x_BTC)))
-            grow_delta("mlp")
-    logits_receiver = graph.receivers[-1]
-    return inputs(graph.edge_slices[logits_receiver], 1, len(graph.senders))[:, 0], outs
+            hooks += [(Site("mlp.input", layer), stream_input(receivers[-1])), (Site("mlp_out", layer), sender("mlp"))]
+    hooks.append((Site("resid_post", graph.n_layers - 1), stream_input(graph.receivers[-1])))
+    return model.forward_layers(emb_BTC, 0, Intervention(hooks)), outs
 
 
 def _plain_stream(model: Transformer, graph: Graph, emb_BTC: Tensor) -> tuple[Tensor, NodeOutputs]:
-    """edge_stream with no edge touched, as one running sum: the same additions in the same order as receiver_inputs
-    without weights makes for every receiver (so the same bits), without re-adding every earlier sender per layer."""
+    """edge_stream with no edge touched: the model's own forward (the same additions in the same order as
+    receiver_inputs without weights makes for every receiver, so the same bits), reading the senders' outputs at
+    attn.z and mlp_out."""
     outs = NodeOutputs(emb_BTC, [], [])
-    stream_BTC = emb_BTC
-    for block in model.blocks:
-        z_BTHD = block.attn.heads(block.ln_attn(stream_BTC))
-        outs.z.append(z_BTHD)
-        mid_BTC = stream_BTC + attention_contribution(block, z_BTHD, None, None)[:, 0]
-        if graph.mlp:
-            outs.mlp.append(block.drop(block.mlp_out(stream_BTC if graph.parallel_residual else mid_BTC)))
-            mid_BTC = mid_BTC + outs.mlp[-1]
-        stream_BTC = mid_BTC
-    return stream_BTC, outs
+    hooks: list[tuple[Site, Hook]] = [(Site("attn.z", layer), keep_in(outs.z)) for layer in range(graph.n_layers)]
+    if graph.mlp:
+        hooks += [(Site("mlp_out", layer), keep_in(outs.mlp)) for layer in range(graph.n_layers)]
+    return model.forward_layers(emb_BTC, 0, Intervention(hooks)), outs
+
+
+def keep_in(into: list[Tensor]) -> Hook:
+    """A hook that appends what reaches its site to `into` (a sender's outputs, layer by layer) and changes nothing."""
+
+    def read(x: Tensor, site: Site) -> None:
+        into.append(x)
+
+    return read
 
 
 def plain_streams(model: Transformer, graph: Graph, outs: NodeOutputs, counts: set[int]) -> dict[int, Tensor]:
@@ -202,18 +218,25 @@ def receiver_inputs(
             return out[:, None]
         return out[:, None] + w_RX[:, :, None, None] * d[:, None]
 
-    x = mixed(outs.emb, None if delta is None else delta.emb, None if w_RXS is None else w_RXS[:, :, 0])
+    def plus(x: Tensor, term: Tensor) -> Tensor:
+        """x + term, into x where x is this sum's own tensor and of the sum's shape (the same additions, so the same
+        bits, without a new (rows, X, T, C) tensor per sender: fewer fresh pages for the allocator to map)."""
+        if x is first or torch.broadcast_shapes(x.shape, term.shape) != x.shape:
+            return x + term
+        return x.add_(term)
+
+    x = first = mixed(outs.emb, None if delta is None else delta.emb, None if w_RXS is None else w_RXS[:, :, 0])
     pos = 1
     for layer, block in enumerate(model.blocks):
         if pos >= n_senders:
             break
         n_heads = graph.heads_per_layer[layer]
         w_RXH = None if w_RXS is None else w_RXS[:, :, pos : pos + n_heads]
-        x = x + attention_contribution(block, outs.z[layer], None if delta is None else delta.z[layer], w_RXH)
+        x = plus(x, attention_contribution(block, outs.z[layer], None if delta is None else delta.z[layer], w_RXH))
         pos += n_heads
         if graph.mlp and pos < n_senders:
             w_RX = None if w_RXS is None else w_RXS[:, :, pos]
-            x = x + mixed(outs.mlp[layer], None if delta is None else delta.mlp[layer], w_RX)
+            x = plus(x, mixed(outs.mlp[layer], None if delta is None else delta.mlp[layer], w_RX))
             pos += 1
     return x
 
@@ -226,20 +249,6 @@ def untouched(w: Tensor | None) -> bool:
 
 
 def attention_contribution(block: Block, z_BTHD: Tensor, dz_BTHD: Tensor | None, w_BXH: Tensor | None) -> Tensor:
-    """(B, X, T, C): post_norm(combine(z + w dz)) per receiver, z mixed per head by that receiver's edge weights.
-    Without a post-norm it is linear in z: combine(z) once plus each receiver's sum_h w_h dz_h W_O^h, which saves
-    combining X copies."""
-    w_BXH = None if untouched(w_BXH) else w_BXH
-    if w_BXH is not None and block.ln_attn_out is None:
-        per_head_BTHC = torch.einsum("bthd,hdc->bthc", dz_BTHD, block.attn.W_O)
-        mixed_BXTC = torch.einsum("bxh,bthc->bxtc", w_BXH, per_head_BTHC)
-        return block.drop(block.attn.combine_heads(z_BTHD))[:, None] + mixed_BXTC
-    mixed_BXTHD = z_BTHD[:, None]
-    if w_BXH is not None:
-        mixed_BXTHD = mixed_BXTHD + w_BXH[:, :, None, :, None] * dz_BTHD[:, None]
-    B, X = mixed_BXTHD.shape[:2]
-    out_NTC = block.attn.combine_heads(mixed_BXTHD.flatten(0, 1))
-    if block.ln_attn_out is not None:
-        out_NTC = block.ln_attn_out(out_NTC)
-    out_NTC = block.drop(out_NTC)
-    return out_NTC.view(B, X, *out_NTC.shape[1:])
+    """(B, X, T, C): post_norm(combine(z + w dz)) per receiver, z mixed per head by that receiver's edge weights
+    (Block.attention_mix); untouched weights (untouched) mix nothing."""
+    return block.attention_mix(z_BTHD, dz_BTHD, None if untouched(w_BXH) else w_BXH)

@@ -2,11 +2,12 @@
 
 At edge weights a = 0 every receiver of a layer reads the same stream, so the edge-patched forward (forward.py) is the
 plain forward, and d metric / d a_{s->r} = (out'_s - out_s as it enters the stream) . g_r with g_r = d metric / d x_r
-the gradient at receiver r's own input (attribution.py does the dot products). This forward gives every receiver its own
-copy of what it reads, so one backward yields every g_r: head h of layer l reads its q, k and v through three copies of
-layer l's normed input (heads_from_inputs, the edge-patched forward's own head computation; the norm is computed once
-and each copy's gradient taken back through its Jacobian), an MLP reads a copy of the stream after its layer's heads
-(before them in a parallel block), the logits the last stream (which nothing else reads). Each copy is a tensor of its
+the gradient at receiver r's own input (attribution.py does the dot products). This forward, the model's own with taps
+at named sites (run_layers), gives every receiver its own copy of what it reads, so one backward yields every g_r: head
+h of layer l reads its q, k and v through three copies of layer l's normed input (the site attn.qkv_normed, the
+edge-patched forward's own head computation; the norm is computed once and each copy's gradient taken back through its
+Jacobian), an MLP reads a copy of the stream after its layer's heads (before them in a parallel block; mlp.input), the
+logits a copy of the last stream. Each copy is a tensor of its
 own in the autograd graph: its gradient is its readers' alone, and the backward flows on through it into the senders
 before. The forward costs about one plain forward (a head's k and v projections run per query head under grouped-query
 attention) and holds every copy and its gradient: 3H + 1 streams per layer.
@@ -15,15 +16,18 @@ Where a layer's attention output passes a post-norm before joining the stream (G
 layer's combined output before the norm (`combined`), at which attribution.py takes the norm's Jacobian.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from headcount.circuits.forward import NodeOutputs
 from headcount.circuits.graph import Graph
 from headcount.circuits.metric import Metric, point_values
 from headcount.circuits.passes import outputs_floats, points_floats
+from headcount.model.block import Block
+from headcount.model.intervention import Hook, Intervention
+from headcount.model.sites import Site
 from headcount.model.transformer import Transformer
 
 
@@ -46,22 +50,21 @@ def receiver_gradients(model: Transformer, emb_RTC: Tensor, points_BT: Tensor, m
     """The gradients of the metric summed over the points of rows = N * B runs (emb_RTC: each run's embedding, runs
     of the B examples of points_BT stacked N times along the batch) at every receiver input, in model dtype."""
     graph = Graph.of(model)
-    # the stream: the logits' input at the end, read by them alone
-    x_RTC, outs, copies, combined, head_inputs = run_layers(model, emb_RTC.detach().requires_grad_(), copied=True)
+    x_RTC, outs, taps = run_layers(model, emb_RTC.detach().requires_grad_(), copied=True)
     n = len(x_RTC) // len(points_BT)
+    # the stream: the logits' input at the end, read by them alone
     logits_NPV = model.unembed(x_RTC.view(n, *points_BT.shape, -1)[:, points_BT])
-    grads = torch.autograd.grad(point_values(logits_NPV, metric).sum(), [*copies, x_RTC])
-    heads, mlp, i = [], [], 0
+    grads = dict(zip(taps.kept, torch.autograd.grad(point_values(logits_NPV, metric).sum(), [*taps.kept.values()])))
+    heads, mlp = [], []
     for layer in range(graph.n_layers):
         if graph.heads_per_layer[layer]:
-            heads.append(before_norm(model.blocks[layer].ln_attn, head_inputs[layer], grads[i]))
-            i += 1
+            grads_HWRTC = grads[Site("attn.qkv_normed", layer)].permute(1, 2, 0, 3, 4)
+            heads.append(before_norm(model.blocks[layer], taps.stream_in[layer], grads_HWRTC))
         else:
             heads.append(x_RTC.new_zeros(0, 3, *x_RTC.shape))
         if graph.mlp:
-            mlp.append(grads[i])
-            i += 1
-    return ReceiverGradients(heads, mlp, grads[-1], combined, outs)
+            mlp.append(grads[Site("mlp.input", layer)])
+    return ReceiverGradients(heads, mlp, grads[LOGITS_INPUT], taps.combined, outs)
 
 
 def unit_bytes(model: Transformer, T: int, points: int, reference: bool = False) -> int:
@@ -91,56 +94,73 @@ def plain_outputs(model: Transformer, ids_BT: Tensor) -> NodeOutputs:
         return run_layers(model, model.embed(ids_BT), copied=False)[1]
 
 
-def before_norm(norm: nn.Module, at_RTC: Tensor, grads_XRTC: Tensor) -> Tensor:
-    """(X, rows, T, C): each gradient at a normed copy of the stream taken back through the norm at `at`, J^T g,
-    all X at once (one linearisation, mapped over the copies)."""
-    _, vjp = torch.func.vjp(norm, at_RTC)
-    return torch.vmap(vjp)(grads_XRTC.flatten(0, 1))[0].view_as(grads_XRTC)
+def before_norm(block: Block, at_RTC: Tensor, grads_HWRTC: Tensor) -> Tensor:
+    """(H, 3, rows, T, C): each gradient at a normed copy of the stream into `block` taken back through its input norm
+    at `at` (Block.input_norm_vjp)."""
+    return block.input_norm_vjp(at_RTC, grads_HWRTC)
 
 
-def run_layers(
-    model: Transformer, emb_RTC: Tensor, copied: bool
-) -> tuple[Tensor, NodeOutputs, list[Tensor], list[Tensor | None], list[Tensor | None]]:
-    """The plain forward from the embedding: the last stream, the senders' outputs (detached), and with `copied` every
-    receiver's own copy of its input (in model order, a layer's heads' (H, 3, rows, T, C), then its MLP's), each
-    layer's attention output before its post-norm (None without one) and the stream its heads read (None without
-    heads or copies).
+@dataclass
+class Taps:
+    """What a gradient run keeps beside the senders' outputs: the tensors whose gradients are the receivers' (by
+    site: each layer's attn.qkv_normed and mlp.input, the logits' input last), the stream into each layer with heads
+    (where before_norm linearises the input norm; None without heads) and each layer's combined attention output
+    before its post-norm (None without one)."""
 
-    The heads' copies are of the stream after the layer's input norm, computed once: heads_from_inputs, which applies
-    that norm to each of its 3H inputs, reads them through an identity, and before_norm takes each copy's gradient
-    back through the norm's Jacobian (cheaper than normalising 3H copies forward and backward)."""
+    kept: dict[Site, Tensor] = field(default_factory=dict)
+    stream_in: list[Tensor | None] = field(default_factory=list)
+    combined: list[Tensor | None] = field(default_factory=list)
+
+
+LOGITS_INPUT = Site("logits")  # the key of the logits' input among a run's taps (no site of the forward_layers run)
+
+
+def run_layers(model: Transformer, emb_RTC: Tensor, copied: bool) -> tuple[Tensor, NodeOutputs, Taps]:
+    """The plain forward from the embedding, the model's own (Transformer.forward_layers): the last stream, the
+    senders' outputs (detached), and with `copied` the receivers' taps.
+
+    The taps are hooks of the forward's intervention: a head's q, k, v inputs are its copies of the layer's normed
+    stream (the site attn.qkv_normed, (rows, H, 3, T, C), which runs the heads from them: Block.heads_from_own_inputs,
+    the edge-patched forward's own head computation; the norm is computed once and before_norm takes each copy's
+    gradient back through its Jacobian, cheaper than normalising 3H copies), an MLP's input is a clone of what it reads
+    (mlp.input: its own, the stream goes on without it), the logits' input a clone of the last stream. Each tap is a
+    tensor of its own in the autograd graph: its gradient is its readers' alone, and the backward flows on through it
+    into the senders before."""
     if model.training:
         raise ValueError("the gradient forward applies no dropout: call it on a model in eval mode")
     graph = Graph.of(model)
-    x_RTC = emb_RTC
-    outs = NodeOutputs(emb_RTC.detach(), [], [])
-    copies: list[Tensor] = []
-    combined: list[Tensor | None] = []
-    head_inputs: list[Tensor | None] = []
-    for layer, block in enumerate(model.blocks):
-        n_heads = graph.heads_per_layer[layer]
-        head_inputs.append(x_RTC.detach() if n_heads and copied else None)
-        if n_heads and copied:
-            normed_RTC = block.ln_attn(x_RTC)
-            copy_HWRTC = normed_RTC.expand(n_heads, 3, *normed_RTC.shape).contiguous()
-            copies.append(copy_HWRTC)
-            z_RTHD = block.attn.heads_from_inputs(copy_HWRTC.permute(2, 0, 1, 3, 4))
-        elif n_heads:
-            z_RTHD = block.attn.heads(block.ln_attn(x_RTC))
-        else:
-            z_RTHD = x_RTC.new_zeros(*x_RTC.shape[:2], 0, block.attn.head_dim)
-        outs.z.append(z_RTHD.detach())
-        attn_RTC = block.attn.combine_heads(z_RTHD)
-        combined.append(None if block.ln_attn_out is None else attn_RTC.detach())
-        attn_RTC = block.drop(attn_RTC if block.ln_attn_out is None else block.ln_attn_out(attn_RTC))
-        if not graph.mlp:
-            x_RTC = x_RTC + attn_RTC
-            continue
-        mlp_in_RTC = x_RTC if graph.parallel_residual else x_RTC + attn_RTC
+    outs, taps = NodeOutputs(emb_RTC.detach(), [], []), Taps()
+
+    def sender(into: list[Tensor]) -> Hook:
+        def read(x: Tensor, site: Site) -> None:
+            into.append(x.detach())
+
+        return read
+
+    def tap(x: Tensor, site: Site) -> Tensor:
+        taps.kept[site] = x if site.kind == "attn.qkv_normed" else x.clone()  # the copies are fresh already
+        return taps.kept[site]
+
+    def stream_in(x: Tensor, site: Site) -> None:
+        taps.stream_in.append(x.detach())
+
+    def combined(z_RTHD: Tensor, site: Site) -> None:
+        block = model.blocks[site.layer]
+        taps.combined.append(block.combined_attention(z_RTHD).detach() if block.attention_post_norm else None)
+
+    hooks: list[tuple[Site, Hook]] = []
+    for layer in range(graph.n_layers):
+        if copied and graph.heads_per_layer[layer]:
+            hooks += [(Site("resid_pre", layer), stream_in), (Site("attn.qkv_normed", layer), tap)]
+        elif copied:
+            hooks.append((Site("resid_pre", layer), lambda x, site: taps.stream_in.append(None)))
+        hooks.append((Site("attn.z", layer), sender(outs.z)))
         if copied:
-            mlp_in_RTC = mlp_in_RTC.clone()
-            copies.append(mlp_in_RTC)
-        mlp_RTC = block.drop(block.mlp_out(mlp_in_RTC))
-        outs.mlp.append(mlp_RTC.detach())
-        x_RTC = x_RTC + attn_RTC + mlp_RTC
-    return x_RTC, outs, copies, combined, head_inputs
+            hooks.append((Site("attn.z", layer), combined))
+        if graph.mlp:
+            hooks += [(Site("mlp.input", layer), tap)] if copied else []
+            hooks.append((Site("mlp_out", layer), sender(outs.mlp)))
+    x_RTC = model.forward_layers(emb_RTC, 0, Intervention(hooks))
+    if copied:
+        taps.kept[LOGITS_INPUT] = x_RTC = x_RTC.clone()
+    return x_RTC, outs, taps

@@ -68,8 +68,10 @@ class Edge:
 class Graph:
     """Every node, receiver input and edge of a model with `heads_per_layer` heads per layer."""
 
-    def __init__(self, heads_per_layer: list[int], mlp: bool, parallel_residual: bool):
-        self.heads_per_layer, self.mlp, self.parallel_residual = list(heads_per_layer), mlp, parallel_residual
+    def __init__(self, heads_per_layer: list[int], mlp: bool, mlp_beside_heads: bool):
+        """mlp_beside_heads: each MLP reads its layer's input beside the heads, not their output (a parallel-residual
+        block, Block.mlp_reads_attention false)."""
+        self.heads_per_layer, self.mlp, self.mlp_beside_heads = list(heads_per_layer), mlp, mlp_beside_heads
         self.n_layers = len(self.heads_per_layer)
         senders = [Node("emb")]
         for layer, n_heads in enumerate(self.heads_per_layer):
@@ -82,7 +84,8 @@ class Graph:
 
     @classmethod
     def of(cls, model: Transformer) -> "Graph":
-        return cls(model.heads_per_layer, model.cfg.mlp, model.cfg.parallel_residual)
+        beside = any(not block.mlp_reads_attention for block in model.blocks)
+        return cls(model.heads_per_layer, model.cfg.mlp, beside)
 
     def layer_receivers(self, layer: int) -> list[Receiver]:
         heads = [Receiver(Node("head", layer, h), w) for h in range(self.heads_per_layer[layer]) for w in QKV]
@@ -98,7 +101,7 @@ class Graph:
         if node.kind == "head":
             return self.sender_start(node.layer)
         if node.kind == "mlp":
-            return self.sender_start(node.layer) + (0 if self.parallel_residual else self.heads_per_layer[node.layer])
+            return self.sender_start(node.layer) + (0 if self.mlp_beside_heads else self.heads_per_layer[node.layer])
         return len(self.senders)
 
     @cached_property

@@ -73,7 +73,7 @@ def layer_floats(model: Transformer, graph: Graph, layer: int, T: int, receivers
     attn = block.attn
     per_position = 3 * receivers * C + block.activation_floats(T)
     per_position += 2 * max((b.attn.n_heads * C for b in model.blocks[:layer]), default=0)
-    if any(b.ln_attn_out is not None for b in model.blocks[:layer]):
+    if any(b.attention_post_norm for b in model.blocks[:layer]):
         per_position += receivers * (max(b.attn.z_floats() for b in model.blocks[:layer]) + 3 * C)
     if receivers:
         per_position += receivers * C + 2 * receivers * attn.z_floats()

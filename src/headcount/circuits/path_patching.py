@@ -172,9 +172,8 @@ def sender_change(
             heads.setdefault(s.layer, []).append(s.head)
     for layer, chosen in heads.items():
         block = model.blocks[layer]
-        if block.ln_attn_out is None:
-            W_O = block.attn.W_O[chosen]
-            change_BTC = change_BTC + torch.einsum("bthd,hdc->btc", delta.z[layer][:, :, chosen], W_O)
+        if not block.attention_post_norm:
+            change_BTC = change_BTC + block.head_terms_of(delta.z[layer][:, :, chosen], chosen)
             continue
         w_11H = torch.zeros(1, 1, graph.heads_per_layer[layer], dtype=clean.emb.dtype, device=clean.emb.device)
         w_11H[..., chosen] = 1.0
@@ -197,7 +196,7 @@ def run_with_inputs(
     p*B.. (the unembedding is the caller's, at its score points): the model's own forward from the first receiver's
     layer, with an intervention at the receivers' layers. A receiver head's z is recomputed from its patched input
     (its other two inputs the stream into its layer, read at resid_pre) by the model's heads_from_inputs and replaces
-    the plain z at attn.z; a receiver MLP's rows of mlp_in are its patched input through the MLP's norm.
+    the plain z at attn.z; a receiver MLP's rows of mlp.input (what the MLP alone reads) are its patched input.
     suffix: the same forward at its positions only (T reads S until the end), the others clean."""
     B = clean.emb.shape[0]
     start = min(r.node.layer for _, r in patched)
@@ -212,8 +211,7 @@ def run_with_inputs(
             hooks.extend(receiver_heads(layer, from_inputs, head_inputs, B))
         mlp_inputs = {p: x for (p, r), x in patched.items() if r.node == Node("mlp", layer)}
         if mlp_inputs:
-            norm = model.blocks[layer].ln_mlp
-            hooks.append((Site("mlp_in", layer), lambda x, site, rows=mlp_inputs, norm=norm: _rows(x, rows, B, norm)))
+            hooks.append((Site("mlp.input", layer), lambda x, site, rows=mlp_inputs: _rows(x, rows, B)))
     intervention = Intervention(hooks)
     if suffix is None:
         final = model.forward_layers(stream.repeat(n_pairs, 1, 1), start, intervention)
@@ -242,11 +240,11 @@ def receiver_heads(
     return [(Site("resid_pre", layer), keep(into)), (Site("attn.z", layer), recompute)]
 
 
-def _rows(x_RTC: Tensor, rows: dict[int, Tensor], B: int, norm) -> Tensor:
-    """x with pair p's rows replaced by norm(rows[p])."""
+def _rows(x_RTC: Tensor, rows: dict[int, Tensor], B: int) -> Tensor:
+    """x with pair p's rows replaced by rows[p]."""
     x_RTC = x_RTC.clone()
     for p, x in rows.items():
-        x_RTC[p * B : (p + 1) * B] = norm(x)
+        x_RTC[p * B : (p + 1) * B] = x
     return x_RTC
 
 

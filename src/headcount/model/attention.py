@@ -267,14 +267,19 @@ class MultiHeadAttention(nn.Module):
         return q_BKTD, k_BKTD, v_BKTD
 
     def heads_from_inputs(
-        self, x_BKWTC: Tensor, heads_K: Tensor | None = None, queries: tuple[Tensor, Tensor] | None = None
+        self,
+        x_BKWTC: Tensor,
+        heads_K: Tensor | None = None,
+        queries: tuple[Tensor, Tensor] | None = None,
+        bias: Tensor | None = None,
     ) -> Tensor:
         """z (B, T, K, D) of the K heads `project_inputs` projects from their own normed inputs (explicit softmax).
         queries: (positions (B, S), allowed (B, S, T)): z (B, S, K, D) of the queries at those positions only, each
-        over the keys `allowed` marks (a suffix run's slots, model/suffix.py)."""
+        over the keys `allowed` marks (a suffix run's slots, model/suffix.py). bias: as in `attend`, of every head
+        (queries None only)."""
         q_BKTD, k_BKTD, v_BKTD = self.project_inputs(x_BKWTC, heads_K)
         if queries is None:
-            z_BKTD, _ = self.reference_attention(q_BKTD, k_BKTD, v_BKTD)
+            z_BKTD, _ = self.reference_attention(q_BKTD, k_BKTD, v_BKTD, bias=bias)
             return z_BKTD.transpose(1, 2)
         positions_BS, allowed_BST = queries
         index_BKSD = positions_BS[:, None, :, None].expand(-1, q_BKTD.shape[1], -1, q_BKTD.shape[-1])

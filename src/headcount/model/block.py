@@ -37,10 +37,10 @@ from headcount.model.intervention import Intervention
 from headcount.model.mlp import MLP
 from headcount.model.norm import make_norm
 from headcount.model.rotary import Rotary
-from headcount.model.sites import BLOCK_SITES, HEAD_INPUTS, KEY, STACK_SITES, Site
+from headcount.model.sites import BLOCK_SITES, HEAD_INPUTS, KEY, OWN_HEAD_INPUTS, STACK_SITES, Site
 
 # the sites inside attention, which a block whose heads come from elsewhere (`heads`) does not pass through
-ATTENTION_INSIDE = (*HEAD_INPUTS, "attn.q", "attn.k", "attn.v", "attn.pattern")
+ATTENTION_INSIDE = (*HEAD_INPUTS, *OWN_HEAD_INPUTS, "attn.q", "attn.k", "attn.v", "attn.pattern")
 
 
 def layer_rotary(cfg: ModelConfig, layer_type: str) -> Rotary | None:
@@ -177,6 +177,8 @@ class Block(nn.Module):
             if inside:
                 raise ConfigError(KEY, inside[0], "a run over some positions (model/suffix.py) has no such site")
             z_BTHD = heads(self.ln_attn(x_BTC))
+        elif any(intervention.wants(s[name]) for name in OWN_HEAD_INPUTS):
+            z_BTHD = self.heads_from_own_inputs(x_BTC, intervention, s, bias)
         else:
             q_BHTD, k_BGTD, v_BGTD = self.intervened_qkv(x_BTC, intervention, s)
             pattern_hook = (lambda p: at(s["attn.pattern"], p)) if intervention.wants(s["attn.pattern"]) else None
@@ -195,7 +197,8 @@ class Block(nn.Module):
         if self.mlp is None:
             return at(s["resid_post"], mid_BTC)
         hidden_hook = (lambda h: at(s["mlp.hidden"], h)) if intervention.wants(s["mlp.hidden"]) else None
-        mlp_BTC = self.mlp(at(s["mlp_in"], self.ln_mlp(x_BTC if self.parallel_residual else mid_BTC)), hidden_hook)
+        read_BTC = at(s["mlp.input"], x_BTC if self.parallel_residual else mid_BTC)  # the MLP's alone
+        mlp_BTC = self.mlp(at(s["mlp_in"], self.ln_mlp(read_BTC)), hidden_hook)
         mlp_BTC = at(s["mlp_out"], mlp_BTC if self.ln_mlp_out is None else self.ln_mlp_out(mlp_BTC))
         # finish's order of additions: (x + attn) + mlp in both residual forms
         return at(s["resid_post"], self.add_mlp(mid_BTC, mlp_BTC))
@@ -226,6 +229,31 @@ class Block(nn.Module):
                 )
         return q_BHTD, k_BGTD, v_BGTD
 
+    def heads_from_own_inputs(
+        self, x_BTC: Tensor, intervention: Intervention, s: dict, bias: Tensor | None = None
+    ) -> Tensor:
+        """z (B, T, H, D) of the heads each reading q, k, v from inputs of its own (the sites attn.qkv_input, before
+        the layer's input norm, and attn.qkv_normed, after it; (B, H, 3, T, C)), projected per query head
+        (MultiHeadAttention.heads_from_inputs). Without a hook at attn.qkv_input the norm runs once, on the stream,
+        and attn.qkv_normed holds its 3H copies: EAP's gradient taps read there, and the gradient at a copy taken back
+        through the norm (`input_norm_vjp`) is the gradient at that head's input, without normalising 3H inputs."""
+        at, H = intervention.at, self.attn.n_heads
+        if any(intervention.wants(s[name]) for name in HEAD_INPUTS):
+            raise ConfigError(KEY, s["attn.qkv_input"].name, "a layer takes per-head inputs at q|k|v_input or here")
+        if intervention.wants(s["attn.qkv_input"]):
+            x_BHWTC = at(s["attn.qkv_input"], x_BTC.expand(H, 3, *x_BTC.shape).permute(2, 0, 1, 3, 4))
+            normed_BHWTC = at(s["attn.qkv_normed"], self.ln_attn(x_BHWTC))
+        else:  # the copies laid out (H, 3, B, T, C), as the gradient run has always taken them
+            normed_BTC = self.ln_attn(x_BTC)
+            copies_BHWTC = normed_BTC.expand(H, 3, *normed_BTC.shape).contiguous().permute(2, 0, 1, 3, 4)
+            normed_BHWTC = at(s["attn.qkv_normed"], copies_BHWTC)
+        return self.attn.heads_from_inputs(normed_BHWTC, bias=bias)
+
+    def input_norm_vjp(self, at_BTC: Tensor, grads_HWBTC: Tensor) -> Tensor:
+        """(H, 3, B, T, C): each gradient at a copy of the layer's normed input (attn.qkv_normed's, head first) taken
+        back through its input norm at `at`, J^T g, all 3H at once (one linearisation, mapped over the copies)."""
+        return norm_vjp(self.ln_attn, at_BTC, grads_HWBTC)
+
     def heads_from_inputs(
         self, x_BKWTC: Tensor, heads_K: Tensor | None = None, queries: tuple[Tensor, Tensor] | None = None
     ) -> Tensor:
@@ -233,6 +261,55 @@ class Block(nn.Module):
         stream before the layer's input norm (MultiHeadAttention.project_inputs after the norm); queries as in
         MultiHeadAttention.heads_from_inputs."""
         return self.attn.heads_from_inputs(self.ln_attn(x_BKWTC), heads_K, queries)
+
+    @property
+    def mlp_reads_attention(self) -> bool:
+        """Whether the MLP reads this layer's attention output (not in a parallel-residual block)."""
+        return not self.parallel_residual
+
+    @property
+    def attention_post_norm(self) -> bool:
+        """Whether attention's output is normalised before it joins the stream (Gemma 2/3, OLMo 2): then the stream is
+        no sum of per-head terms."""
+        return self.ln_attn_out is not None
+
+    def head_terms(self, z_BTHD: Tensor, layout: str = "bthc") -> Tensor:
+        """Each head's term z_h W_O^h before the heads add up (no bias, no post-norm), in `layout` (an einsum output
+        of b, t, h, c: "bthc" (B, T, H, C), "hbtc" (H, B, T, C)); "btc" sums them."""
+        return torch.einsum(f"bthd,hdc->{layout}", z_BTHD, self.attn.W_O)
+
+    def head_terms_of(self, z_BTKD: Tensor, heads: list[int]) -> Tensor:
+        """(B, T, C): sum over the chosen heads (K of them, z in their order) of z_h W_O^h."""
+        return torch.einsum("bthd,hdc->btc", z_BTKD, self.attn.W_O[heads])
+
+    def attention_mix(self, z_BTHD: Tensor, dz_BTHD: Tensor | None, w_BXH: Tensor | None) -> Tensor:
+        """(B, X, T, C): attention's output as it joins the stream, post_norm(combine(z + w dz)), for X mixes of the
+        heads' outputs, head h's z moved by w[:, x, h] dz_h (w None: z itself, X = 1). Without a post-norm it is linear
+        in z: combine(z) once plus each mix's sum_h w_h dz_h W_O^h, which saves combining X copies."""
+        if w_BXH is not None and self.ln_attn_out is None:
+            mixed_BXTC = torch.einsum("bxh,bthc->bxtc", w_BXH, self.head_terms(dz_BTHD))
+            return self.drop(self.attn.combine_heads(z_BTHD))[:, None] + mixed_BXTC
+        mixed_BXTHD = z_BTHD[:, None]
+        if w_BXH is not None:
+            mixed_BXTHD = mixed_BXTHD + w_BXH[:, :, None, :, None] * dz_BTHD[:, None]
+        B, X = mixed_BXTHD.shape[:2]
+        out_NTC = self.attn.combine_heads(mixed_BXTHD.flatten(0, 1))
+        if self.ln_attn_out is not None:
+            out_NTC = self.ln_attn_out(out_NTC)
+        out_NTC = self.drop(out_NTC)
+        return out_NTC.view(B, X, *out_NTC.shape[1:])
+
+    def combined_attention(self, z_BTHD: Tensor) -> Tensor:
+        """(B, T, C): the heads combined, before a post-norm (where the stream reads attention through one)."""
+        return self.attn.combine_heads(z_BTHD)
+
+    def attention_post_norm_vjp(self, at_BTC: Tensor, grads_XBTC: Tensor) -> Tensor:
+        """(X, B, T, C): J^T g for each of the X gradients g, J the Jacobian of attention's post-norm at its input `at`
+        (row by row)."""
+        at_XBTC = at_BTC.detach().expand_as(grads_XBTC).contiguous().requires_grad_()
+        with torch.enable_grad():
+            (vjp,) = torch.autograd.grad(self.ln_attn_out(at_XBTC), at_XBTC, grads_XBTC)
+        return vjp
 
     def finish(self, x_BTC: Tensor, z_BTHD: Tensor, cross: CrossInput | None = None) -> Tensor:
         """The block's output given its input x and its heads' (gated) z: add the combined heads, then (a decoder
@@ -284,3 +361,10 @@ class Block(nn.Module):
         mlp = self.mlp.activation_floats() if self.mlp is not None else 0
         norms = 4 if self.ln_attn_out is not None else 0  # post-norms' inputs and outputs
         return (4 + norms) * self.attn.d_model + self.attn.activation_floats(seq_len) + mlp
+
+
+def norm_vjp(norm: nn.Module, at_BTC: Tensor, grads_XYBTC: Tensor) -> Tensor:
+    """(X, Y, B, T, C): each gradient taken back through `norm` at `at`, J^T g, all X * Y at once (one linearisation,
+    mapped over the gradients)."""
+    _, vjp = torch.func.vjp(norm, at_BTC)
+    return torch.vmap(vjp)(grads_XYBTC.flatten(0, 1))[0].view_as(grads_XYBTC)

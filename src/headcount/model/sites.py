@@ -7,12 +7,15 @@ The names grow the circuits graph's (which names heads L1H2 and their inputs L1H
     blocks.{l}.attn.q_input    (B, T, H, C)  what each query head reads, before the layer's input norm
     blocks.{l}.attn.k_input    (B, T, G, C)  what each key/value head reads (G = H without grouped-query attention)
     blocks.{l}.attn.v_input    (B, T, G, C)
+    blocks.{l}.attn.qkv_input  (B, H, 3, T, C)  each query head's own q, k, v inputs before the layer's input norm
+    blocks.{l}.attn.qkv_normed (B, H, 3, T, C)  the same after the norm (k, v per query head even under GQA)
     blocks.{l}.attn.q          (B, T, H, D)  queries, after q/k norms and rotary positions
     blocks.{l}.attn.k          (B, T, G, D)  keys per key/value head (shared by its group of query heads)
     blocks.{l}.attn.v          (B, T, G, D)
     blocks.{l}.attn.pattern    (B, H, T, T)  attention weights (query position, key position)
     blocks.{l}.attn.z          (B, T, H, D)  each head's output before W_O (after gates, if the forward has any)
     blocks.{l}.attn_out        (B, T, C)   attention's output as added to the stream (after a post-norm)
+    blocks.{l}.mlp.input       (B, T, C)   the MLP's own copy of the stream it reads, before its norm
     blocks.{l}.mlp_in          (B, T, C)   the MLP's input after its norm
     blocks.{l}.mlp.hidden      (B, T, F)   the MLP's hidden units, after the activation (and the gate's product)
     blocks.{l}.mlp_out         (B, T, C)   the MLP's output as added to the stream (after a post-norm)
@@ -37,7 +40,14 @@ Transformer.forward_layers with an intervention each, whose sites are the stack'
 
 B batch, T positions, C model width, H query heads, G key/value heads, D head width, F MLP hidden width, V vocabulary.
 A site's k/v entries under grouped-query attention address the shared key/value head: changing k_input[:, :, g]
-changes the keys every query head of group g reads. Attention-only models have no mlp sites.
+changes the keys every query head of group g reads. The circuits graph's receivers are per query head: attn.qkv_input
+and attn.qkv_normed give head h inputs of its own for q, k and v, k and v projected by its key/value head's weights
+from h's own inputs (so heads of one group may see different keys), attended by the explicit softmax
+(MultiHeadAttention.heads_from_inputs); a hook at either makes the layer run its heads that way. attn.qkv_input is
+handed to hooks as a read-only broadcast of the stream (return a new tensor rather than editing it in place).
+mlp.input is what the MLP alone reads (after attention, or the layer's input in a parallel-residual block): a hook
+there changes the MLP's input, not the stream that goes on (TransformerLens's hook_mlp_in). Attention-only models
+have no mlp sites.
 """
 
 import re
@@ -52,12 +62,15 @@ BLOCK_SITES = (
     "attn.q_input",
     "attn.k_input",
     "attn.v_input",
+    "attn.qkv_input",
+    "attn.qkv_normed",
     "attn.q",
     "attn.k",
     "attn.v",
     "attn.pattern",
     "attn.z",
     "attn_out",
+    "mlp.input",
     "mlp_in",
     "mlp.hidden",
     "mlp_out",
@@ -69,12 +82,15 @@ SHAPES = {
     "attn.q_input": "(B, T, H, C)",
     "attn.k_input": "(B, T, G, C)",
     "attn.v_input": "(B, T, G, C)",
+    "attn.qkv_input": "(B, H, 3, T, C)",
+    "attn.qkv_normed": "(B, H, 3, T, C)",
     "attn.q": "(B, T, H, D)",
     "attn.k": "(B, T, G, D)",
     "attn.v": "(B, T, G, D)",
     "attn.pattern": "(B, H, T, T)",
     "attn.z": "(B, T, H, D)",
     "attn_out": "(B, T, C)",
+    "mlp.input": "(B, T, C)",
     "mlp_in": "(B, T, C)",
     "mlp.hidden": "(B, T, F)",
     "mlp_out": "(B, T, C)",
@@ -85,6 +101,7 @@ SHAPES = {
     "out": "(B, S, C)",
 }
 HEAD_INPUTS = ("attn.q_input", "attn.k_input", "attn.v_input")
+OWN_HEAD_INPUTS = ("attn.qkv_input", "attn.qkv_normed")  # per query head, q, k, v stacked
 _BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
 KEY = "hooks.site"
 
@@ -125,8 +142,9 @@ def parse_site(name: str) -> Site:
 
 
 def site_names(n_layers: int, mlp: bool = True) -> list[str]:
-    """Every site of a model with n_layers layers, in the order a forward reaches them."""
-    kinds = [k for k in BLOCK_SITES if mlp or not k.startswith("mlp")]
+    """Every site of a model with n_layers layers, in the order a forward reaches them, but the per-head inputs of the
+    circuits graph (OWN_HEAD_INPUTS), which run a layer's heads another way and are asked for by name."""
+    kinds = [k for k in BLOCK_SITES if (mlp or not k.startswith("mlp")) and k not in OWN_HEAD_INPUTS]
     return ["embed", *(Site(k, layer).name for layer in range(n_layers) for k in kinds), "final_norm", "logits"]
 
 
