@@ -163,10 +163,10 @@ def _plain_stream(model: Transformer, graph: Graph, emb_BTC: Tensor) -> tuple[Te
     for block in model.blocks:
         z_BTHD = block.attn.heads(block.ln_attn(stream_BTC))
         outs.z.append(z_BTHD)
-        mid_BTC = stream_BTC + attention_contribution(block, z_BTHD, None, None)[:, 0]
+        mid_BTC = block.add_attn(stream_BTC, attention_contribution(block, z_BTHD, None, None)[:, 0])
         if graph.mlp:
             outs.mlp.append(block.drop(block.mlp_out(stream_BTC if graph.parallel_residual else mid_BTC)))
-            mid_BTC = mid_BTC + outs.mlp[-1]
+            mid_BTC = block.add_mlp(mid_BTC, outs.mlp[-1])
         stream_BTC = mid_BTC
     return stream_BTC, outs
 
@@ -180,11 +180,11 @@ def plain_streams(model: Transformer, graph: Graph, outs: NodeOutputs, counts: s
         x_BTC, pos = outs.emb, 1
         found = {pos: x_BTC}
         for layer, block in enumerate(model.blocks):
-            x_BTC = x_BTC + attention_contribution(block, outs.z[layer], None, None)[:, 0]
+            x_BTC = block.add_attn(x_BTC, attention_contribution(block, outs.z[layer], None, None)[:, 0])
             pos += graph.heads_per_layer[layer]
             found.setdefault(pos, x_BTC)  # a layer without heads adds only its bias: receivers at pos read before it
             if graph.mlp:
-                x_BTC = x_BTC + outs.mlp[layer]
+                x_BTC = block.add_mlp(x_BTC, outs.mlp[layer])
                 pos += 1
                 found.setdefault(pos, x_BTC)
         outs.streams = found
@@ -209,11 +209,13 @@ def receiver_inputs(
             break
         n_heads = graph.heads_per_layer[layer]
         w_RXH = None if w_RXS is None else w_RXS[:, :, pos : pos + n_heads]
-        x = x + attention_contribution(block, outs.z[layer], None if delta is None else delta.z[layer], w_RXH)
+        x = block.add_attn(
+            x, attention_contribution(block, outs.z[layer], None if delta is None else delta.z[layer], w_RXH)
+        )
         pos += n_heads
         if graph.mlp and pos < n_senders:
             w_RX = None if w_RXS is None else w_RXS[:, :, pos]
-            x = x + mixed(outs.mlp[layer], None if delta is None else delta.mlp[layer], w_RX)
+            x = block.add_mlp(x, mixed(outs.mlp[layer], None if delta is None else delta.mlp[layer], w_RX))
             pos += 1
     return x
 

@@ -111,6 +111,8 @@ def run_layers(
     back through the norm's Jacobian (cheaper than normalising 3H copies forward and backward)."""
     if model.training:
         raise ValueError("the gradient forward applies no dropout: call it on a model in eval mode")
+    if model.cfg.post_ln:  # a receiver's input is no sum of its senders' outputs: attribution.py takes that apart
+        raise ValueError("a post-LN model's edge gradients are the edge-patched forward's (circuits/post_ln.py)")
     graph = Graph.of(model)
     x_RTC = emb_RTC
     outs = NodeOutputs(emb_RTC.detach(), [], [])

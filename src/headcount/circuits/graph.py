@@ -82,6 +82,7 @@ class Graph:
 
     @classmethod
     def of(cls, model: Transformer) -> "Graph":
+        refuse_cross_attention(model)
         return cls(model.heads_per_layer, model.cfg.mlp, model.cfg.parallel_residual)
 
     def layer_receivers(self, layer: int) -> list[Receiver]:
@@ -170,3 +171,18 @@ class Graph:
         close = difflib.get_close_matches(name, list(known), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"no such {what} in this model ({self.n_layers} layers; heads {heads}){hint}"
+
+
+def refuse_cross_attention(model) -> None:
+    """A one-line ConfigError for a model whose heads read another stack or a position bias the graph does not
+    hold: an encoder-decoder (cross-attention heads, T5's relative bias). Edges run on one stack, causal or
+    bidirectional."""
+    cross = getattr(model, "cross_heads", None) is not None or not isinstance(model, Transformer)
+    if cross or getattr(model, "rel_bias", None) is not None:
+        layers = getattr(model.cfg, "encoder_layers", 0)
+        raise ConfigError(
+            "model.encoder_layers",
+            layers,
+            "edges and circuits (path patching, EAP, EAP-IG, exact) are not defined through cross-attention yet: "
+            "they take one-stack models, decoders (model.causal=true) or encoders (model.causal=false)",
+        )
