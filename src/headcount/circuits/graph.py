@@ -177,12 +177,13 @@ def refuse_cross_attention(model) -> None:
     """A one-line ConfigError for a model whose heads read another stack or a position bias the graph does not
     hold: an encoder-decoder (cross-attention heads, T5's relative bias). Edges run on one stack, causal or
     bidirectional."""
-    cross = getattr(model, "cross_heads", None) is not None or not isinstance(model, Transformer)
-    if cross or getattr(model, "rel_bias", None) is not None:
-        layers = getattr(model.cfg, "encoder_layers", 0)
+    whole = not isinstance(model, Transformer)
+    if whole or model.cross_heads is not None or model.rel_bias is not None:
+        # the whole encoder-decoder by its layers; one of its stacks (its decoder, its encoder) by what it reads
+        key, value = ("model.encoder_layers", model.cfg.encoder_layers) if whole else ("model.cross_attn", "set")
         raise ConfigError(
-            "model.encoder_layers",
-            layers,
+            key,
+            value,
             "edges and circuits (path patching, EAP, EAP-IG, exact) are not defined through cross-attention yet: "
             "they take one-stack models, decoders (model.causal=true) or encoders (model.causal=false)",
         )
