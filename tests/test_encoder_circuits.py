@@ -281,9 +281,9 @@ def test_path_patching_on_an_encoder_reaches_score_points_before_the_corruption(
     clean, corrupted = pair(model, T=12)
     early = torch.tensor([1, 2, 3])
     graph = Graph.of(model)
-    edge = graph.edge_index["L0H1 -> logits"]
+    edge = graph.edge_index["L0H1 -> L1H0.v"]
     exact = exact_edge_scores(model, clean, corrupted, metric, early, edges=[edge])
-    effect = path_patch(model, clean, corrupted, [(["L0H1"], ["logits"])], metric, early)
+    effect = path_patch(model, clean, corrupted, [(["L0H1"], ["L1H0.v"])], metric, early)
     assert abs(float(exact[0])) > 1e-4
     torch.testing.assert_close(effect, exact, atol=1e-11, rtol=0)
 
