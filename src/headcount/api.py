@@ -169,7 +169,7 @@ class Run:
         checked = validate_settings(s, self.task_settings(task))
         refuse_decoder_only(s, None if checked.task is None else str(checked.task.source), self.model.cfg.causal)
         if masks is None:
-            refuse_edges(given[0], self.model.cfg.causal)
+            refuse_edges(self.model)
         planned = plan(checked, lambda _: self.task(task), self.ablation_dir)
         if masks is None:
             sets = requested_edge_sets(self.model, edges_removed, circuit, s)
@@ -213,7 +213,7 @@ class Run:
         those, one row per name. mode (one that corrupts every sender, as for edges), metric, task and settings as
         for evaluate."""
         s = self.mode_settings(mode, metric, **settings)
-        refuse_edges("circuit_performance", self.model.cfg.causal)
+        refuse_edges(self.model)
         planned = plan(validate_settings(s, self.task_settings(task)), lambda _: self.task(task), self.ablation_dir)
         ranked = checked_rankings(self.model, scores, s, resamples)
         data, evaluated = self.evaluation(s, planned.mode, planned.metric, planned.task)
