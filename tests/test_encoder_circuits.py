@@ -5,8 +5,8 @@ cross-attention refused by name."""
 
 import pytest
 import torch
-
 from encoder_helpers import converted, hf_model
+
 from headcount.circuits import (
     Graph,
     eap_ig_scores,
@@ -166,7 +166,8 @@ def hooks_path_patch(hf, clean_ids, corrupted_ids, senders: list[tuple[int, int]
 
     def replace(m, args, out):
         out = out.clone()
-        out[..., head * D : (head + 1) * D] = torch.nn.functional.linear(x, m.weight, m.bias)[..., head * D : (head + 1) * D]
+        projected = torch.nn.functional.linear(x, m.weight, m.bias)  # m(x) would run this hook again
+        out[..., head * D : (head + 1) * D] = projected[..., head * D : (head + 1) * D]
         return out
 
     return hooked_run(hf, clean_ids, {module: replace})
