@@ -314,3 +314,52 @@ def test_transformers_bert_helper_is_an_eager_masked_lm():
     """The hooks above read BertForMaskedLM's modules by name: the helper gives one, eager attention."""
     hf = hf_model("bert_mlm_tanh_gelu")
     assert type(hf).__name__ == "BertForMaskedLM" and hf.config._attn_implementation == "eager"
+
+
+def test_masked_agreement_prompts_are_one_length_and_scored_at_the_mask():
+    from headcount.config.task import TaskConfig
+    from headcount.pretrained import load_pretrained
+    from headcount.tasks import HFTokens
+    from headcount.tasks.masked_agreement import MaskedAgreement
+
+    tokenizer = load_pretrained("headcount:tiny-random-bert").tokenizer
+    prompts = MaskedAgreement().prompts(TaskConfig(source="masked_agreement", n_prompts=6), HFTokens(tokenizer))
+    assert {len(p.prompt) for p in prompts} == {len(p.corrupted) for p in prompts} == {len(prompts[0].prompt)}
+    for i, p in enumerate(prompts):
+        assert p.prompt[p.positions[0]] == tokenizer.mask_token_id == p.corrupted[p.positions[0]]
+        assert (p.answers, p.wrongs) == ((["is"], ["are"]) if i % 2 == 0 else (["are"], ["is"]))
+        assert p.prompt != p.corrupted and p.prompt[0] == tokenizer.cls_token_id
+
+
+@pytest.mark.slow
+def test_encoder_circuit_scans_from_the_command_line_agree_with_python(tmp_path):
+    """headcount-ablate's path_patching and edge_attribution on headcount:tiny-random-bert's masked_agreement, and
+    Run.evaluate(edges_removed=...) from Python: one edge's effect three ways (float64)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    import headcount
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ablate.py"
+    args = ["model=minilm_l6", "model.pretrained=headcount:tiny-random-bert", "task=masked_agreement"]
+    args += ["task.n_prompts=6", "ablation.mode=patch", "ablation.progress=false"]
+    args += ["ablation=[path_patching,edge_attribution]", "ablation.scans.path_patching.senders=[L0H1]"]
+    args += ["ablation.scans.path_patching.receivers=[L1H3.v]", "ablation.scans.edge_attribution.exact_all=true"]
+    args += ["ablation.scans.edge_attribution.steps=2", "ablation.scans.edge_attribution.random_sets=1"]
+    subprocess.run([sys.executable, str(script), *args, f"run_dir={tmp_path}"], cwd=tmp_path, check=True)
+    folder = tmp_path / "ablation" / "tasks" / "masked_agreement"
+    path = pd.read_csv(next(folder.glob("path_patching.*.csv")))
+    edges = pd.read_csv(next(folder.glob("edge_attribution.*.csv")))
+    run = headcount.load_run(tmp_path)
+    task = {"source": "masked_agreement", "n_prompts": 6}
+    table = run.evaluate(edges_removed=["L0H1 -> L1H3.v"], mode="patch", task=task)
+    effect = float(path["effect"].iloc[0])
+    exact = float(edges.loc[edges["edge"] == "L0H1 -> L1H3.v", "exact"].iloc[0])
+    # scans run in float32 and a random BERT's effects are about 1e-7 here: the three agree to float32's noise (the
+    # computations are checked exactly in float64 above); a wrong wiring would differ by far more
+    assert abs(effect) > 1e-8
+    assert float(table["delta_logit_diff"].iloc[0]) == pytest.approx(effect, rel=0.05)
+    assert exact == pytest.approx(effect, rel=0.05)
