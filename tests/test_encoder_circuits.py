@@ -363,6 +363,9 @@ def test_encoder_circuit_scans_from_the_command_line_agree_with_python(tmp_path)
     assert abs(effect) > 1e-8
     assert float(table["delta_logit_diff"].iloc[0]) == pytest.approx(effect, rel=0.05)
     assert exact == pytest.approx(effect, rel=0.05)
+    # a head patched at [SEP], after the mask: on an encoder it can change the score, so it is not refused
+    at_end = run.evaluate({"at end": "L0H1@end"}, mode="patch", task=task, patch_positions="each")
+    assert len(at_end) == 1 and bool(at_end["delta_logit_diff"].notna().all())
     ranking = edges.sort_values("eap", key=abs, ascending=False)["edge"].tolist()
     scores = run.circuit_performance({"eap": ranking}, mode="patch", task=task, resamples=0)
     assert list(scores["method"]) == ["eap"] and scores["f_100%"].iloc[0] == pytest.approx(1.0, abs=1e-3)

@@ -26,7 +26,7 @@ def masked_lm_sources() -> list[str]:
     """The task sources that score an encoder's mask positions."""
     from headcount.tasks import SOURCES
 
-    return [name for name in SOURCES.names() if getattr(SOURCES[name], "masked_lm", False)]
+    return [name for name in SOURCES.names() if SOURCES[name].masked_lm]
 
 
 def refuse_decoder_only(settings: AblationConfig, task_source: str | None, causal: bool) -> None:

@@ -32,7 +32,7 @@ class MaskedAgreement(TaskSource):
     """subject-verb agreement at an encoder's [MASK] (is/are), the subject's number flipped in the counterpart"""
 
     name = "masked_agreement"
-    masked_lm = True  # scores an encoder's mask positions (ablation/encoder_checks.py)
+    masked_lm = True  # an encoder's task (ablation/encoder_checks.py)
 
     def prompts(self, cfg: TaskConfig, tokenizer: TaskTokenizer) -> list[TaskPrompt]:
         mask = getattr(getattr(tokenizer, "tokenizer", None), "mask_token", None)
