@@ -369,3 +369,19 @@ def test_encoder_circuit_scans_from_the_command_line_agree_with_python(tmp_path)
     ranking = edges.sort_values("eap", key=abs, ascending=False)["edge"].tolist()
     scores = run.circuit_performance({"eap": ranking}, mode="patch", task=task, resamples=0)
     assert list(scores["method"]) == ["eap"] and scores["f_100%"].iloc[0] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_an_encoder_s_prompts_of_different_lengths_are_refused_for_edges_in_one_line():
+    from headcount.ablation.engine.modes import MODES
+    from headcount.ablation.scans.circuit_inputs import edge_inputs
+
+    model = tiny_encoder(torch.float32, True)
+    ids = torch.randint(5, 40, (2, 6))
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    valid[1, 4:] = False  # the second prompt is right-padded
+    batch = {"input_ids": ids, "source_ids": ids, "valid": valid, "score_mask": valid.clone(), "answer_ids": ids}
+    with pytest.raises(ConfigError) as error:
+        edge_inputs([batch], MODES["patch"](), model, None, "ablation.scans.path_patching")
+    message = str(error.value)
+    assert message.startswith("ablation.scans.path_patching='prompts of different lengths': an encoder")
+    assert "\n" not in message
