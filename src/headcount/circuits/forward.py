@@ -195,7 +195,8 @@ def receiver_inputs(
     model: Transformer, graph: Graph, outs: NodeOutputs, delta: NodeOutputs | None, w_RXS: Tensor | None, n_senders: int
 ) -> Tensor:
     """(rows, X, T, C): x = sum over the first n_senders senders of out + w (delta), per receiver (X of them); with
-    w None (no edge weights) the plain stream, once (X = 1) for every receiver."""
+    w None (no edge weights) the plain stream, once (X = 1) for every receiver. Each addition is the block's own
+    (add_attn, add_mlp): in a post-LN block (BERT) the sum is normalised after every addition, as the model does."""
 
     def mixed(out: Tensor, d: Tensor | None, w_RX: Tensor | None) -> Tensor:
         if untouched(w_RX):
