@@ -127,7 +127,7 @@ def test_decoder_only_scans_tasks_and_wrong_answer_metrics_are_refused_on_an_enc
         refuse_decoder_only(settings, "ioi", causal=False)
     from headcount.ablation.session import typed_ablation
 
-    for kind in ("path_patching", "edge_attribution", "head_scores", "direct_effect"):
+    for kind in ("head_scores", "direct_effect"):
         typed = typed_ablation(OmegaConf.create({"scans": {kind: {"kind": kind}}}))
         refused = rf"^ablation.scans.{kind}.kind='{kind}': .*takes the scans .*single_head"
         with pytest.raises(ConfigError, match=refused):
@@ -138,6 +138,12 @@ def test_decoder_only_scans_tasks_and_wrong_answer_metrics_are_refused_on_an_enc
         except ConfigError as error:
             message = str(error)
         assert "\n" not in message and kind not in message.split("takes the scans")[1]
+        assert "path_patching" in message and "edge_attribution" in message  # circuits run on an encoder
+    for kind in ("path_patching", "edge_attribution"):
+        refuse_decoder_only(typed_ablation(OmegaConf.create({"scans": {kind: {"kind": kind}}})), None, causal=False)
+    refuse_decoder_only(settings, "masked_agreement", causal=False)  # a masked-LM task: an encoder's
+    with pytest.raises(ConfigError, match=r"^task.source='masked_agreement': scores an encoder's \[MASK\] positions"):
+        refuse_decoder_only(settings, "masked_agreement", causal=True)
     settings.metric = "logit_diff"
     with pytest.raises(ConfigError, match=r"^ablation.metric='logit_diff': needs a task's wrong answers"):
         refuse_decoder_only(settings, None, causal=False)

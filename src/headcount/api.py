@@ -178,7 +178,7 @@ class Run:
                 dataclasses.replace(s, scans={}), None if checked.task is None else str(checked.task.source)
             )
         if masks is None:
-            refuse_edges(given[0], self.model.cfg.causal)
+            refuse_edges(self.model)
         planned = plan(checked, lambda _: self.task(task), self.ablation_dir)
         if masks is None:
             sets = requested_edge_sets(self.model, edges_removed, circuit, s)
@@ -224,7 +224,7 @@ class Run:
         s = self.mode_settings(mode, metric, **settings)
         if isinstance(self.model, EncoderDecoder):
             refuse_seq2seq_edges("circuit_performance")
-        refuse_edges("circuit_performance", self.model.cfg.causal)
+        refuse_edges(self.model)
         planned = plan(validate_settings(s, self.task_settings(task)), lambda _: self.task(task), self.ablation_dir)
         ranked = checked_rankings(self.model, scores, s, resamples)
         data, evaluated = self.evaluation(s, planned.mode, planned.metric, planned.task)

@@ -14,7 +14,7 @@ from headcount.ablation.records.address import ResultAddress, variant_of
 from headcount.config.ablation import AblationConfig
 from headcount.config.task import TaskConfig
 from headcount.errors import ConfigError
-from headcount.tasks import TaskSet
+from headcount.tasks import SOURCES, TaskSet
 
 
 @dataclass
@@ -43,7 +43,8 @@ def plan(checked: CheckedSettings, make_task: Callable[[TaskConfig], TaskSet], a
     task = None if task_cfg is None else make_task(task_cfg)
     metric = resolve_metric(settings.metric, None if task is None else task.has_wrong, task=task is not None)
     mode.check(settings, None if task is None else task.has_corrupted)
-    if task is not None and settings.patch_positions == "each":
+    # a masked-LM task is an encoder's (ablation/encoder_checks.py), whose every position reads every other
+    if task is not None and settings.patch_positions == "each" and not SOURCES.get(task_cfg.source).masked_lm:
         check_patched_positions(task)
     variant = variant_of(settings.mode, settings.patch_direction, settings.patch_positions, settings.dtype)
     address = ResultAddress(Path(ablation_dir), settings.mode, metric.name, "" if task is None else task.name, variant)
@@ -52,8 +53,8 @@ def plan(checked: CheckedSettings, make_task: Callable[[TaskConfig], TaskSet], a
 
 def check_patched_positions(task: TaskSet) -> None:
     """ConfigError when a named position lies after a prompt's last scored token: patching it cannot change the
-    score (the model is causal), so every delta at it would be 0.0. A prompts file that scores before its end
-    (`position: -3`) met this at its `end`."""
+    score (the model is causal; an encoder's masked-LM task is not checked), so every delta at it would be 0.0. A
+    prompts file that scores before its end (`position: -3`) met this at its `end`."""
     last_scored_N = task.score_mask.long().cumsum(1).argmax(1)  # the index of each prompt's last scored token
     for name, where_N in task.positions.items():
         after = ((where_N > last_scored_N) & (where_N >= 0)).nonzero().flatten().tolist()

@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from headcount.circuits.autograd_edges import autograd_edge_scores
 from headcount.circuits.forward import NodeOutputs, edge_stream, outputs_of
 from headcount.circuits.gradients import ReceiverGradients, plain_outputs, receiver_gradients
 from headcount.circuits.gradients import unit_bytes as gradient_unit_bytes
@@ -168,6 +169,9 @@ def eap_scores(
     """(E,) float64: EAP's first-order estimate of every edge's exact score, the passes' dot products added in
     float64; per_example: (B, E), each example's own dot products (their sum over examples is the (E,) scores),
     which the bootstrap over prompts resamples (circuits/bootstrap.py)."""
+    if model.cfg.post_ln:  # the stream is no sum of senders: the edge forward's own gradient (autograd_edges.py)
+        args = (model, clean_ids_BT, corrupted_ids_BT, metric, None, score_positions_B, memory_budget, per_example)
+        return autograd_edge_scores(*args)
     points_BT = points_mask(clean_ids_BT, score_positions_B)
     plan = edge_plan(model, points_BT, 1, memory_budget, grad=True)
     scores = EdgeGradients(model, len(points_BT) if per_example else None)
@@ -197,6 +201,9 @@ def eap_ig_scores(
     passes of some steps of some examples, the dot products added in float64; per_example: (B, E), as for EAP."""
     if not isinstance(steps, int) or steps < 1:
         raise ConfigError("edge_attribution.steps", steps, "EAP-IG needs an integer number of steps >= 1")
+    if model.cfg.post_ln:  # as in eap_scores
+        args = (model, clean_ids_BT, corrupted_ids_BT, metric, steps, score_positions_B, memory_budget, per_example)
+        return autograd_edge_scores(*args)
     points_BT = points_mask(clean_ids_BT, score_positions_B)
     plan = edge_plan(model, points_BT, steps, memory_budget, grad=True, reference=True)
     scores = EdgeGradients(model, len(points_BT) if per_example else None)

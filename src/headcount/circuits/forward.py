@@ -196,11 +196,11 @@ def plain_streams(model: Transformer, graph: Graph, outs: NodeOutputs, counts: s
         x_BTC, pos = outs.emb, 1
         found = {pos: x_BTC}
         for layer, block in enumerate(model.blocks):
-            x_BTC = x_BTC + attention_contribution(block, outs.z[layer], None, None)[:, 0]
+            x_BTC = block.add_attn(x_BTC, attention_contribution(block, outs.z[layer], None, None)[:, 0])
             pos += graph.heads_per_layer[layer]
             found.setdefault(pos, x_BTC)  # a layer without heads adds only its bias: receivers at pos read before it
             if graph.mlp:
-                x_BTC = x_BTC + outs.mlp[layer]
+                x_BTC = block.add_mlp(x_BTC, outs.mlp[layer])
                 pos += 1
                 found.setdefault(pos, x_BTC)
         outs.streams = found
@@ -211,7 +211,8 @@ def receiver_inputs(
     model: Transformer, graph: Graph, outs: NodeOutputs, delta: NodeOutputs | None, w_RXS: Tensor | None, n_senders: int
 ) -> Tensor:
     """(rows, X, T, C): x = sum over the first n_senders senders of out + w (delta), per receiver (X of them); with
-    w None (no edge weights) the plain stream, once (X = 1) for every receiver."""
+    w None (no edge weights) the plain stream, once (X = 1) for every receiver. Each addition is the block's own
+    (add_attn, add_mlp): in a post-LN block (BERT) the sum is normalised after every addition, as the model does."""
 
     def mixed(out: Tensor, d: Tensor | None, w_RX: Tensor | None) -> Tensor:
         if untouched(w_RX):
@@ -232,11 +233,14 @@ def receiver_inputs(
             break
         n_heads = graph.heads_per_layer[layer]
         w_RXH = None if w_RXS is None else w_RXS[:, :, pos : pos + n_heads]
-        x = plus(x, attention_contribution(block, outs.z[layer], None if delta is None else delta.z[layer], w_RXH))
+        attn_RXTC = attention_contribution(block, outs.z[layer], None if delta is None else delta.z[layer], w_RXH)
+        # a post-LN block normalises after each addition: its receivers' inputs are rebuilt through its norms
+        x = block.add_attn(x, attn_RXTC) if block.post_ln else plus(x, attn_RXTC)
         pos += n_heads
         if graph.mlp and pos < n_senders:
             w_RX = None if w_RXS is None else w_RXS[:, :, pos]
-            x = plus(x, mixed(outs.mlp[layer], None if delta is None else delta.mlp[layer], w_RX))
+            mlp_RXTC = mixed(outs.mlp[layer], None if delta is None else delta.mlp[layer], w_RX)
+            x = block.add_mlp(x, mlp_RXTC) if block.post_ln else plus(x, mlp_RXTC)
             pos += 1
     return x
 

@@ -128,6 +128,8 @@ def run_layers(model: Transformer, emb_RTC: Tensor, copied: bool) -> tuple[Tenso
     into the senders before."""
     if model.training:
         raise ValueError("the gradient forward applies no dropout: call it on a model in eval mode")
+    if model.cfg.post_ln:  # a receiver's input is no sum of its senders' outputs: attribution.py takes that apart
+        raise ValueError("a post-LN model's edge gradients are the edge-patched forward's (circuits/autograd_edges.py)")
     graph = Graph.of(model)
     outs, taps = NodeOutputs(emb_RTC.detach(), [], []), Taps()
 

@@ -84,6 +84,7 @@ class Graph:
 
     @classmethod
     def of(cls, model: Transformer) -> "Graph":
+        refuse_cross_attention(model)
         beside = any(not block.mlp_reads_attention for block in model.blocks)
         return cls(model.heads_per_layer, model.cfg.mlp, beside)
 
@@ -173,3 +174,19 @@ class Graph:
         close = difflib.get_close_matches(name, list(known), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"no such {what} in this model ({self.n_layers} layers; heads {heads}){hint}"
+
+
+def refuse_cross_attention(model) -> None:
+    """A one-line ConfigError for a model whose heads read another stack or a position bias the graph does not
+    hold: an encoder-decoder (cross-attention heads, T5's relative bias). Edges run on one stack, causal or
+    bidirectional."""
+    whole = not isinstance(model, Transformer)
+    if whole or model.cross_heads is not None or model.rel_bias is not None:
+        # the whole encoder-decoder by its layers; one of its stacks (its decoder, its encoder) by what it reads
+        key, value = ("model.encoder_layers", model.cfg.encoder_layers) if whole else ("model.cross_attn", "set")
+        raise ConfigError(
+            key,
+            value,
+            "edges and circuits (path patching, EAP, EAP-IG, exact) are not defined through cross-attention yet: "
+            "they take one-stack models, decoders (model.causal=true) or encoders (model.causal=false)",
+        )

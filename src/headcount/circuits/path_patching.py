@@ -103,7 +103,10 @@ def suffix_run(
     model: Transformer, graph: Graph, clean: NodeOutputs, corrupted: NodeOutputs, points_BT: Tensor
 ) -> SuffixRun | None:
     """The positions a pair's run takes: from the first at which any sender's corrupted output differs from its
-    clean one to the last score point (None: all of them)."""
+    clean one to the last score point (None: all of them). Only under causal attention: an encoder's every position
+    reads every other, so it runs them all."""
+    if not model.cfg.causal:
+        return None
     runs = [clean.emb, *clean.z, *clean.mlp], [corrupted.emb, *corrupted.z, *corrupted.mlp]
     layout = layout_of(first_difference(*runs), points_BT)
     if layout is None:
@@ -138,6 +141,8 @@ def patched_inputs(
     they join the stream (sender_change). The general formula (forward.py's receiver_inputs with S's edges at weight
     1) re-adds every earlier sender per receiver; this adds one term."""
     delta = corrupted.minus(clean)
+    if model.cfg.post_ln:
+        return post_ln_inputs(model, graph, clean, delta, pairs)
     counts = {graph.n_senders(r) for _, receivers in pairs for r in receivers}
     clean_into = plain_streams(model, graph, clean, counts)
     clean_attention: dict[int, Tensor] = {}
@@ -146,6 +151,22 @@ def patched_inputs(
         change_BTC = sender_change(model, graph, clean, delta, senders, clean_attention)
         for r in receivers:
             patched[p, r] = clean_into[graph.n_senders(r)] + change_BTC
+    return patched
+
+
+def post_ln_inputs(
+    model: Transformer, graph: Graph, clean: NodeOutputs, delta: NodeOutputs, pairs
+) -> dict[tuple[int, Receiver], Tensor]:
+    """patched_inputs of a post-LN model (BERT): the stream is normalised after every addition, so a change does not
+    add up; each receiver's input is the stream rebuilt from the clean outputs with the senders' corrupted ones, each
+    addition and norm as the blocks make them (forward.py's receiver_inputs with the senders' edges at weight 1)."""
+    patched = {}
+    for p, (senders, receivers) in enumerate(pairs):
+        chosen = [graph.senders.index(s) for s in senders]
+        for r in receivers:
+            w_B1S = clean.emb.new_zeros(len(clean.emb), 1, graph.n_senders(r))
+            w_B1S[..., chosen] = 1.0
+            patched[p, r] = stream_into(model, graph, clean, delta, w_B1S, graph.n_senders(r))[:, 0]
     return patched
 
 

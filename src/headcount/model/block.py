@@ -344,6 +344,11 @@ class Block(nn.Module):
         out_BTC = x_BTC + self.drop(out_BTC)
         return out_BTC if self.ln_cross_add is None else self.ln_cross_add(out_BTC)
 
+    @property
+    def post_ln(self) -> bool:
+        """Whether the stream is normalised after an addition (BERT's post-LN block): then it is no sum of outputs."""
+        return self.ln_attn_add is not None or self.ln_mlp_add is not None
+
     def add_attn(self, x_BTC: Tensor, attn_BTC: Tensor) -> Tensor:
         """The stream after attention: x + attn, normalised after the addition in a post-LN block."""
         return x_BTC + attn_BTC if self.ln_attn_add is None else self.ln_attn_add(x_BTC + attn_BTC)

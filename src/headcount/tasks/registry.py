@@ -11,6 +11,7 @@ from headcount.tasks.tokens import TaskTokenizer
 
 class TaskSource:
     name: ClassVar[str]
+    masked_lm: ClassVar[bool] = False  # scores an encoder's mask positions, not a decoder's next tokens
 
     def prompts(self, cfg: TaskConfig, tokenizer: TaskTokenizer) -> list[TaskPrompt]:
         raise NotImplementedError

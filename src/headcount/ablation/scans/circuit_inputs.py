@@ -3,8 +3,9 @@ prompts, the corrupted run, the score points and the metric, from the session; a
 scan's config names.
 
 - Prompts: the examples the session's evaluation batches are views of (data/examples.py `ExampleBatches`: split
-  once, where they enter), scored at their score points (a (B, T) mask: a task's scored position, or language
-  modelling's every target token).
+  once, where they enter), right-padded to the longest (causal attention keeps the padding out of every scored
+  position; an encoder's attention would read it, so there prompts of different lengths are refused), scored at their
+  score points (a (B, T) mask: a task's scored position, or language modelling's every target token).
 - The corrupted run, by mode: patch and resample run the model on each example's source (its counterpart prompt, or
   the reference input it is paired with), so an edge carries the sender's output on that input; zero makes every
   sender's output zero (the embeddings, each head's z, each MLP's output), as zero ablation does to a head's z. mean
@@ -158,6 +159,12 @@ def edge_inputs(
             "source_pos",
             "edges need clean and corrupted prompts aligned position by position; this task shifts them "
             "(task.align=last with prompts of different lengths)",
+        )
+    if not model.cfg.causal and "valid" in batch and not bool(batch["valid"].all()):
+        raise ConfigError(
+            key,
+            "prompts of different lengths",
+            "an encoder (model.causal=false) attends to every position, the padding too: give its prompts one length",
         )
     ids = batch["input_ids"]
     corrupted = zero_outputs(model, ids) if corrupted_run(type(mode)) == "all zeros" else batch["source_ids"]
