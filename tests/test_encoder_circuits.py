@@ -374,6 +374,7 @@ def test_encoder_circuit_scans_from_the_command_line_agree_with_python(tmp_path)
 def test_an_encoder_s_prompts_of_different_lengths_are_refused_for_edges_in_one_line():
     from headcount.ablation.engine.modes import MODES
     from headcount.ablation.scans.circuit_inputs import edge_inputs
+    from headcount.data.examples import ExampleBatches
 
     model = tiny_encoder(torch.float32, True)
     ids = torch.randint(5, 40, (2, 6))
@@ -381,7 +382,7 @@ def test_an_encoder_s_prompts_of_different_lengths_are_refused_for_edges_in_one_
     valid[1, 4:] = False  # the second prompt is right-padded
     batch = {"input_ids": ids, "source_ids": ids, "valid": valid, "score_mask": valid.clone(), "answer_ids": ids}
     with pytest.raises(ConfigError) as error:
-        edge_inputs([batch], MODES["patch"](), model, None, "ablation.scans.path_patching")
+        edge_inputs(ExampleBatches(batch, 2), MODES["patch"](), model, None, "ablation.scans.path_patching")
     message = str(error.value)
     assert message.startswith("ablation.scans.path_patching='prompts of different lengths': an encoder")
     assert "\n" not in message
