@@ -50,7 +50,8 @@ from headcount.io import atomic_savefig
 from headcount.labels import edge_label, join_names, parse_head, split_names
 from headcount.plotting import new_figure, set_title
 
-BOOTSTRAP_RULE = f"effect intervals: {RESAMPLES} resamples of prompts, {LEVEL} percentile"
+# a table computed before the top senders' stability was recorded is computed again, so that its summary has it
+BOOTSTRAP_RULE = f"effect intervals: {RESAMPLES} resamples of prompts, {LEVEL} percentile; top sender stability"
 
 
 @KINDS.register

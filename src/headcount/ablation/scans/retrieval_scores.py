@@ -22,6 +22,8 @@ from headcount.model import Transformer
 from headcount.model.intervention import reads
 from headcount.plotting import head_heatmap
 
+STABILITY_RULE = f"top heads' stability: {RESAMPLES} resamples of prompts"
+
 
 @KINDS.register
 class RetrievalScoresScan(Scan):
@@ -48,6 +50,10 @@ class RetrievalScoresScan(Scan):
         return ScanResult(
             table, summary={"intervals": {self.name: top_stability(hits_PK, points_P, session.settings.seed)}}
         )
+
+    def fingerprint_parts(self) -> tuple:
+        """A table computed before the top heads' stability was recorded is computed again, to record it."""
+        return (self.kind, STABILITY_RULE)
 
     def use(self, table: pd.DataFrame) -> None:
         self.session.hand(self.kind, self.session.layer_head_tensor(table, "retrieval_score"))
