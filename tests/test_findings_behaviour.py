@@ -106,6 +106,8 @@ def test_retrieval_claims_each_verdict():
     assert unstable.verdict == "partly" and "hold on average 50% of their places" in unstable.measured
     assert numbers["top_heads_bootstrap_overlap"] == 0.5
     assert needed_claim(tables[0], 0.8, stable(0.9))[0].verdict == "reproduced"
+    just_under = needed_claim(tables[0], 0.8, stable(0.795))[0]  # printed to a tenth: whole percent would say 80%
+    assert just_under.verdict == "partly" and "hold on average 79.5% of their places" in just_under.measured
     assert needed_claim(tables[2], 0.8, stable(0.5))[0].verdict == "not reproduced"
     assert "stability not measured" in needed_claim(tables[0], 0.8, None)[0].measured
     induction = lambda values: scores(values).rename(columns={"retrieval_score": "induction_score"})  # noqa: E731
