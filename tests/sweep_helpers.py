@@ -10,9 +10,11 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
+from headcount.cli import ablate as ablating
 from headcount.cli import train as training
 from headcount.config import CONF_DIR
 from headcount.report.sweep_report import write_report
+from headcount.run_dir import RunPaths
 
 SMOKE = ["model=tiny", "data=induction", "trainer=smoke", "data.n_train=64", "data.n_val=32", "data.n_test=32"]
 
@@ -76,3 +78,16 @@ def smoke_run(monkeypatch_factory, root: Path, extra: list[str] = ()) -> Path:
     finally:
         mp.undo()
     return root / "run"
+
+
+def ablate_unchanged(run_dir: Path, monkeypatch, args: list[str]) -> tuple[int, bool]:
+    """headcount-ablate on run_dir with <args> in this process: its exit code, and whether the run's ablation folder
+    holds the same files as before, its logs aside (a refused command must leave nothing behind)."""
+    ablation = RunPaths(run_dir).ablation
+
+    def files() -> list[Path]:
+        return sorted(p for p in ablation.rglob("*") if "logs" not in p.parts)
+
+    before = files()
+    code = command_in_process(ablating.main, monkeypatch, run_dir.parent, [f"run_dir={run_dir}", *args])
+    return code, files() == before

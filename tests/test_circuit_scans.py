@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from sweep_helpers import SMOKE, command_in_process, one_line, train_in_process
+from sweep_helpers import ablate_unchanged, one_line, smoke_run
 
 import headcount
 from headcount.ablation.scans import edge_attribution, path_patching
@@ -26,22 +26,14 @@ from headcount.circuits import (
     node_outputs,
     path_patch,
 )
-from headcount.cli import ablate as ablating
 from headcount.run_dir import RunPaths
 
-QUIET = ["ablation.progress=false", "trainer.progress_bar=false"]
 PATHS = {"senders": ["L0H0", "L0H1"], "receivers": ["L1H0.k", "L1H1.q"], "receivers_together": False}
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("circuit_scans")
-    mp = pytest.MonkeyPatch()
-    try:
-        assert train_in_process(mp, root, [*SMOKE, *QUIET, "ablation=[baseline]", "hydra.run.dir=run"]) == 0
-    finally:
-        mp.undo()
-    return root / "run"
+    return smoke_run(pytest.MonkeyPatch, tmp_path_factory.mktemp("circuit_scans"))
 
 
 def reference_inputs(run: "Reference", mode: str) -> tuple:
@@ -197,12 +189,8 @@ BAD = [
 
 @pytest.mark.parametrize("args, message", BAD, ids=[b[1].split(":")[0] for b in BAD])
 def test_bad_input_is_one_line_and_leaves_nothing(run_dir, monkeypatch, capsys, args, message):
-    ablation = RunPaths(run_dir).ablation
-    before = sorted(p for p in ablation.rglob("*") if "logs" not in p.parts)
-    code = command_in_process(ablating.main, monkeypatch, run_dir.parent, [f"run_dir={run_dir}", *QUIET[:1], *args])
-    assert code == 2
+    assert ablate_unchanged(run_dir, monkeypatch, ["ablation.progress=false", *args]) == (2, True)
     assert message in one_line(capsys.readouterr().err)
-    assert sorted(p for p in ablation.rglob("*") if "logs" not in p.parts) == before
 
 
 def composition_edges(rows: list[tuple[str, str, float]]) -> pd.DataFrame:

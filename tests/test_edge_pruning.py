@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from sweep_helpers import SMOKE, command_in_process, one_line, train_in_process
+from sweep_helpers import ablate_unchanged, one_line, smoke_run
 
 import headcount
 from headcount.ablation.methods import edge_pruning as pruning_module
@@ -20,7 +20,6 @@ from headcount.circuits import Graph, faithfulness
 from headcount.circuits import ensemble as ensemble_module
 from headcount.circuits.cpr import circuit_performance
 from headcount.circuits.ensemble import ensemble_scores, rank_normalise
-from headcount.cli import ablate as ablating
 from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.config.scans import EdgePruningSettings, check_edge_methods, check_edge_pruning
 from headcount.errors import ConfigError
@@ -28,7 +27,6 @@ from headcount.model.transformer import Transformer
 from headcount.run_dir import RunPaths
 
 PLANTED = ["emb -> L0H0.v", "L0H0 -> L1H1.v", "L1H1 -> logits"]
-QUIET = ["ablation.progress=false", "trainer.progress_bar=false"]
 
 
 def planted_model(dtype: torch.dtype) -> Transformer:
@@ -209,13 +207,7 @@ def test_unknown_settings_and_methods_are_one_line():
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("edge_pruning")
-    mp = pytest.MonkeyPatch()
-    try:
-        assert train_in_process(mp, root, [*SMOKE, *QUIET, "ablation=[baseline]", "hydra.run.dir=run"]) == 0
-    finally:
-        mp.undo()
-    return root / "run"
+    return smoke_run(pytest.MonkeyPatch, tmp_path_factory.mktemp("edge_pruning"))
 
 
 SCAN = dict(
@@ -293,12 +285,8 @@ BAD = [
 
 @pytest.mark.parametrize("args, message", BAD, ids=["ensemble_alone", "sparsity", "unknown_key"])
 def test_bad_input_on_the_command_line_is_one_line_and_leaves_nothing(run_dir, monkeypatch, capsys, args, message):
-    ablation = RunPaths(run_dir).ablation
-    before = sorted(p for p in ablation.rglob("*") if "logs" not in p.parts)
-    code = command_in_process(ablating.main, monkeypatch, run_dir.parent, [f"run_dir={run_dir}", *QUIET[:1], *args])
-    assert code == 2
+    assert ablate_unchanged(run_dir, monkeypatch, ["ablation.progress=false", *args]) == (2, True)
     assert message in one_line(capsys.readouterr().err)
-    assert sorted(p for p in ablation.rglob("*") if "logs" not in p.parts) == before
 
 
 @pytest.mark.parametrize("kind, section", [("edge_attribution", "edge_pruning"), ("l0_gates", "l0")])

@@ -11,11 +11,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from headcount.ablation.engine.metrics import METRICS
+from headcount.ablation.engine.metrics import METRICS, Targets
 from headcount.ablation.methods.direct_effect import direct_effects
 from headcount.ablation.records.address import ResultAddress
+from headcount.ablation.records.summary import summary_beside
 from headcount.ablation.scans.attribution import attribution_summary
 from headcount.ablation.scans.direct_effect import DirectEffectScan
+from headcount.ablation.scans.retrieval_scores import retrieval_hits, top_stability
+from headcount.ablation.session import AblationSession
+from headcount.circuits.bootstrap import RESAMPLES, resample_counts
 from headcount.cli.train import run
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches
@@ -24,10 +28,11 @@ from headcount.findings import check_finding
 from headcount.findings.ioi_heads import attribution_claim, backup_claim, few_heads_claim, name_movers_claim, task_claim
 from headcount.findings.retrieval_heads import induction_claim, needed_claim, sparse_claim
 from headcount.findings.retrieval_heads import task_claim as needle_task_claim
+from headcount.findings.run_data import scan_file
 from headcount.model import AttentionConfig, ModelConfig, Transformer
 from headcount.model.intervention import reads
 from headcount.model.norm import frozen_norm
-from headcount.run_dir import RunPaths
+from headcount.run_dir import RunPaths, load_run
 from headcount.tasks import ByteTokens, IdsOnly, TaskPrompt, build_task
 from headcount.tasks.encode import encode_task
 
@@ -95,6 +100,16 @@ def test_retrieval_claims_each_verdict():
     assert [sparse_claim(s)[0].verdict for s in sparse] == VERDICTS
     tables = (top_table(0.2, [0.8, 0.78], "acc"), top_table(0.2, [0.5, 0.79], "acc"), top_table(0.7, [0.5], "acc"))
     assert [needed_claim(t, 0.8)[0].verdict for t in tables] == VERDICTS
+    # the top's stability over resamples: said beside the verdict, and an unstable top makes "reproduced" partly
+    stable = lambda mean: {"top_n": 2, "resamples": 1000, "mean_overlap": mean, "min_overlap": mean / 2}  # noqa: E731
+    unstable, numbers = needed_claim(tables[0], 0.8, stable(0.5))
+    assert unstable.verdict == "partly" and "hold on average 50% of their places" in unstable.measured
+    assert numbers["top_heads_bootstrap_overlap"] == 0.5
+    assert needed_claim(tables[0], 0.8, stable(0.9))[0].verdict == "reproduced"
+    just_under = needed_claim(tables[0], 0.8, stable(0.795))[0]  # printed to a tenth: whole percent would say 80%
+    assert just_under.verdict == "partly" and "hold on average 79.5% of their places" in just_under.measured
+    assert needed_claim(tables[2], 0.8, stable(0.5))[0].verdict == "not reproduced"
+    assert "stability not measured" in needed_claim(tables[0], 0.8, None)[0].measured
     induction = lambda values: scores(values).rename(columns={"retrieval_score": "induction_score"})  # noqa: E731
     retrieval = scores([0.5, 0.4, 0.3, 0.0])  # three retrieval heads: two, one, none of them induction heads
     cases = [induction([0.6, 0.5, 0.0, 0.0]), induction([0.6, 0.0, 0.0, 0.9]), induction([0.0, 0.0, 0.0, 0.5])]
@@ -111,6 +126,63 @@ def test_experiment_at_smoke_size_evaluates_every_claim(compose_train, tmp_path,
     assert len(findings["claims"]) == claims and all(c["verdict"] in VERDICTS for c in findings["claims"])
     assert all(c["measured"] for c in findings["claims"]) and findings["numbers"]
     assert all((tmp_path / "findings" / figure).exists() for figure in findings["figures"])
+    if experiment == "retrieval_heads":
+        assert_retrieval_stability_is_by_prompt(tmp_path, findings)
+
+
+def assert_retrieval_stability_is_by_prompt(run_dir: Path, findings: dict) -> None:
+    """The smoke model copies nothing, so its top heads are ties at zero: the scan says so instead of a stability, and
+    the finding says it is not measured. With every answer made the top prediction (the attention as it is), each
+    prompt's hits read in one batch equal those read one prompt at a time (none booked to another prompt)."""
+    summary = json.loads(summary_beside(scan_file(run_dir, "retrieval_scores", ".csv", True)).read_text())
+    entry = summary["mode_independent"]["intervals"]["retrieval_scores"]
+    assert entry == "0 heads copy any token, fewer than the top 1: the rest of the top would be ties at zero"
+    assert f"ranking stability not measured ({entry})" in findings["claims"][2]["measured"]
+    session = AblationSession(OmegaConf.load(RunPaths(run_dir).config), run_dir)
+    copier = CopiesEveryAnswer(load_run(run_dir).model, session.batches)
+    hits_PK, points_P = retrieval_hits(copier, session.batches, session.positions)
+    alone = [
+        {k: v[i : i + 1] for k, v in batch.items()} for batch in session.batches for i in range(len(batch["input_ids"]))
+    ]
+    copier = CopiesEveryAnswer(copier.model, alone)
+    hits, points = zip(*(retrieval_hits(copier, [one], session.positions) for one in alone))
+    assert hits_PK.sum() > 0 and len(set(hits_PK.sum(1).tolist())) > 1  # prompts differ: a mix-up would show
+    torch.testing.assert_close(hits_PK, torch.cat(hits), rtol=0, atol=0)
+    torch.testing.assert_close(points_P, torch.cat(points), rtol=0, atol=0)
+
+
+class CopiesEveryAnswer:
+    """A model's attention as it is, with each scored token's answer made its top prediction (the batches' targets,
+    found by their input_ids)."""
+
+    def __init__(self, model, batches: list[dict]):
+        self.model, self.n_layers, self.max_heads = model, model.n_layers, model.max_heads
+        self.heads_per_layer = model.heads_per_layer
+        self.targets = {id(batch["input_ids"]): Targets.of(batch) for batch in batches}
+
+    def __call__(self, ids, patterns):
+        logits_BTV = self.model(ids, patterns).clone()
+        targets = self.targets[id(ids)]
+        b, t = targets.where_BT.nonzero(as_tuple=True)
+        logits_BTV[b, t, targets.answer_N] += 1e4
+        return logits_BTV
+
+
+def test_retrieval_top_stability_is_the_bootstrap_by_hand():
+    """On made-up hits of 20 heads (top 1) over 3 prompts: each resample's top head, found here by a loop over the
+    prompts drawn, against the full data's; the figure is the share of resamples that keep it."""
+    hits_PK = torch.zeros(3, 20, dtype=torch.float64)
+    hits_PK[0, 0], hits_PK[1, 0], hits_PK[2, 1], hits_PK[:, 2] = 4, 3, 9, 1  # head 1 wins overall (9 against 7)
+    points_P = torch.tensor([5.0, 4.0, 10.0], dtype=torch.float64)
+    entry = top_stability(hits_PK, points_P, seed=3)
+    kept = []
+    for counts in resample_counts(3, RESAMPLES, 3).tolist():
+        totals = [sum(c * float(hits_PK[p, k]) for p, c in enumerate(counts)) for k in range(20)]
+        kept.append(float(max(range(20), key=lambda k: (totals[k], -k)) == 1))
+    assert entry["top_n"] == 1 and entry["resamples"] == RESAMPLES
+    assert entry["mean_overlap"] == pytest.approx(sum(kept) / len(kept), abs=1e-12)
+    assert entry["min_overlap"] == min(kept) == 0.0
+    assert isinstance(top_stability(hits_PK[:, 3:] * 0, points_P, 3), str)  # nothing copied: no stability
 
 
 def test_direct_effects_add_up_to_the_logit_difference_on_a_one_layer_model():

@@ -85,6 +85,31 @@ def test_induction_heads_pass_when_they_attend_from_s2_to_s1_plus_1_or_s1_more_t
     assert "(induction)" in measured and "(duplicate token)" in measured  # each head named by where it attends
 
 
+def stability(mean: float, heads: list[str] = HEADS) -> dict:
+    """A path_patching scan's `intervals` entry: its top heads keep `mean` of their places on average."""
+    return {
+        "resamples": 1000,
+        "by": "damage",
+        "top_n": len(heads),
+        "heads": heads,
+        "mean_overlap": mean,
+        "min_overlap": mean / 2,
+    }
+
+
+@pytest.mark.parametrize("claim", [s_inhibition_claim, induction_claim])
+def test_a_class_is_only_reproduced_when_its_path_ranking_is_stable(claim):
+    passing = {h: {"attn_to_S2": 0.4, "attn_to_S1+1": 0.4, "attn_to_IO": 0.1} for h in HEADS}
+    assert claim(HEADS, effects(), attention(passing))[0].verdict == "reproduced"
+    unstable, numbers = claim(HEADS, effects(), attention(passing), stability(0.5))
+    assert unstable.verdict == "partly" and "hold on average 50% of their places (lowest 25%)" in unstable.measured
+    assert list(numbers.values())[-1] == 0.5 and list(numbers)[-1].endswith("_bootstrap_overlap")
+    assert claim(HEADS, effects(), attention(passing), stability(0.9))[0].verdict == "reproduced"
+    # an entry that ranks other heads than the class is not this class's stability: said, the verdict kept
+    other = claim(HEADS, effects(), attention(passing), stability(0.5, ["L0H0", "L0H1", "L0H2"]))[0]
+    assert other.verdict == "reproduced" and "(L0H0, L0H1, L0H2) are not this class" in other.measured
+
+
 def test_no_candidates_of_a_class_is_not_reproduced():
     assert induction_claim([], effects(), attention({}))[0].verdict == "not reproduced"
 
@@ -261,6 +286,15 @@ def test_each_scan_reads_the_heads_the_one_before_found(smoke_run):
     chosen = top_sender_heads(s_inhibition, 3)
     receivers = {r for rs in induction["receivers"] for r in rs.split(", ")}
     assert receivers == {f"{h}.v" for h in chosen if layer(h) > 0}
+    intervals = json.loads((RunPaths(smoke_run).ablation / "tasks" / "ioi" / "summary.json").read_text())["modes"][
+        "patch.logit_diff"
+    ]["intervals"]
+    findings = json.loads((smoke_run / "findings" / "findings.json").read_text())["numbers"]
+    for scan, table in (("s_inhibition", s_inhibition), ("induction", induction)):
+        entry = intervals[scan]  # the class's ranking: the top 3 the next scan takes, their stability over resamples
+        assert entry["top_n"] == 3 and entry["heads"] == top_sender_heads(table, 3) and entry["resamples"] == 1000
+        assert 0 <= entry["min_overlap"] <= entry["mean_overlap"] <= 1
+        assert findings[f"{scan}_bootstrap_overlap"] == entry["mean_overlap"]
     circuit = task_table(smoke_run, "circuit")
     kept = set(circuit.loc[circuit["mask"].str.startswith("circuit: "), "kept"].iloc[0].split())
     assert kept == {*name_movers, *chosen, *top_sender_heads(induction, 3)}

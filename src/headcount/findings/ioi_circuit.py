@@ -12,8 +12,10 @@ does, by where it attends:
 (5) the circuit is faithful: its heads kept with every other head patched keep at least 80% of the clean logit
     difference (faithfulness, relative to every head patched), more than every random circuit of as many heads.
 
-A class passes when all its heads attend as the paper says (reproduced), at least half of them (partly). Each
-claim's verdict is a function of plain tables (the *_claim functions), tested on made-up ones.
+A class passes when all its heads attend as the paper says (reproduced), at least half of them (partly); (3) and (4)
+are only reproduced where their path-patching ranking's top 3 is stable over bootstrap resamples of the prompts
+(the scan's `intervals` entry; findings/stability.py). Each claim's verdict is a function of plain tables (the
+*_claim functions), tested on made-up ones.
 """
 
 from pathlib import Path
@@ -29,11 +31,12 @@ from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, 
 from headcount.findings.ioi_heads import PAPER, task_claim
 from headcount.findings.run_data import scan_file, scan_results
 from headcount.findings.sixteen_heads import copied
-from headcount.findings.stability import separated
+from headcount.findings.stability import ranking_stability, separated
 from headcount.labels import parse_head, split_heads
 
 CLASS_SIZE = 3  # the experiment's top3 selectors: three heads per class
 FAITHFUL = 0.8  # (5) Wang et al. report 87% for their circuit
+RANKED = "sender heads by path damage"  # what the classes (3) and (4) take the top of
 
 
 def check(run_dir: Path, out: Path) -> Finding:
@@ -42,13 +45,16 @@ def check(run_dir: Path, out: Path) -> Finding:
     )
     from_end = read_checked(scan_file(run_dir, "position_attention", ".csv", mode_independent=True))
     from_s2 = read_checked(scan_file(run_dir, "attention_from_s2", ".csv", mode_independent=True))
+    stable = lambda scan: summary.get("intervals", {}).get(scan)  # noqa: E731  path patching's top-n stability
     effects = direct.assign(name=[head_name(r.layer, r.head) for r in direct.itertuples()]).set_index("name")
     name_movers = effects["direct_effect"].nlargest(CLASS_SIZE).index.tolist()  # as top3:direct_effect ranks them
     results = [
         task_claim(summary["baseline_logit_diff"], summary["task_top1"]),
         name_movers_claim(name_movers, effects["direct_effect"], from_end),
-        s_inhibition_claim(top_sender_heads(s_inhibition, CLASS_SIZE), path_effects(s_inhibition), from_end),
-        induction_claim(top_sender_heads(induction, CLASS_SIZE), path_effects(induction), from_s2),
+        s_inhibition_claim(
+            top_sender_heads(s_inhibition, CLASS_SIZE), path_effects(s_inhibition), from_end, stable("s_inhibition")
+        ),
+        induction_claim(top_sender_heads(induction, CLASS_SIZE), path_effects(induction), from_s2, stable("induction")),
         faithfulness_claim(circuit),
     ]
     numbers = {"baseline_logit_diff": summary["baseline_logit_diff"], "task_top1": summary["task_top1"]}
@@ -90,7 +96,11 @@ def name_movers_claim(heads: list[str], direct: pd.Series, from_end: pd.DataFram
     return claim, {"name_movers": heads, "name_movers_attend_io": sum(passes)}
 
 
-def s_inhibition_claim(heads: list[str], effects: pd.Series, from_end: pd.DataFrame) -> tuple[Claim, dict]:
+def s_inhibition_claim(
+    heads: list[str], effects: pd.Series, from_end: pd.DataFrame, stability: dict | str | None = None
+) -> tuple[Claim, dict]:
+    """stability: the s_inhibition scan's `intervals` entry; the class is only reproduced where its ranking's top is
+    stable over resamples of the prompts (findings/stability.py)."""
     rows = [attention_of(from_end, h) for h in heads]
     passes = [bool(r["attn_to_S2"] > r["attn_to_IO"]) for r in rows]
     measured = "; ".join(
@@ -103,10 +113,16 @@ def s_inhibition_claim(heads: list[str], effects: pd.Series, from_end: pd.DataFr
         measured or "no S-inhibition candidates",
         class_verdict(passes),
     )
-    return claim, {"s_inhibition": heads, "s_inhibition_attend_s2": sum(passes)}
+    claim, stable = ranking_stability(
+        claim, class_stability(stability, heads), RANKED, "s_inhibition_bootstrap_overlap"
+    )
+    return claim, {"s_inhibition": heads, "s_inhibition_attend_s2": sum(passes)} | stable
 
 
-def induction_claim(heads: list[str], effects: pd.Series, from_s2: pd.DataFrame) -> tuple[Claim, dict]:
+def induction_claim(
+    heads: list[str], effects: pd.Series, from_s2: pd.DataFrame, stability: dict | str | None = None
+) -> tuple[Claim, dict]:
+    """stability: the induction scan's `intervals` entry, as s_inhibition_claim's."""
     rows = [attention_of(from_s2, h) for h in heads]
     kinds = [
         "induction" if r["attn_to_S1+1"] >= r["attn_to_S1"] else "duplicate token" for r in rows
@@ -123,7 +139,15 @@ def induction_claim(heads: list[str], effects: pd.Series, from_s2: pd.DataFrame)
         measured or "no induction candidates",
         class_verdict(passes),
     )
-    return claim, {"induction": heads, "induction_attend_s1": sum(passes)}
+    claim, stable = ranking_stability(claim, class_stability(stability, heads), RANKED, "induction_bootstrap_overlap")
+    return claim, {"induction": heads, "induction_attend_s1": sum(passes)} | stable
+
+
+def class_stability(entry: dict | str | None, heads: list[str]) -> dict | str | None:
+    """The scan's stability entry where it ranks exactly this class (its top n are these heads); else why not."""
+    if isinstance(entry, dict) and entry.get("heads") != heads:
+        return f"the scan's top {entry['top_n']} ({', '.join(entry['heads'])}) are not this class"
+    return entry
 
 
 def faithfulness_claim(circuit: pd.DataFrame) -> tuple[Claim, dict]:

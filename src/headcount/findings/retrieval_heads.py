@@ -4,7 +4,8 @@ accuracy), after Wu et al. 2024, "Retrieval head mechanistically explains long-c
 (0) the model does the task: it copies the passphrase back (token accuracy, teacher-forced, at least 80%);
 (1) retrieval heads are sparse: fewer than 5% of heads have a retrieval score above 0.1;
 (2) they are needed: zeroing the top retrieval heads (5% of heads) cuts needle accuracy by more than half, while as
-    many random heads (several draws) cut it by less than a tenth;
+    many random heads (several draws) cut it by less than a tenth; "reproduced" only where that top is stable over
+    bootstrap resamples of the prompts (the retrieval_scores scan's `intervals` entry; findings/stability.py);
 (3) how they relate to induction heads (Olsson et al. 2022): the heads whose induction score on repeated random
     tokens passes 0.3 (found as the pretrained_heads experiment finds them) against the retrieval heads, overlap and
     counts. Our reading, not Wu et al.'s claim: both copy from the context, so most retrieval heads should be
@@ -19,12 +20,14 @@ import pandas as pd
 
 from headcount.ablation.engine.heads import head_name
 from headcount.ablation.records.results import read_checked
+from headcount.ablation.records.summary import SHARED, read_summary, summary_beside
 from headcount.ablation.scans.top_heads import top_and_random
 from headcount.findings.claims import FINDINGS, Claim, Finding, FindingChecker, verdict
 from headcount.findings.copying import copying_probe, repeated_random_batches
 from headcount.findings.induction import INDUCTION_PATTERN
 from headcount.findings.run_data import scan_file, scan_results
 from headcount.findings.sixteen_heads import copied
+from headcount.findings.stability import ranking_stability
 from headcount.run_dir import load_run
 
 PAPER = "Wu et al. 2024, Retrieval head mechanistically explains long-context factuality"
@@ -37,7 +40,9 @@ PROBE_SEQUENCES, PROBE_HALF = 16, 64  # (3) the repeated random tokens the induc
 
 def check(run_dir: Path, out: Path) -> Finding:
     summary, (top,) = scan_results(run_dir, ["top_heads"])
-    scores = read_checked(scan_file(run_dir, "retrieval_scores", ".csv", mode_independent=True))
+    scores_csv = scan_file(run_dir, "retrieval_scores", ".csv", mode_independent=True)
+    scores = read_checked(scores_csv)
+    shared = read_summary(summary_beside(scores_csv)).get(SHARED, {})
     run = load_run(run_dir)
     a = run.config.ablation
     batches = repeated_random_batches(run.model.cfg.vocab_size, PROBE_SEQUENCES, PROBE_HALF, a.batch_size, a.seed)
@@ -46,7 +51,7 @@ def check(run_dir: Path, out: Path) -> Finding:
     results = [
         task_claim(accuracy),
         sparse_claim(scores),
-        needed_claim(top, accuracy),
+        needed_claim(top, accuracy, shared.get("intervals", {}).get("retrieval_scores")),
         induction_claim(scores, induction),
     ]
     numbers = {"needle_accuracy": accuracy, "n_heads": len(scores)}
@@ -86,7 +91,9 @@ def sparse_claim(scores: pd.DataFrame) -> tuple[Claim, dict]:
     return claim, {"retrieval_heads": len(found), "retrieval_heads_share": share}
 
 
-def needed_claim(top: pd.DataFrame, accuracy: float) -> tuple[Claim, dict]:
+def needed_claim(top: pd.DataFrame, accuracy: float, stability: dict | str | None = None) -> tuple[Claim, dict]:
+    """stability: the retrieval_scores scan's `intervals` entry (how often its top heads stay on top over resamples of
+    the prompts); "reproduced" only where that top is stable (findings/stability.py)."""
     best, random_sets = top_and_random(top)
     random = random_sets["acc"]
     cut = (accuracy - float(best["acc"])) / accuracy if accuracy else 0.0
@@ -104,7 +111,8 @@ def needed_claim(top: pd.DataFrame, accuracy: float) -> tuple[Claim, dict]:
         measured,
         verdict(all(holds), any(holds)),
     )
-    return claim, {"top_heads_accuracy_cut": cut, "random_heads_accuracy_cut_max": float(random_cuts.max())}
+    claim, stable = ranking_stability(claim, stability, "heads by retrieval score", "top_heads_bootstrap_overlap")
+    return claim, {"top_heads_accuracy_cut": cut, "random_heads_accuracy_cut_max": float(random_cuts.max())} | stable
 
 
 def induction_claim(scores: pd.DataFrame, induction: pd.DataFrame) -> tuple[Claim, dict]:

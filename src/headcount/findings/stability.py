@@ -23,7 +23,7 @@ def ranking_stability(claim: Claim, entry: dict | str | None, ranking: str, key:
         return Claim(claim.claim, f"{claim.measured}; ranking stability not measured ({why})", claim.verdict), {}
     mean, low = entry["mean_overlap"], entry["min_overlap"]
     measured = (
-        f"{claim.measured}; the top {entry['top_n']} of {ranking} hold on average {mean:.0%} of their places "
+        f"{claim.measured}; the top {entry['top_n']} of {ranking} hold on average {share(mean)} of their places "
         f"(lowest {low:.0%}) over {entry['resamples']} bootstrap resamples"
     )
     verdict = claim.verdict
@@ -33,6 +33,13 @@ def ranking_stability(claim: Claim, entry: dict | str | None, ranking: str, key:
             verdict = "partly"
             measured += ", so the ranking's claim holds only partly"
     return Claim(claim.claim, measured, verdict), {key: mean}
+
+
+def share(mean: float) -> str:
+    """The mean overlap in whole percent, or to a tenth where whole percent would round it onto the other side of
+    STABLE (0.795 is "79.5%", not an "80%" called unstable)."""
+    whole = f"{mean:.0%}"
+    return f"{mean:.1%}" if (round(mean, 2) >= STABLE) != (mean >= STABLE) else whole
 
 
 def separated(table: pd.DataFrame, best: pd.Series, others: pd.DataFrame, value: str) -> bool | None:

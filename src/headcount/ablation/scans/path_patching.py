@@ -9,9 +9,12 @@ seeded by ablation.seed: circuits/bootstrap.py), damage (how much it worsens the
 damage_ci_high (the effect's interval as damage), rank (by damage, 1 first).
 With receivers_together=false each receiver is its own set (a row per sender and receiver). Figures: a heatmap of
 effects (senders by receiver sets) and the paths drawn as a circuit graph, arrows as wide as |effect|.
-summary.json's `path_patching` entry names the path of largest damage. No partial file: a killed scan recomputes its
-table, in passes of as many (sender, receiver set) pairs and examples as fit `ablation.memory_budget_mb`
-(circuits/passes.py).
+summary.json's `path_patching` entry names the path of largest damage; its `intervals.<name>` entry says how stable
+the top sender heads are over the same resamples (their rows' damage added up, as another scan's `top<k>:<name>`
+ranks them; n: the largest such k in the config, else 5% of the sender heads): `heads` (the full data's top n),
+`mean_overlap`, `min_overlap` (findings/stability.py reads it: ioi_circuit's classes). No partial file: a killed
+scan recomputes its table, in passes of as many (sender, receiver set) pairs and examples as fit
+`ablation.memory_budget_mb` (circuits/passes.py).
 
 With skip_unreached, a sender's receiver set keeps only the receivers that read it (a later layer), and a sender none
 of them reads has no row: senders [heads] into receivers another scan finds, in whatever layers they are. Another
@@ -24,7 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult
 from headcount.ablation.scans.circuit_inputs import (
     TOP,
     check_circuit_scan,
@@ -37,18 +40,21 @@ from headcount.ablation.scans.circuit_inputs import (
     resolve_receivers,
     resolve_senders,
 )
-from headcount.ablation.scans.intervals import interval_figure
+from headcount.ablation.scans.intervals import interval_figure, top_n
 from headcount.circuits import Graph, draw_circuit, path_patch
-from headcount.circuits.bootstrap import LEVEL, RESAMPLES, percentile_interval, resample_counts
+from headcount.circuits.bootstrap import LEVEL, RESAMPLES, percentile_interval, resample_counts, top_n_stability
 from headcount.circuits.shares import ExampleShare
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import PathPatchingSettings
 from headcount.errors import ConfigError
 from headcount.io import atomic_savefig
-from headcount.labels import edge_label, join_names, split_names
+from headcount.labels import edge_label, join_names, parse_head, split_names
 from headcount.plotting import new_figure, set_title
 
-BOOTSTRAP_RULE = f"effect and damage intervals: {RESAMPLES} resamples of prompts, {LEVEL} percentile"
+# a table computed before the damage intervals or the top senders' stability were recorded is computed again
+BOOTSTRAP_RULE = (
+    f"effect and damage intervals: {RESAMPLES} resamples of prompts, {LEVEL} percentile; top sender stability"
+)
 
 
 @KINDS.register
@@ -107,7 +113,7 @@ class PathPatchingScan(Scan):
             raise ConfigError(f"{key}.receivers", receivers, f"read none of the senders {', '.join(senders)}")
         return pairs
 
-    def compute(self, key: str) -> pd.DataFrame:
+    def compute(self, key: str) -> ScanResult:
         pairs = self.pairs()
         inputs, metric = circuit_inputs(self.session, self.name)
 
@@ -136,7 +142,20 @@ class PathPatchingScan(Scan):
         ends = np.stack([damage(low.numpy(), 0.0), damage(high.numpy(), 0.0)])  # a decrease's damage swaps the ends
         table["damage_ci_low"], table["damage_ci_high"] = ends.min(0), ends.max(0)
         table["rank"] = table["damage"].rank(ascending=False, method="first").astype(int)
-        return table
+        damage_PX = self.session.metric.damage(per_example, 0.0)  # linear: each example's share of each row's damage
+        stability = sender_stability([s[0] for s, _ in pairs], damage_PX, points_P, counts, self.ranked_top())
+        return ScanResult(table, summary={"intervals": {self.name: stability}})
+
+    def ranked_top(self) -> int | None:
+        """The largest k of the config's `top<k>:<this scan>` entries (the heads other scans take from it); None."""
+        entries = [
+            entry
+            for cfg in self.session.settings.scans.values()
+            for field in ("senders", "receivers", "heads")
+            for entry in getattr(cfg, field, None) or []
+        ]
+        ks = [int(top[1]) for e in entries if (top := TOP.match(str(e).strip())) and top[2] == self.name]
+        return max(ks, default=None)
 
     def needs(self) -> list[str]:
         return ranked_scans([*self.cfg.senders, *self.cfg.receivers])
@@ -185,3 +204,20 @@ def effect_heatmap(table: pd.DataFrame, path: Path, title: str, unit: str) -> Pa
     set_title(ax, title)
     atomic_savefig(fig, path, dpi=120)
     return Path(path)
+
+
+def sender_stability(senders: list[str], damage_PX, points_P, counts_RP, n: int | None) -> dict | str:
+    """How stable the top n sender heads by damage (their rows added up) are over the resamples: the stability entry
+    findings/stability.py reads, with `heads`, the full data's top n; n None: 5% of the sender heads."""
+    heads = list(dict.fromkeys(s for s in senders if parse_head(s) is not None))
+    n = top_n(len(heads)) if n is None else n
+    if not 1 <= n <= len(heads):
+        return f"{len(heads)} sender heads, fewer than the top {n}"
+    columns = [i for i, s in enumerate(senders) if s in heads]
+    index = torch.tensor([heads.index(senders[i]) for i in columns])
+    by_head_PS = torch.zeros(damage_PX.shape[0], len(heads), dtype=torch.float64)
+    by_head_PS.index_add_(1, index, damage_PX[:, columns].double())
+    full = torch.sort(-by_head_PS.sum(0), stable=True).indices[:n]  # ties to the first sender, as top_sender_heads
+    stability = top_n_stability(by_head_PS, points_P, counts_RP, n, magnitude=False)
+    entry = {"resamples": len(counts_RP), "by": "damage", "top_n": n, "heads": [heads[i] for i in full.tolist()]}
+    return entry | {k: stability[k] for k in ("mean_overlap", "min_overlap")}

@@ -1,19 +1,28 @@
 """`retrieval_scores`: each head's retrieval score (Wu et al. 2024): on a copying task (task=needle), the share of
 the copied tokens that the head copies and pastes, i.e. at whose scored position the head's strongest attention lands
 on the context token being copied (the task's named position needle<i> for the i-th scored token of a prompt) while
-the model's top prediction is that token. Read off the clean model, so the same in every mode and metric."""
+the model's top prediction is that token. Read off the clean model, so the same in every mode and metric. A head's
+score is a sum over prompts divided by their copied tokens, so the scan also says how stable its top heads (5%, as
+top_heads' "few heads") are over bootstrap resamples of the prompts (circuits/bootstrap.py; summary.json's shared
+`intervals` entry, which findings/stability.py reads)."""
 
 from pathlib import Path
 
 import pandas as pd
 import torch
+from torch import Tensor
 
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import Targets
-from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult
+from headcount.ablation.scans.intervals import top_n
+from headcount.circuits.bootstrap import RESAMPLES, resample_counts, top_n_stability
 from headcount.errors import ConfigError
+from headcount.model import Transformer
 from headcount.model.intervention import reads
 from headcount.plotting import head_heatmap
+
+STABILITY_RULE = f"top heads' stability: {RESAMPLES} resamples of prompts"
 
 
 @KINDS.register
@@ -33,30 +42,19 @@ class RetrievalScoresScan(Scan):
                 "the context token each scored token copies (needle0, needle1, ...): task=needle",
             )
 
-    def compute(self, key: str) -> pd.DataFrame:
-        session, model = self.session, self.session.model
-        L, H = model.n_layers, model.max_heads
-        hits = torch.zeros(L, H, dtype=torch.float64)
-        n_copied = 0
-        for batch in session.batches:
-            patterns = reads(["attn.pattern"], range(L))
-            with torch.no_grad():
-                logits_BTV = model(batch["input_ids"], patterns)
-            targets = Targets.of(batch)
-            b, t = targets.where_BT.nonzero(as_tuple=True)  # row-major: a prompt's points in order
-            order = torch.cat([torch.arange(int(n)) for n in targets.where_BT.sum(1)])
-            columns = torch.tensor([session.positions.index(f"needle{i}") for i in order.tolist()], dtype=torch.long)
-            source = batch["named_pos"][b, columns]
-            copied = logits_BTV[b, t].argmax(-1) == targets.answer_N
-            n_copied += len(t)
-            for layer in range(L):
-                pattern_BHTT = patterns.read("attn.pattern", layer)
-                strongest_NH = pattern_BHTT[b, :, t].argmax(-1)
-                h = pattern_BHTT.shape[1]
-                hits[layer, :h] += ((strongest_NH == source[:, None]) & copied[:, None]).double().sum(0).cpu()
+    def compute(self, key: str) -> ScanResult:
+        session = self.session
+        hits_PK, points_P = retrieval_hits(session.model, session.batches, session.positions)
         layers, heads = (list(x) for x in zip(*all_heads(session.model.heads_per_layer)))
-        scores = hits / max(n_copied, 1)
-        return pd.DataFrame({"layer": layers, "head": heads, "retrieval_score": scores[layers, heads].numpy()})
+        scores = hits_PK.sum(0) / max(float(points_P.sum()), 1.0)
+        table = pd.DataFrame({"layer": layers, "head": heads, "retrieval_score": scores.numpy()})
+        return ScanResult(
+            table, summary={"intervals": {self.name: top_stability(hits_PK, points_P, session.settings.seed)}}
+        )
+
+    def fingerprint_parts(self) -> tuple:
+        """A table computed before the top heads' stability was recorded is computed again, to record it."""
+        return (self.kind, STABILITY_RULE)
 
     def use(self, table: pd.DataFrame) -> None:
         self.session.hand(self.kind, self.session.layer_head_tensor(table, "retrieval_score"))
@@ -64,3 +62,43 @@ class RetrievalScoresScan(Scan):
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         title = self.title("retrieval score (share of copied tokens a head copies and pastes)")
         return [head_heatmap(table, self.path(".png"), "retrieval_score", title, "retrieval score (fraction)")]
+
+
+def retrieval_hits(model: Transformer, batches: list[dict], positions: list[str]) -> tuple[Tensor, Tensor]:
+    """(P, K) float64: for each prompt, how many of its scored tokens each head (all_heads' order) copies and pastes;
+    (P,) its scored tokens. A head's retrieval score is the first's column total over the second's total."""
+    L, H = model.n_layers, model.max_heads
+    per_prompt, points = [], []
+    for batch in batches:
+        patterns = reads(["attn.pattern"], range(L))
+        with torch.no_grad():
+            logits_BTV = model(batch["input_ids"], patterns)
+        targets = Targets.of(batch)
+        b, t = targets.where_BT.nonzero(as_tuple=True)  # row-major: a prompt's points in order
+        order = torch.cat([torch.arange(int(n)) for n in targets.where_BT.sum(1)])
+        columns = torch.tensor([positions.index(f"needle{i}") for i in order.tolist()], dtype=torch.long)
+        source = batch["named_pos"][b, columns]
+        copied = logits_BTV[b, t].argmax(-1) == targets.answer_N
+        hits_BLH = torch.zeros(batch["input_ids"].shape[0], L, H, dtype=torch.float64)
+        for layer in range(L):
+            pattern_BHTT = patterns.read("attn.pattern", layer)
+            strongest_NH = pattern_BHTT[b, :, t].argmax(-1)
+            pasted_NH = ((strongest_NH == source[:, None]) & copied[:, None]).double().cpu()
+            hits_BLH[:, layer, : pattern_BHTT.shape[1]].index_add_(0, b.cpu(), pasted_NH)
+        per_prompt.append(hits_BLH)
+        points.append(targets.where_BT.sum(1).double().cpu())
+    layers, heads = (list(x) for x in zip(*all_heads(model.heads_per_layer)))
+    return torch.cat(per_prompt)[:, layers, heads], torch.cat(points)
+
+
+def top_stability(hits_PK: Tensor, points_P: Tensor, seed: int) -> dict | str:
+    """The top heads' stability entry (findings/stability.py reads it): their share of places kept over resamples;
+    why there is none where fewer heads than the top's n copy any token (the rest of that top would be ties at zero,
+    which any order keeps: a stability of 100% that says nothing)."""
+    n, copying = top_n(hits_PK.shape[1]), int((hits_PK.sum(0) > 0).sum())
+    if copying < n:
+        return f"{copying} heads copy any token, fewer than the top {n}: the rest of the top would be ties at zero"
+    counts = resample_counts(len(points_P), RESAMPLES, seed)
+    stability = top_n_stability(hits_PK, points_P, counts, n, magnitude=False)
+    entry = {"resamples": RESAMPLES, "by": "retrieval_score", "top_n": n}
+    return entry | {k: stability[k] for k in ("mean_overlap", "min_overlap")}
