@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from headcount.circuits.graph import Graph
+from headcount.circuits.mixing import linear_mix
 from headcount.model.block import Block
 from headcount.model.transformer import Transformer
 
@@ -195,7 +196,10 @@ def receiver_inputs(
     model: Transformer, graph: Graph, outs: NodeOutputs, delta: NodeOutputs | None, w_RXS: Tensor | None, n_senders: int
 ) -> Tensor:
     """(rows, X, T, C): x = sum over the first n_senders senders of out + w (delta), per receiver (X of them); with
-    w None (no edge weights) the plain stream, once (X = 1) for every receiver."""
+    w None (no edge weights) the plain stream, once (X = 1) for every receiver. Where the stream is a sum of
+    per-sender terms the weighted mix is one matmul over the run's stacked deltas (mixing.py)."""
+    if delta is not None and not untouched(w_RXS) and linear_stream(model):
+        return linear_mix(model, graph, outs, delta, w_RXS, n_senders)
 
     def mixed(out: Tensor, d: Tensor | None, w_RX: Tensor | None) -> Tensor:
         if untouched(w_RX):
@@ -216,6 +220,13 @@ def receiver_inputs(
             x = x + mixed(outs.mlp[layer], None if delta is None else delta.mlp[layer], w_RX)
             pos += 1
     return x
+
+
+def linear_stream(model: Transformer) -> bool:
+    """Whether every receiver input is linear in its edge weights with frozen output projections: no attention
+    post-norm (mixing.py's matmul), and no gradient asked of W_O (its backward gives none)."""
+    grad = torch.is_grad_enabled()
+    return all(b.ln_attn_out is None and not (grad and b.attn.out.weight.requires_grad) for b in model.blocks)
 
 
 def untouched(w: Tensor | None) -> bool:
