@@ -68,3 +68,18 @@ def test_the_matmul_mix_is_not_used_with_a_post_norm_or_a_gradient_for_w_o():
     stream, _ = edge_stream(model, model.embed(clean), weights, node_outputs(model, corrupted))
     stream.sum().backward()
     assert model.blocks[0].attn.out.weight.grad.abs().max() > 0
+
+
+def test_an_edge_pass_plans_for_the_stacked_deltas():
+    """A weight row's planned bytes hold its stacked sender deltas (S, T, C) besides the run's outputs where the
+    matmul mix runs, so passes of many rows fit the budget (a faithfulness curve on SmolLM2 ran out of memory when
+    they were not counted)."""
+    from headcount.circuits.passes import edge_unit_bytes, outputs_floats
+    from headcount.config.model import AttentionConfig, ModelConfig
+    from headcount.model.transformer import Transformer
+
+    # deep and narrow, as SmolLM2 is for its width (30 layers, 301 senders): the stack outgrows a layer's work
+    cfg = ModelConfig(n_layers=24, d_model=24, n_ctx=16, vocab_size=50, attn=AttentionConfig(n_heads=3), mlp=True)
+    T, model = 7, Transformer(cfg).double()
+    stack = len(Graph.of(model).senders) * T * model.cfg.d_model
+    assert edge_unit_bytes(model, T, 1) >= (3 * outputs_floats(model, T) + stack) * 8
