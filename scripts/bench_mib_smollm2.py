@@ -59,6 +59,9 @@ def main() -> None:
     parser.add_argument("--exact", action="store_true", help="also rank by exact scores (every edge removed alone)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
+        "--memory-mb", type=int, default=None, help="the evaluation passes' budget (default: passes.py's)"
+    )
+    parser.add_argument(
         "--methods",
         default="EAP,EAP-IG,edge pruning,ensemble,random",
         help="the rankings evaluated, comma-separated (the others' scores are computed only as these need them)",
@@ -125,7 +128,10 @@ def main() -> None:
     scores["random"] = torch.rand(n_edges, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     scores = {name: scores[name] for name in wanted}
     start = time.process_time()
-    points, areas = circuit_performance(model, ids, corrupted, scores, metric, last, resamples=args.resamples, seed=0)
+    budget = None if args.memory_mb is None else args.memory_mb * 2**20
+    points, areas = circuit_performance(
+        model, ids, corrupted, scores, metric, last, memory_budget=budget, resamples=args.resamples, seed=0
+    )
     print(
         f"CPR/CMD of {len(scores)} rankings: {time.process_time() - start:.1f} CPU s; peak memory {peak_gib():.1f} GiB"
     )
