@@ -83,3 +83,21 @@ def test_an_edge_pass_plans_for_the_stacked_deltas():
     T, model = 7, Transformer(cfg).double()
     stack = len(Graph.of(model).senders) * T * model.cfg.d_model
     assert edge_unit_bytes(model, T, 1) >= (3 * outputs_floats(model, T) + stack) * 8
+
+
+def test_a_run_s_stacked_deltas_are_freed_with_the_run():
+    """The stacks are cached per run weakly: once a forward's outputs are gone, so is their stack (a faithfulness
+    curve's passes would otherwise pile up every pass's (R, S, T*C) buffer)."""
+    import gc
+
+    from headcount.circuits import mixing
+
+    model = make_model("llama3", torch.float64).requires_grad_(False)
+    clean, corrupted = prompts()
+    weights = torch.rand(1, len(Graph.of(model).edges), dtype=torch.float64)
+    before = (len(mixing._stacks), len(mixing._prefixes))
+    for _ in range(3):
+        with torch.no_grad():
+            edge_stream(model, model.embed(clean), weights, node_outputs(model, corrupted))
+    gc.collect()
+    assert (len(mixing._stacks), len(mixing._prefixes)) == before

@@ -31,7 +31,7 @@ class SenderStack:
 
     def __init__(self, model: Transformer, graph: Graph, delta) -> None:
         R, T, C = delta.emb.shape
-        self.model, self.graph, self.delta = model, graph, delta
+        self.model, self.graph = model, graph  # not delta: the cache keys on it weakly, a reference would keep it
         self.shape = (R, T, C)
         self.buffer = delta.emb.new_empty(R, len(graph.senders), T * C)
         self.filled = 0
@@ -47,20 +47,20 @@ class SenderStack:
         self.parts.append((self.filled, group_RNTC))
         self.filled += count
 
-    def fill(self, n_senders: int) -> None:
+    def fill(self, delta, n_senders: int) -> None:
         """Stack the senders up to n_senders (receivers read prefixes that end on a group)."""
         R, T, C = self.shape
         if self.filled == 0 and n_senders > 0:
-            self.add(self.delta.emb[:, None])
+            self.add(delta.emb[:, None])
         while self.filled < n_senders:
             layer, block = self.next_layer, self.model.blocks[self.next_layer]
             if not self.next_is_mlp:
                 if self.graph.heads_per_layer[layer]:
-                    self.add(torch.einsum("rthd,hdc->rhtc", self.delta.z[layer], block.attn.W_O))
+                    self.add(torch.einsum("rthd,hdc->rhtc", delta.z[layer], block.attn.W_O))
                 self.next_is_mlp = self.graph.mlp
                 self.next_layer += 0 if self.graph.mlp else 1
             else:
-                self.add(self.delta.mlp[layer][:, None])
+                self.add(delta.mlp[layer][:, None])
                 self.next_is_mlp, self.next_layer = False, layer + 1
         if self.filled != n_senders:
             raise RuntimeError(f"receivers read {n_senders} senders, not a prefix ending on a group ({self.filled})")
@@ -72,15 +72,15 @@ class PlainPrefix:
     first sender; its MLP once it reads past its heads), one running sum for a forward's increasing n."""
 
     def __init__(self, model: Transformer, graph: Graph, outs) -> None:
-        self.model, self.graph, self.outs = model, graph, outs
+        self.model, self.graph = model, graph  # not outs: the cache keys on it weakly, a reference would keep it
         self.found: dict[int, Tensor] = {}
         self.x, self.layer, self.at_mlp, self.last_n = outs.emb, 0, False, 0
 
-    def stream(self, n_senders: int) -> Tensor:
+    def stream(self, outs, n_senders: int) -> Tensor:
         if n_senders in self.found:
             return self.found[n_senders]
         if n_senders < self.last_n:  # asked out of order: sum afresh
-            return PlainPrefix(self.model, self.graph, self.outs).stream(n_senders)
+            return PlainPrefix(self.model, self.graph, outs).stream(outs, n_senders)
         graph = self.graph
         while self.layer < graph.n_layers:
             start = graph.sender_start(self.layer)
@@ -88,13 +88,13 @@ class PlainPrefix:
                 if start >= n_senders:
                     break
                 block = self.model.blocks[self.layer]
-                self.x = self.x + block.drop(block.attn.combine_heads(self.outs.z[self.layer]))
+                self.x = self.x + block.drop(block.attn.combine_heads(outs.z[self.layer]))
                 self.at_mlp = graph.mlp
                 self.layer += 0 if graph.mlp else 1
             else:
                 if start + graph.heads_per_layer[self.layer] >= n_senders:
                     break
-                self.x = self.x + self.outs.mlp[self.layer]
+                self.x = self.x + outs.mlp[self.layer]
                 self.at_mlp, self.layer = False, self.layer + 1
         self.found[n_senders], self.last_n = self.x, n_senders
         return self.x
@@ -111,11 +111,11 @@ def linear_mix(model: Transformer, graph: Graph, outs, delta, w_RXS: Tensor, n_s
     stack = _stacks.get(delta)
     if stack is None:
         stack = _stacks[delta] = SenderStack(model, graph, delta)
-    stack.fill(n_senders)
+    stack.fill(delta, n_senders)
     prefix = _prefixes.get(outs)
     if prefix is None:
         prefix = _prefixes[outs] = PlainPrefix(model, graph, outs)
-    plain_RTC = prefix.stream(n_senders)
+    plain_RTC = prefix.stream(outs, n_senders)
     parts = [start for start, _ in stack.parts if start < n_senders]
     return _Mix.apply(stack, parts, plain_RTC, w_RXS, *[group for start, group in stack.parts if start < n_senders])
 
