@@ -248,9 +248,9 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         "ablation.scans.direct_effect.kind='direct_effect': a head's direct effect reads one stack's residual stream "
         "into the logits; " + takes: settings(scans={"direct_effect": {"kind": "direct_effect"}}),
         "ablation.mode='patch': " + takes: settings(mode="patch"),
-        "ablation.prune.export=True: structural pruning rebuilds one stack's self-attention "
-        "(Transformer.select_heads), and an encoder-decoder's cross-attention has no such rebuild yet; "
-        + takes: settings(prune={"export": True}),
+        "ablation.prune.heads=[[0, 1]]: [layer, head] pairs cannot say a head's kind (enc, dec or cross); on an "
+        "encoder-decoder the export removes the heads a pruning order chooses (ablation.prune.order, with "
+        "ablation.prune.fraction or its prunable fraction)": settings(prune={"export": True, "heads": [[0, 1]]}),
     }
     for line, s in cases.items():
         with pytest.raises(ConfigError) as error:
@@ -260,6 +260,7 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         refuse_one_stack_only(settings(), "ioi")
     assert str(error.value) == "task.source='ioi': a task scores a decoder's prompts; " + takes
     refuse_one_stack_only(settings(scans={"s": {"kind": "single_head"}, "l": {"kind": "layer"}}, mode="mean"), None)
+    refuse_one_stack_only(settings(prune={"export": True, "fraction": 0.25}), None)
 
 
 def test_a_cross_attention_setting_on_a_decoder_only_model_is_one_line():
@@ -487,3 +488,43 @@ def test_run_evaluate_refuses_edges_and_unnamed_kinds_on_an_encoder_decoder_in_o
     )
     with pytest.raises(ConfigError, match="^ablation.mode='patch': "):
         run.evaluate(["cross.L0H1"], mode="patch")
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_the_structural_export_of_a_trained_encoder_decoder_removes_heads_of_every_kind(trained, tmp_path, mode):
+    """ablation.prune.export on an encoder-decoder: the heads single_head's order removes at fraction 0.5 (the
+    smallest deltas, over every kind), the smaller checkpoint scoring as the masked model, named by kind."""
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from headcount.ablation.records.summary import read_mode_summary
+    from headcount.cli.ablate import ablate, typed_ablation_keys
+    from headcount.config import CONF_DIR
+    from headcount.run_dir import load_model
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    export = ["ablation.prune.export=true", "ablation.prune.order=single_head", "ablation.prune.fraction=0.5"]
+    overrides = [f"run_dir={run_dir}", "ablation.progress=false", "ablation=[single_head]", f"ablation.mode={mode}"]
+    overrides += export
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("ablate", overrides=overrides)
+    ablate(cfg, typed_ablation_keys(overrides))
+    out = run_dir / "ablation"
+    record = read_mode_summary(out, mode)["pruned"]
+    suffix = "" if mode == "zero" else ".mean"
+    single = pd.read_csv(out / f"single_head{suffix}.csv")
+    removed = single.nsmallest(6, "delta_loss", keep="first")["mask"].tolist()  # round(0.5 x 12) heads
+    assert record["n_heads_removed"] == 6 and sorted(record["heads_removed_names"]) == sorted(removed)
+    assert record["loss_pruned"] == pytest.approx(record["loss_masked"], abs=1e-5)
+    model = load_model(out / f"pruned{suffix}.ckpt")
+    kept = {kind: [2, 2] for kind in ("enc", "dec", "cross")}
+    for name in removed:
+        kind, layer = name.split(".")[0], int(name.split(".L")[1].split("H")[0])
+        kept[kind][layer] -= 1
+    assert model.kind_heads_per_layer == kept
+    assert record["heads_per_layer"] == [n for kind in ("enc", "dec", "cross") for n in kept[kind]]
+    assert record["tokens_per_s_full"] > 0 and record["tokens_per_s_pruned"] > 0
