@@ -240,7 +240,7 @@ def settings(**ablation) -> AblationConfig:
 def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
-        "leave_one_in, custom, importance, pruning in modes zero, mean, resample"
+        "leave_one_in, custom, importance, pruning, l0_gates in modes zero, mean, resample"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "
@@ -249,8 +249,8 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         "into the logits; " + takes: settings(scans={"direct_effect": {"kind": "direct_effect"}}),
         "ablation.mode='patch': " + takes: settings(mode="patch"),
         "ablation.prune.heads=[[0, 1]]: [layer, head] pairs cannot say a head's kind (enc, dec or cross); on an "
-        "encoder-decoder the export removes the heads a pruning order chooses (ablation.prune.order, with "
-        "ablation.prune.fraction or its prunable fraction)": settings(prune={"export": True, "heads": [[0, 1]]}),
+        "encoder-decoder the export removes the heads a pruning order or the l0_gates scan chooses "
+        "(ablation.prune.order, ablation.prune.fraction)": settings(prune={"export": True, "heads": [[0, 1]]}),
     }
     for line, s in cases.items():
         with pytest.raises(ConfigError) as error:
@@ -528,3 +528,63 @@ def test_the_structural_export_of_a_trained_encoder_decoder_removes_heads_of_eve
     assert model.kind_heads_per_layer == kept
     assert record["heads_per_layer"] == [n for kind in ("enc", "dec", "cross") for n in kept[kind]]
     assert record["tokens_per_s_full"] > 0 and record["tokens_per_s_pruned"] > 0
+
+
+@pytest.mark.parametrize("mode", ["zero", "resample"])
+def test_l0_gates_scan_on_a_trained_encoder_decoder_names_kinds_and_scores_its_mask_exactly(trained, tmp_path, mode):
+    """The l0_gates scan over every kind: a row per head with its kind and the kind's layer, n_kept the kept rows,
+    the loss the evaluator's for that mask (equal to the forward with its gates by kind), a panel per kind."""
+    import shutil
+
+    import headcount
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    run = headcount.load_run(run_dir, device="cpu")
+    table = run.scan("l0_gates", mode=mode, l0={"steps": 100, "penalty": 0.0, "target_heads": 6, "penalty_lr": 0.05})
+    assert list(table.columns[:8]) == ["target_heads", "n_kept", "penalty_weight", "kind", "layer", "head", "kept",
+                                       "log_alpha"]  # fmt: skip
+    assert table["kind"].value_counts().to_dict() == {"enc": 4, "dec": 4, "cross": 4}
+    assert int(table["n_kept"].iloc[0]) == int(table["kept"].sum())
+    closed = [f"{k}.L{layer}H{h}" for k, layer, h, kept in table[["kind", "layer", "head", "kept"]].values if not kept]
+    assert 0 < len(closed) < 12 and int(table["target_heads"].iloc[0]) == 6
+    if mode == "zero":
+        examples = run.finished.examples("val", 24, "ablation.split")
+        expected = loss_with(run.model, examples, gates_off(run.model, closed))
+        assert table["loss"].iloc[0] == pytest.approx(expected, rel=1e-5)
+    assert (run_dir / "ablation" / f"l0_gates{'' if mode == 'zero' else '.resample'}.png").exists()
+
+
+def test_the_l0_gates_mask_of_an_encoder_decoder_exports_as_a_smaller_model(trained, tmp_path):
+    """order=l0_gates on an encoder-decoder: the checkpoint keeps exactly the heads of each kind the gates kept, and
+    scores the loss the scan measured for that mask."""
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from headcount.ablation.records.summary import read_mode_summary
+    from headcount.cli.ablate import ablate, typed_ablation_keys
+    from headcount.config import CONF_DIR
+    from headcount.run_dir import load_model
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    l0 = ["ablation.scans.l0_gates.l0.steps=100", "ablation.scans.l0_gates.l0.target_heads=6",
+          "ablation.scans.l0_gates.l0.penalty=0", "ablation.scans.l0_gates.l0.penalty_lr=0.05"]  # fmt: skip
+    export = ["ablation.prune.export=true", "ablation.prune.order=l0_gates"]
+    overrides = [f"run_dir={run_dir}", "ablation.progress=false", "ablation=l0_gates", *l0, *export]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("ablate", overrides=overrides)
+    ablate(cfg, typed_ablation_keys(overrides))
+    out = run_dir / "ablation"
+    gates = pd.read_csv(out / "l0_gates.csv")
+    pruned = read_mode_summary(out)["pruned"]
+    closed = sorted(f"{r.kind}.L{r.layer}H{r.head}" for r in gates.itertuples() if not r.kept)
+    assert pruned["chosen_by"] == "l0_gates" and sorted(pruned["heads_removed_names"]) == closed
+    model = load_model(out / "pruned.ckpt")
+    for kind in ("enc", "dec", "cross"):
+        kept = gates[gates["kind"] == kind].groupby("layer")["kept"].sum().tolist()
+        assert model.kind_heads_per_layer[kind] == kept
+    assert pruned["loss_pruned"] == pytest.approx(gates["loss"].iloc[0], abs=1e-5)

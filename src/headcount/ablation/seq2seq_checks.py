@@ -6,7 +6,7 @@ refused in one line, naming the scan and what an encoder-decoder takes."""
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 
-SEQ2SEQ_SCANS = ("baseline", "single_head", "layer", "leave_one_in", "custom", "importance", "pruning")
+SEQ2SEQ_SCANS = ("baseline", "single_head", "layer", "leave_one_in", "custom", "importance", "pruning", "l0_gates")
 SEQ2SEQ_MODES = ("zero", "mean", "resample")
 
 # Scan kinds an encoder-decoder does not take, and why.
@@ -22,7 +22,7 @@ NOT_ON_SEQ2SEQ = {
 }
 PRUNE_HEADS_REASON = (
     "[layer, head] pairs cannot say a head's kind (enc, dec or cross); on an encoder-decoder the export removes the "
-    "heads a pruning order chooses (ablation.prune.order, with ablation.prune.fraction or its prunable fraction)"
+    "heads a pruning order or the l0_gates scan chooses (ablation.prune.order, ablation.prune.fraction)"
 )
 NOT_YET = "it is not defined on an encoder-decoder's three kinds of heads"
 
