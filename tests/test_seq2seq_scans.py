@@ -240,7 +240,7 @@ def settings(**ablation) -> AblationConfig:
 def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
-        "leave_one_in, custom, importance, pruning, l0_gates in modes zero, mean, resample"
+        "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads in modes zero, mean, resample"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "
@@ -588,3 +588,37 @@ def test_the_l0_gates_mask_of_an_encoder_decoder_exports_as_a_smaller_model(trai
         kept = gates[gates["kind"] == kind].groupby("layer")["kept"].sum().tolist()
         assert model.kind_heads_per_layer[kind] == kept
     assert pruned["loss_pruned"] == pytest.approx(gates["loss"].iloc[0], abs=1e-5)
+
+
+def test_pairs_and_top_heads_on_a_trained_encoder_decoder_name_kinds_and_equal_the_forward(trained):
+    """pairs (among single_head's top 4, every kind) and top_heads (the top quarter by single_head, beside random
+    sets): masks named by kind, each row the forward with its heads off by kind; a ranking an encoder-decoder does not
+    take is one line."""
+    import headcount
+
+    run = headcount.load_run(trained, device="cpu")
+    examples = run.finished.examples("val", 24, "ablation.split")
+    single = run.scan("single_head")
+    top4 = single.sort_values(["delta_loss", "kind"], ascending=[False, True], kind="stable")["mask"].tolist()[:4]
+    pairs = run.scan("pairs", top_k=4)
+    assert len(pairs) == 6
+    named = {frozenset(name.split("+")) for name in pairs["mask"]}
+    assert named == {frozenset((a, b)) for i, a in enumerate(top4) for b in top4[i + 1 :]}
+    row = pairs.iloc[0]
+    expected = loss_with(run.model, examples, gates_off(run.model, row["mask"].split("+")))
+    assert row["loss"] == pytest.approx(expected, rel=1e-5)
+    assert (trained / "ablation" / "pairs.png").exists()
+    top = run.scan("top_heads", top_fraction=0.25, random_sets=2)
+    assert len(top) == 3
+    first = top.iloc[0]["mask"]
+    assert first.startswith("top 3 by single_head: ")
+    heads = first.split(": ")[1].split("+")
+    assert sorted(heads) == sorted(top4[:3])
+    assert top.iloc[0]["loss"] == pytest.approx(loss_with(run.model, examples, gates_off(run.model, heads)), rel=1e-5)
+    for name in top["mask"].iloc[1:]:
+        assert all(h.split(".")[0] in ("enc", "dec", "cross") for h in name.split(": ")[1].split("+"))
+    with pytest.raises(ConfigError) as error:
+        run.scan("top_heads", rank_by="direct_effect")
+    assert str(error.value).startswith(
+        "ablation.scans.top_heads.rank_by='direct_effect': a head's direct effect reads one stack's residual stream"
+    )

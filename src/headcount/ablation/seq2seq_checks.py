@@ -6,7 +6,18 @@ refused in one line, naming the scan and what an encoder-decoder takes."""
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 
-SEQ2SEQ_SCANS = ("baseline", "single_head", "layer", "leave_one_in", "custom", "importance", "pruning", "l0_gates")
+SEQ2SEQ_SCANS = (
+    "baseline",
+    "single_head",
+    "layer",
+    "leave_one_in",
+    "custom",
+    "importance",
+    "pruning",
+    "l0_gates",
+    "pairs",
+    "top_heads",
+)
 SEQ2SEQ_MODES = ("zero", "mean", "resample")
 
 # Scan kinds an encoder-decoder does not take, and why.
@@ -43,6 +54,11 @@ def refuse_one_stack_only(settings: AblationConfig, task_source: str | None, sev
         if scan.kind not in SEQ2SEQ_SCANS:
             raise ConfigError(
                 f"ablation.scans.{name}.kind", scan.kind, f"{NOT_ON_SEQ2SEQ.get(scan.kind, NOT_YET)}; {takes()}"
+            )
+        rank_by = getattr(scan, "rank_by", None)  # top_heads' ranking scan runs too
+        if rank_by is not None and rank_by not in SEQ2SEQ_SCANS:
+            raise ConfigError(
+                f"ablation.scans.{name}.rank_by", rank_by, f"{NOT_ON_SEQ2SEQ.get(rank_by, NOT_YET)}; {takes()}"
             )
     if settings.mode not in SEQ2SEQ_MODES:
         raise ConfigError("ablation.mode", settings.mode, takes())
