@@ -19,6 +19,7 @@ from headcount.ablation.engine.masks import (
     requested_masks,
     single_head_masks,
 )
+from headcount.ablation.engine.metrics import Loss
 from headcount.ablation.engine.modes import Mean, Replacements, Resample, Zero, mean_z
 from headcount.ablation.engine.seq2seq_evaluator import Seq2SeqEvaluator, by_kind
 from headcount.ablation.seq2seq_checks import refuse_one_stack_only
@@ -240,7 +241,8 @@ def settings(**ablation) -> AblationConfig:
 def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
-        "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads in modes zero, mean, resample"
+        "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads, attribution in modes zero, mean, "
+        "resample"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "
@@ -622,3 +624,33 @@ def test_pairs_and_top_heads_on_a_trained_encoder_decoder_name_kinds_and_equal_t
     assert str(error.value).startswith(
         "ablation.scans.top_heads.rank_by='direct_effect': a head's direct effect reads one stack's residual stream"
     )
+
+
+def test_attribution_on_a_trained_encoder_decoder_names_kinds_and_equals_the_gate_gradient(trained, tmp_path):
+    """attribution over every kind: each head's estimate is -dS/dg at its gate (attribute_seq2seq) at its grid row,
+    named by kind with the kind's layer; rank by |estimate|; the verified heads' exact change is single_head's."""
+    import shutil
+
+    import headcount
+    from headcount.ablation.methods.seq2seq_attribution import attribute_seq2seq
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    run = headcount.load_run(run_dir, device="cpu")
+    single = run.scan("single_head").set_index("mask")
+    table = run.scan("attribution", verify_top_k=3)
+    assert list(table.columns[:4]) == ["mask", "kind", "layer", "head"]
+    assert table["kind"].value_counts().to_dict() == {"enc": 4, "dec": 4, "cross": 4}
+    grid = run.model.heads_per_layer
+    by_hand = attribute_seq2seq(run.model, run.finished.eval_batches(), Replacements(Zero()), Loss())
+    for row in table.itertuples():
+        assert row.mask == f"{row.kind}.L{row.layer}H{row.head}"
+        expected = float(by_hand.estimate_LH[grid.row(row.kind, row.layer), row.head])
+        assert row.attribution == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    assert table.loc[table["rank"] == 1, "attribution"].abs().item() == table["attribution"].abs().max()
+    by_size = table["attribution"].abs().sort_values(ascending=False, kind="stable").index
+    assert table.loc[by_size, "rank"].tolist() == list(range(1, 13))  # rank by |estimate|, whatever its sign
+    verified = table[table["verified"]]
+    assert len(verified) == 3 and set(verified["rank"]) == {1, 2, 3}
+    for row in verified.itertuples():
+        assert row.exact == pytest.approx(single.loc[row.mask, "delta_loss"], rel=1e-6, abs=1e-9)

@@ -17,6 +17,7 @@ SEQ2SEQ_SCANS = (
     "l0_gates",
     "pairs",
     "top_heads",
+    "attribution",
 )
 SEQ2SEQ_MODES = ("zero", "mean", "resample")
 
