@@ -19,6 +19,7 @@ from headcount.ablation.engine.masks import (
     requested_masks,
     single_head_masks,
 )
+from headcount.ablation.engine.metrics import Loss
 from headcount.ablation.engine.modes import Mean, Replacements, Resample, Zero, mean_z
 from headcount.ablation.engine.seq2seq_evaluator import Seq2SeqEvaluator, by_kind
 from headcount.ablation.seq2seq_checks import refuse_one_stack_only
@@ -240,7 +241,8 @@ def settings(**ablation) -> AblationConfig:
 def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
-        "leave_one_in, custom, importance, pruning in modes zero, mean, resample"
+        "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads, attribution in modes zero, mean, "
+        "resample"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "
@@ -248,9 +250,9 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         "ablation.scans.direct_effect.kind='direct_effect': a head's direct effect reads one stack's residual stream "
         "into the logits; " + takes: settings(scans={"direct_effect": {"kind": "direct_effect"}}),
         "ablation.mode='patch': " + takes: settings(mode="patch"),
-        "ablation.prune.export=True: structural pruning rebuilds one stack's self-attention "
-        "(Transformer.select_heads), and an encoder-decoder's cross-attention has no such rebuild yet; "
-        + takes: settings(prune={"export": True}),
+        "ablation.prune.heads=[[0, 1]]: [layer, head] pairs cannot say a head's kind (enc, dec or cross); on an "
+        "encoder-decoder the export removes the heads a pruning order or the l0_gates scan chooses "
+        "(ablation.prune.order, ablation.prune.fraction)": settings(prune={"export": True, "heads": [[0, 1]]}),
     }
     for line, s in cases.items():
         with pytest.raises(ConfigError) as error:
@@ -260,6 +262,7 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         refuse_one_stack_only(settings(), "ioi")
     assert str(error.value) == "task.source='ioi': a task scores a decoder's prompts; " + takes
     refuse_one_stack_only(settings(scans={"s": {"kind": "single_head"}, "l": {"kind": "layer"}}, mode="mean"), None)
+    refuse_one_stack_only(settings(prune={"export": True, "fraction": 0.25}), None)
 
 
 def test_a_cross_attention_setting_on_a_decoder_only_model_is_one_line():
@@ -487,3 +490,167 @@ def test_run_evaluate_refuses_edges_and_unnamed_kinds_on_an_encoder_decoder_in_o
     )
     with pytest.raises(ConfigError, match="^ablation.mode='patch': "):
         run.evaluate(["cross.L0H1"], mode="patch")
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_the_structural_export_of_a_trained_encoder_decoder_removes_heads_of_every_kind(trained, tmp_path, mode):
+    """ablation.prune.export on an encoder-decoder: the heads single_head's order removes at fraction 0.5 (the
+    smallest deltas, over every kind), the smaller checkpoint scoring as the masked model, named by kind."""
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from headcount.ablation.records.summary import read_mode_summary
+    from headcount.cli.ablate import ablate, typed_ablation_keys
+    from headcount.config import CONF_DIR
+    from headcount.run_dir import load_model
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    export = ["ablation.prune.export=true", "ablation.prune.order=single_head", "ablation.prune.fraction=0.5"]
+    overrides = [f"run_dir={run_dir}", "ablation.progress=false", "ablation=[single_head]", f"ablation.mode={mode}"]
+    overrides += export
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("ablate", overrides=overrides)
+    ablate(cfg, typed_ablation_keys(overrides))
+    out = run_dir / "ablation"
+    record = read_mode_summary(out, mode)["pruned"]
+    suffix = "" if mode == "zero" else ".mean"
+    single = pd.read_csv(out / f"single_head{suffix}.csv")
+    removed = single.nsmallest(6, "delta_loss", keep="first")["mask"].tolist()  # round(0.5 x 12) heads
+    assert record["n_heads_removed"] == 6 and sorted(record["heads_removed_names"]) == sorted(removed)
+    assert record["loss_pruned"] == pytest.approx(record["loss_masked"], abs=1e-5)
+    model = load_model(out / f"pruned{suffix}.ckpt")
+    kept = {kind: [2, 2] for kind in ("enc", "dec", "cross")}
+    for name in removed:
+        kind, layer = name.split(".")[0], int(name.split(".L")[1].split("H")[0])
+        kept[kind][layer] -= 1
+    assert model.kind_heads_per_layer == kept
+    assert record["heads_per_layer"] == [n for kind in ("enc", "dec", "cross") for n in kept[kind]]
+    assert record["tokens_per_s_full"] > 0 and record["tokens_per_s_pruned"] > 0
+
+
+@pytest.mark.parametrize("mode", ["zero", "resample"])
+def test_l0_gates_scan_on_a_trained_encoder_decoder_names_kinds_and_scores_its_mask_exactly(trained, tmp_path, mode):
+    """The l0_gates scan over every kind: a row per head with its kind and the kind's layer, n_kept the kept rows,
+    the loss the evaluator's for that mask (equal to the forward with its gates by kind), a panel per kind."""
+    import shutil
+
+    import headcount
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    run = headcount.load_run(run_dir, device="cpu")
+    table = run.scan("l0_gates", mode=mode, l0={"steps": 100, "penalty": 0.0, "target_heads": 6, "penalty_lr": 0.05})
+    assert list(table.columns[:8]) == ["target_heads", "n_kept", "penalty_weight", "kind", "layer", "head", "kept",
+                                       "log_alpha"]  # fmt: skip
+    assert table["kind"].value_counts().to_dict() == {"enc": 4, "dec": 4, "cross": 4}
+    assert int(table["n_kept"].iloc[0]) == int(table["kept"].sum())
+    closed = [f"{k}.L{layer}H{h}" for k, layer, h, kept in table[["kind", "layer", "head", "kept"]].values if not kept]
+    assert 0 < len(closed) < 12 and int(table["target_heads"].iloc[0]) == 6
+    if mode == "zero":
+        examples = run.finished.examples("val", 24, "ablation.split")
+        expected = loss_with(run.model, examples, gates_off(run.model, closed))
+        assert table["loss"].iloc[0] == pytest.approx(expected, rel=1e-5)
+    assert (run_dir / "ablation" / f"l0_gates{'' if mode == 'zero' else '.resample'}.png").exists()
+
+
+def test_the_l0_gates_mask_of_an_encoder_decoder_exports_as_a_smaller_model(trained, tmp_path):
+    """order=l0_gates on an encoder-decoder: the checkpoint keeps exactly the heads of each kind the gates kept, and
+    scores the loss the scan measured for that mask."""
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from headcount.ablation.records.summary import read_mode_summary
+    from headcount.cli.ablate import ablate, typed_ablation_keys
+    from headcount.config import CONF_DIR
+    from headcount.run_dir import load_model
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    l0 = ["ablation.scans.l0_gates.l0.steps=100", "ablation.scans.l0_gates.l0.target_heads=6",
+          "ablation.scans.l0_gates.l0.penalty=0", "ablation.scans.l0_gates.l0.penalty_lr=0.05"]  # fmt: skip
+    export = ["ablation.prune.export=true", "ablation.prune.order=l0_gates"]
+    overrides = [f"run_dir={run_dir}", "ablation.progress=false", "ablation=l0_gates", *l0, *export]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("ablate", overrides=overrides)
+    ablate(cfg, typed_ablation_keys(overrides))
+    out = run_dir / "ablation"
+    gates = pd.read_csv(out / "l0_gates.csv")
+    pruned = read_mode_summary(out)["pruned"]
+    closed = sorted(f"{r.kind}.L{r.layer}H{r.head}" for r in gates.itertuples() if not r.kept)
+    assert pruned["chosen_by"] == "l0_gates" and sorted(pruned["heads_removed_names"]) == closed
+    model = load_model(out / "pruned.ckpt")
+    for kind in ("enc", "dec", "cross"):
+        kept = gates[gates["kind"] == kind].groupby("layer")["kept"].sum().tolist()
+        assert model.kind_heads_per_layer[kind] == kept
+    assert pruned["loss_pruned"] == pytest.approx(gates["loss"].iloc[0], abs=1e-5)
+
+
+def test_pairs_and_top_heads_on_a_trained_encoder_decoder_name_kinds_and_equal_the_forward(trained):
+    """pairs (among single_head's top 4, every kind) and top_heads (the top quarter by single_head, beside random
+    sets): masks named by kind, each row the forward with its heads off by kind; a ranking an encoder-decoder does not
+    take is one line."""
+    import headcount
+
+    run = headcount.load_run(trained, device="cpu")
+    examples = run.finished.examples("val", 24, "ablation.split")
+    single = run.scan("single_head")
+    top4 = single.sort_values(["delta_loss", "kind"], ascending=[False, True], kind="stable")["mask"].tolist()[:4]
+    pairs = run.scan("pairs", top_k=4)
+    assert len(pairs) == 6
+    named = {frozenset(name.split("+")) for name in pairs["mask"]}
+    assert named == {frozenset((a, b)) for i, a in enumerate(top4) for b in top4[i + 1 :]}
+    row = pairs.iloc[0]
+    expected = loss_with(run.model, examples, gates_off(run.model, row["mask"].split("+")))
+    assert row["loss"] == pytest.approx(expected, rel=1e-5)
+    assert (trained / "ablation" / "pairs.png").exists()
+    top = run.scan("top_heads", top_fraction=0.25, random_sets=2)
+    assert len(top) == 3
+    first = top.iloc[0]["mask"]
+    assert first.startswith("top 3 by single_head: ")
+    heads = first.split(": ")[1].split("+")
+    assert sorted(heads) == sorted(top4[:3])
+    assert top.iloc[0]["loss"] == pytest.approx(loss_with(run.model, examples, gates_off(run.model, heads)), rel=1e-5)
+    for name in top["mask"].iloc[1:]:
+        assert all(h.split(".")[0] in ("enc", "dec", "cross") for h in name.split(": ")[1].split("+"))
+    with pytest.raises(ConfigError) as error:
+        run.scan("top_heads", rank_by="direct_effect")
+    assert str(error.value).startswith(
+        "ablation.scans.top_heads.rank_by='direct_effect': a head's direct effect reads one stack's residual stream"
+    )
+
+
+def test_attribution_on_a_trained_encoder_decoder_names_kinds_and_equals_the_gate_gradient(trained, tmp_path):
+    """attribution over every kind: each head's estimate is -dS/dg at its gate (attribute_seq2seq) at its grid row,
+    named by kind with the kind's layer; rank by |estimate|; the verified heads' exact change is single_head's."""
+    import shutil
+
+    import headcount
+    from headcount.ablation.methods.seq2seq_attribution import attribute_seq2seq
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    run = headcount.load_run(run_dir, device="cpu")
+    single = run.scan("single_head").set_index("mask")
+    table = run.scan("attribution", verify_top_k=3)
+    assert list(table.columns[:4]) == ["mask", "kind", "layer", "head"]
+    assert table["kind"].value_counts().to_dict() == {"enc": 4, "dec": 4, "cross": 4}
+    grid = run.model.heads_per_layer
+    by_hand = attribute_seq2seq(run.model, run.finished.eval_batches(), Replacements(Zero()), Loss())
+    for row in table.itertuples():
+        assert row.mask == f"{row.kind}.L{row.layer}H{row.head}"
+        expected = float(by_hand.estimate_LH[grid.row(row.kind, row.layer), row.head])
+        assert row.attribution == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    assert table.loc[table["rank"] == 1, "attribution"].abs().item() == table["attribution"].abs().max()
+    by_size = table["attribution"].abs().sort_values(ascending=False, kind="stable").index
+    assert table.loc[by_size, "rank"].tolist() == list(range(1, 13))  # rank by |estimate|, whatever its sign
+    verified = table[table["verified"]]
+    assert len(verified) == 3 and set(verified["rank"]) == {1, 2, 3}
+    for row in verified.itertuples():
+        assert row.exact == pytest.approx(single.loc[row.mask, "delta_loss"], rel=1e-6, abs=1e-9)

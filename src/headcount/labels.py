@@ -113,8 +113,11 @@ class KindRows(list):
     row (what `heads_per_layer` is for a one-stack model), so masks, gates and (L, H) tensors keep their shapes.
     Labels name a row's heads by kind (cross.L1H3) and its whole row by kind and layer (cross.L1)."""
 
-    def __init__(self, kinds: dict[str, tuple[int, int]]):
-        super().__init__(heads for layers, heads in kinds.values() for _ in range(layers))
+    def __init__(self, kinds: dict[str, tuple[int, int]], per_layer: dict[str, list[int]] | None = None):
+        """kinds: each kind's (layers, heads); per_layer: each kind's heads in every layer, where they differ (a
+        structurally pruned model's), in place of the kinds' heads."""
+        per_layer = per_layer or {kind: [heads] * layers for kind, (layers, heads) in kinds.items()}
+        super().__init__(heads for kind in kinds for heads in per_layer[kind])
         self.rows = [(kind, layer) for kind, (layers, _) in kinds.items() for layer in range(layers)]
 
     def row(self, kind: str, layer: int) -> int:

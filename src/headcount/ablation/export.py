@@ -14,9 +14,10 @@ from rich.markup import escape
 from torch import Tensor
 
 from headcount.ablation.engine.evaluator import MaskEvaluator
-from headcount.ablation.engine.heads import existing_heads, head_name
+from headcount.ablation.engine.heads import existing_heads
 from headcount.ablation.engine.masks import HeadMask, check_head_exists, masks_to_gates
 from headcount.ablation.engine.metrics import METRICS
+from headcount.ablation.engine.seq2seq_evaluator import Seq2SeqEvaluator
 from headcount.ablation.methods.importance import Importance
 from headcount.ablation.methods.pruning import PRUNING_ORDERS, Ranking
 from headcount.ablation.scans.context import ScanContext
@@ -25,6 +26,8 @@ from headcount.ablation.scans.pruning import prunable_fraction
 from headcount.ablation.scans.single_head import single_head_delta
 from headcount.config.ablation import PruneExportConfig, PruningConfig
 from headcount.errors import ConfigError
+from headcount.labels import grid_head_label
+from headcount.model.encoder_decoder import EncoderDecoder
 from headcount.model.transformer import Transformer
 
 SPEED_REPEATS = 7
@@ -143,7 +146,7 @@ def removal_gates(
 
 
 def export_pruned(
-    model: Transformer,
+    model: Transformer | EncoderDecoder,
     evaluator: MaskEvaluator,
     keep_LH: Tensor,
     replacements: list[Tensor] | None,
@@ -151,9 +154,10 @@ def export_pruned(
     meta: dict,
     speed_shape: tuple[int, int],
 ) -> dict:
-    """Write the model without the heads keep_LH switches off; return what summary.json records about it: the masked
-    and the pruned model's metric (equal, up to rounding) and their forward throughput on speed_shape (B, T) batches
-    (compare_speed: medians, the speedup's range)."""
+    """Write the model without the heads keep_LH switches off (over its grid: an encoder-decoder's three kinds, its
+    heads_per_layer the grid's rows and its names enc.L0H1, cross.L1H0); return what summary.json records about it:
+    the masked and the pruned model's metric (equal, up to rounding) and their forward throughput on speed_shape
+    (B, T) batches (compare_speed: medians, the speedup's range)."""
     from headcount.ablation.methods.structural import compare_speed, prune_heads, save_pruned_checkpoint
 
     exists_LH = evaluator.exists_LH.cpu()
@@ -161,13 +165,16 @@ def export_pruned(
     pruned = prune_heads(model, remove_LH, replacements)
     primary = evaluator.metric.primary
     masked_value = float(evaluator.evaluate(keep_LH[None])[primary][0])
-    pruned_value = MaskEvaluator(pruned, evaluator.batches, metric=evaluator.metric).baseline()[primary]
+    # the pruned model scored as the session scores: an encoder-decoder by its teacher-forced targets
+    Evaluator = Seq2SeqEvaluator if isinstance(model, EncoderDecoder) else MaskEvaluator
+    pruned_value = Evaluator(pruned, evaluator.batches, metric=evaluator.metric).baseline()[primary]
     heads_removed = remove_LH.nonzero().tolist()
+    grid = model.heads_per_layer
     record = {
         **meta,
         "path": path.name,
         "heads_removed": heads_removed,
-        "heads_removed_names": [head_name(layer, head) for layer, head in heads_removed],
+        "heads_removed_names": [grid_head_label(grid, layer, head) for layer, head in heads_removed],
         "n_heads_removed": len(heads_removed),
         "heads_per_layer": list(pruned.heads_per_layer),
         "params_full": model.num_params(),

@@ -6,7 +6,19 @@ refused in one line, naming the scan and what an encoder-decoder takes."""
 from headcount.config.ablation import AblationConfig
 from headcount.errors import ConfigError
 
-SEQ2SEQ_SCANS = ("baseline", "single_head", "layer", "leave_one_in", "custom", "importance", "pruning")
+SEQ2SEQ_SCANS = (
+    "baseline",
+    "single_head",
+    "layer",
+    "leave_one_in",
+    "custom",
+    "importance",
+    "pruning",
+    "l0_gates",
+    "pairs",
+    "top_heads",
+    "attribution",
+)
 SEQ2SEQ_MODES = ("zero", "mean", "resample")
 
 # Scan kinds an encoder-decoder does not take, and why.
@@ -20,9 +32,9 @@ NOT_ON_SEQ2SEQ = {
     "head_circuit": "its circuit is built from a decoder's task prompts",
     "kv_groups": "its masks are one stack's key/value groups",
 }
-EXPORT_REASON = (
-    "structural pruning rebuilds one stack's self-attention (Transformer.select_heads), and an encoder-decoder's "
-    "cross-attention has no such rebuild yet; "
+PRUNE_HEADS_REASON = (
+    "[layer, head] pairs cannot say a head's kind (enc, dec or cross); on an encoder-decoder the export removes the "
+    "heads a pruning order or the l0_gates scan chooses (ablation.prune.order, ablation.prune.fraction)"
 )
 NOT_YET = "it is not defined on an encoder-decoder's three kinds of heads"
 
@@ -35,13 +47,19 @@ def takes() -> str:
 
 
 def refuse_one_stack_only(settings: AblationConfig, task_source: str | None, several_processes: bool = False) -> None:
-    """ConfigError for a task, scan, mode, metric, export or process count an encoder-decoder cannot be scanned with."""
+    """ConfigError for a task, scan, mode, metric, export choice or process count an encoder-decoder cannot be scanned
+    with."""
     if task_source is not None:
         raise ConfigError("task.source", task_source, f"a task scores a decoder's prompts; {takes()}")
     for name, scan in settings.scans.items():
         if scan.kind not in SEQ2SEQ_SCANS:
             raise ConfigError(
                 f"ablation.scans.{name}.kind", scan.kind, f"{NOT_ON_SEQ2SEQ.get(scan.kind, NOT_YET)}; {takes()}"
+            )
+        rank_by = getattr(scan, "rank_by", None)  # top_heads' ranking scan runs too
+        if rank_by is not None and rank_by not in SEQ2SEQ_SCANS:
+            raise ConfigError(
+                f"ablation.scans.{name}.rank_by", rank_by, f"{NOT_ON_SEQ2SEQ.get(rank_by, NOT_YET)}; {takes()}"
             )
     if settings.mode not in SEQ2SEQ_MODES:
         raise ConfigError("ablation.mode", settings.mode, takes())
@@ -53,12 +71,8 @@ def refuse_one_stack_only(settings: AblationConfig, task_source: str | None, sev
         raise ConfigError(
             "ablation.metric", metric, f"needs a task's wrong answers; an encoder-decoder's targets take {allowed}"
         )
-    if settings.prune.export:
-        raise ConfigError(
-            "ablation.prune.export",
-            True,
-            EXPORT_REASON + takes(),
-        )
+    if settings.prune.export and settings.prune.heads is not None:
+        raise ConfigError("ablation.prune.heads", settings.prune.heads, PRUNE_HEADS_REASON)
     if several_processes:
         raise ConfigError(
             "trainer.devices", "several processes", f"an encoder-decoder's scans run in one process; {takes()}"

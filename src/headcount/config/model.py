@@ -190,6 +190,13 @@ class ModelConfig:
     # The cross-attention heads, configured like model.attn (number, width, concat or sum, key/value groups, biases,
     # score scale); null: the same as model.attn. Only with encoder_layers > 0
     cross_attn: AttentionConfig | None = None
+    # After structurally pruning an encoder-decoder (EncoderDecoder.select_heads): the encoder's self-attention heads
+    # per layer and the decoder's cross-attention heads per layer (the decoder's self-attention's are heads_per_layer),
+    # and their key/value groups as kv_groups_per_layer's; null: model.attn.n_heads (model.cross_attn's) in every layer
+    encoder_heads_per_layer: list[int] | None = None
+    encoder_kv_groups_per_layer: list[list[int]] | None = None
+    cross_heads_per_layer: list[int] | None = None
+    cross_kv_groups_per_layer: list[list[int]] | None = None
     # positions=relative (T5): the number of buckets of relative distance (half per direction in the encoder) and the
     # distance from which every bucket is the last
     relative_buckets: int = 32
@@ -230,27 +237,56 @@ def resolve_layer_types(cfg: ModelConfig) -> list[str]:
 
 def resolve_kv_groups(cfg: ModelConfig) -> list[list[int]]:
     """Per layer, the number of query heads sharing each key/value head, in order: [1] * H without grouping."""
-    heads = list(cfg.heads_per_layer or [cfg.attn.n_heads] * cfg.n_layers)
-    if cfg.kv_groups_per_layer is not None:
-        groups = [list(g) for g in cfg.kv_groups_per_layer]
-        if len(groups) != cfg.n_layers or any(min(g, default=1) < 1 or sum(g) != h for g, h in zip(groups, heads)):
+    return resolve_groups(cfg.n_layers, cfg.attn, cfg.heads_per_layer, cfg.kv_groups_per_layer, "model.")
+
+
+def resolve_cross_groups(cfg: ModelConfig) -> list[list[int]] | None:
+    """An encoder-decoder's cross-attention heads per decoder layer as key/value groups (resolve_kv_groups' form, from
+    model.cross_heads_per_layer and cross_kv_groups_per_layer); None without an encoder."""
+    cross = cross_attention(cfg)
+    if cross is None:
+        return None
+    attn_key = "model.attn" if cfg.cross_attn is None else "model.cross_attn"
+    groups = cfg.cross_kv_groups_per_layer
+    return resolve_groups(cfg.n_layers, cross, cfg.cross_heads_per_layer, groups, "model.cross_", attn_key)
+
+
+def resolve_groups(
+    n_layers: int,
+    attn: AttentionConfig,
+    heads_per_layer: list[int] | None,
+    groups_per_layer: list[list[int]] | None,
+    prefix: str,
+    attn_key: str = "model.attn",
+) -> list[list[int]]:
+    """Per layer, the query heads sharing each key/value head of one kind of attention; prefix names its keys
+    (model.heads_per_layer, model.kv_groups_per_layer; model.cross_heads_per_layer, ...)."""
+    heads_key, groups_key = f"{prefix}heads_per_layer", f"{prefix}kv_groups_per_layer"
+    if heads_per_layer is not None:
+        hpl = list(heads_per_layer)
+        if len(hpl) != n_layers or min(hpl) < 0:
+            raise ConfigError(heads_key, hpl, f"needs {n_layers} non-negative integers (one per layer) or null")
+    heads = list(heads_per_layer or [attn.n_heads] * n_layers)
+    if groups_per_layer is not None:
+        groups = [list(g) for g in groups_per_layer]
+        if len(groups) != n_layers or any(min(g, default=1) < 1 or sum(g) != h for g, h in zip(groups, heads)):
             raise ConfigError(
-                "model.kv_groups_per_layer",
+                groups_key,
                 groups,
-                f"needs one list per layer ({cfg.n_layers}) of positive group sizes adding up to the layer's heads "
+                f"needs one list per layer ({n_layers}) of positive group sizes adding up to the layer's heads "
                 f"{heads}, or null",
             )
         return groups
-    n_kv = cfg.attn.n_kv_heads
+    n_kv = attn.n_kv_heads
     if n_kv is None:
         return [[1] * h for h in heads]
-    if any(h != cfg.attn.n_heads for h in heads):
+    if any(h != attn.n_heads for h in heads):
         raise ConfigError(
-            "model.kv_groups_per_layer",
+            groups_key,
             None,
-            f"is needed when model.heads_per_layer={heads} prunes a grouped-query model (model.attn.n_kv_heads={n_kv})",
+            f"is needed when {heads_key}={heads} prunes a grouped-query model ({attn_key}.n_kv_heads={n_kv})",
         )
-    return [[cfg.attn.n_heads // n_kv] * n_kv for _ in heads]
+    return [[attn.n_heads // n_kv] * n_kv for _ in heads]
 
 
 def validate_model_config(cfg: ModelConfig) -> None:
@@ -292,12 +328,6 @@ def validate_model_config(cfg: ModelConfig) -> None:
         raise ConfigError("model.mlp_hidden", cfg.mlp_hidden, allowed)
     if not cfg.mlp:
         refuse_unused(cfg, ModelConfig(), ("mlp_ratio", "mlp_hidden", "mlp_act", "mlp_bias"), "model.mlp=false")
-    if cfg.heads_per_layer is not None:
-        hpl = list(cfg.heads_per_layer)
-        if len(hpl) != cfg.n_layers or min(hpl) < 0:
-            raise ConfigError(
-                "model.heads_per_layer", hpl, f"needs {cfg.n_layers} non-negative integers (one per layer) or null"
-            )
     resolve_kv_groups(cfg)
     validate_encoder_features(cfg)
     validate_encoder_decoder(cfg)
@@ -341,19 +371,23 @@ def validate_encoder_decoder(cfg: ModelConfig) -> None:
     else:
         relative_keys = ("relative_buckets", "relative_max_distance")
         refuse_unused(cfg, ModelConfig(), relative_keys, f"model.positions={cfg.positions}")
-    if cfg.positions == Positions.relative and cfg.heads_per_layer is not None:
-        allowed = "must be null with model.positions=relative (the bias table has a row per head of model.attn)"
-        raise ConfigError("model.heads_per_layer", list(cfg.heads_per_layer), allowed)
+    for key in ("heads_per_layer", "encoder_heads_per_layer"):
+        if cfg.positions == Positions.relative and getattr(cfg, key) is not None:
+            allowed = "must be null with model.positions=relative (the bias table has a row per head of model.attn)"
+            raise ConfigError(f"model.{key}", list(getattr(cfg, key)), allowed)
     if not cfg.encoder_layers:
         if cfg.cross_attn is not None:
             allowed = "is the cross-attention of an encoder-decoder; set model.encoder_layers > 0 or leave it unset"
             raise ConfigError("model.cross_attn", "set", allowed)
+        refuse_unused(cfg, ModelConfig(), ENCODER_DECODER_HEADS, "model.encoder_layers=0")
         return
     if not cfg.causal:
         allowed = "must be true in an encoder-decoder (its decoder is causal; its encoder is always bidirectional)"
         raise ConfigError("model.causal", cfg.causal, allowed)
-    for key in ("heads_per_layer", "kv_groups_per_layer", "type_vocab_size", "mlm_head", "parallel_residual"):
+    for key in ("type_vocab_size", "mlm_head", "parallel_residual"):
         refuse_unused(cfg, ModelConfig(), (key,), f"model.encoder_layers={cfg.encoder_layers}")
+    encoder_groups = cfg.encoder_kv_groups_per_layer
+    resolve_groups(cfg.encoder_layers, cfg.attn, cfg.encoder_heads_per_layer, encoder_groups, "model.encoder_")
     refuse_unused(cfg, ModelConfig(), ("sliding_window", "layer_types"), "model.encoder_layers > 0")
     if cfg.cross_attn is not None:
         check_bools("model.cross_attn", cfg.cross_attn)
@@ -365,6 +399,16 @@ def validate_encoder_decoder(cfg: ModelConfig) -> None:
         for key, value in (("query_pre_attn_scalar", cross.query_pre_attn_scalar), ("softcap", cross.softcap)):
             if value is not None:
                 check_positive(f"model.cross_attn.{key}", value, "must be a finite number above 0 or null")
+    resolve_cross_groups(cfg)
+
+
+# The head counts a structurally pruned encoder-decoder records (EncoderDecoder.select_heads)
+ENCODER_DECODER_HEADS = (
+    "encoder_heads_per_layer",
+    "encoder_kv_groups_per_layer",
+    "cross_heads_per_layer",
+    "cross_kv_groups_per_layer",
+)
 
 
 def bidirectional_bias(cfg: ModelConfig) -> bool:

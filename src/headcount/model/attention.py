@@ -226,7 +226,9 @@ class MultiHeadAttention(nn.Module):
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         W_XC, b_X = self.qkv.weight, self.qkv.bias
         q_BTX = F.linear(x_BTC, W_XC[: H * D], None if b_X is None else b_X[: H * D])
-        k_BSX, v_BSX = F.linear(memory_BSC, W_XC[H * D :], None if b_X is None else b_X[H * D :]).split(G * D, -1)
+        k_BSX, v_BSX = F.linear(memory_BSC, W_XC[H * D :], None if b_X is None else b_X[H * D :]).split(
+            [G * D, G * D], -1
+        )
         q_BHTD = q_BTX.view(B, T, H, D).transpose(1, 2)
         return q_BHTD, k_BSX.view(B, S, G, D).transpose(1, 2), v_BSX.view(B, S, G, D).transpose(1, 2)
 

@@ -89,9 +89,11 @@ class Block(nn.Module):
         kv_groups: list[int] | None = None,
         layer: int = 0,
         cross: AttentionConfig | None = None,
+        cross_groups: list[int] | None = None,
     ):
         """cross: the cross-attention heads of a decoder layer of an encoder-decoder (config/model.py
-        cross_attention), or None."""
+        cross_attention), or None; cross_groups: this layer's cross-attention heads as key/value groups (a pruned
+        model's, config/model.py resolve_cross_groups), None: cross's n_heads and n_kv_heads."""
         super().__init__()
         self.layer = layer
         # this layer's named sites, by kind
@@ -127,10 +129,11 @@ class Block(nn.Module):
         if cross is not None:
             n_kv = cross.n_kv_heads
             groups = None if n_kv is None else [cross.n_heads // n_kv] * n_kv
+            groups = groups if cross_groups is None else list(cross_groups)
             self.ln_cross = make_norm(cfg) if cfg.pre_norm else nn.Identity()
             self.cross = MultiHeadAttention(
                 cfg.d_model,
-                cross.n_heads,
+                cross.n_heads if cross_groups is None else sum(cross_groups),
                 resolve_head_dim(cfg.d_model, cross, "model.cross_attn"),
                 cross.combine,
                 cross.qkv_bias,

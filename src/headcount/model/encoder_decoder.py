@@ -13,15 +13,23 @@ as for a one-stack model (L the kind's stack's layers, H its heads); a kind left
 head h of a kind is that head's z set to 0 before its output projection, as everywhere (attention.py).
 """
 
+import copy
 import dataclasses
 from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
 
-from headcount.config.model import ModelConfig, cross_attention, validate_model_config
+from headcount.config.model import (
+    ENCODER_DECODER_HEADS,
+    ModelConfig,
+    cross_attention,
+    resolve_cross_groups,
+    validate_model_config,
+)
 from headcount.errors import ConfigError
 from headcount.labels import HEAD_KINDS, KIND_NAMES, KindRows, kind_head_label, parse_kind_head
+from headcount.model.attention import MultiHeadAttention
 from headcount.model.intervention import Gates as GateHook
 from headcount.model.intervention import Hook, Intervention, reads
 from headcount.model.sites import Site, parse_stack_site
@@ -55,9 +63,15 @@ class StackIntervention:
 
 def stack_configs(cfg: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
     """The encoder's and the decoder's one-stack configs."""
-    common = dataclasses.replace(cfg, encoder_layers=0, cross_attn=None)
+    common = dataclasses.replace(cfg, encoder_layers=0, cross_attn=None, **{key: None for key in ENCODER_DECODER_HEADS})
     unembedding_keys = {"tie_embeddings": False, "unembed_scale": False, "logits_bias": False, "final_softcap": None}
-    encoder = dataclasses.replace(common, n_layers=cfg.encoder_layers, causal=False, **unembedding_keys)
+    encoder_heads = {
+        "heads_per_layer": cfg.encoder_heads_per_layer,
+        "kv_groups_per_layer": cfg.encoder_kv_groups_per_layer,
+    }
+    encoder = dataclasses.replace(
+        common, n_layers=cfg.encoder_layers, causal=False, **unembedding_keys, **encoder_heads
+    )
     return encoder, common
 
 
@@ -70,7 +84,7 @@ class EncoderDecoder(nn.Module):
         self.cfg = cfg
         encoder_cfg, decoder_cfg = stack_configs(cfg)
         self.encoder = Transformer(encoder_cfg, unembedding=False)
-        self.decoder = Transformer(decoder_cfg, cross=cross_attention(cfg))
+        self.decoder = Transformer(decoder_cfg, cross=cross_attention(cfg), cross_groups=resolve_cross_groups(cfg))
         self.encoder.tok_emb = self.decoder.tok_emb  # one token embedding (T5's and BART's `shared`)
 
     def tie_weights(self) -> None:
@@ -80,19 +94,77 @@ class EncoderDecoder(nn.Module):
 
     @property
     def head_kinds(self) -> dict[str, tuple[int, int]]:
-        """Each kind's (layers, heads): the shape of its gates."""
-        cross_heads = max(self.decoder.blocks[0].cross.n_heads, 1)
+        """Each kind's (layers, heads): the shape of its gates (heads: the most in a layer, at least 1)."""
         return {
             "enc": (self.encoder.n_layers, self.encoder.max_heads),
             "dec": (self.decoder.n_layers, self.decoder.max_heads),
-            "cross": (self.decoder.n_layers, cross_heads),
+            "cross": (self.decoder.n_layers, self.decoder.cross_heads),
+        }
+
+    @property
+    def kind_heads_per_layer(self) -> dict[str, list[int]]:
+        """Each kind's heads in every layer (a structurally pruned model's differ by layer)."""
+        return {
+            "enc": list(self.encoder.heads_per_layer),
+            "dec": list(self.decoder.heads_per_layer),
+            "cross": [block.cross.n_heads for block in self.decoder.blocks],
         }
 
     @property
     def heads_per_layer(self) -> KindRows:
         """Every head as one grid, the scans' view (labels.KindRows): rows the encoder's layers, the decoder's, then
         its cross-attention layers."""
-        return KindRows(self.head_kinds)
+        return KindRows(self.head_kinds, self.kind_heads_per_layer)
+
+    def attention(self, kind: str, layer: int) -> "MultiHeadAttention":
+        """A kind's attention module in a layer: the encoder's or the decoder's self-attention, or cross-attention."""
+        stack = self.encoder if kind == "enc" else self.decoder
+        return stack.blocks[layer].cross if kind == "cross" else stack.blocks[layer].attn
+
+    def select_heads(self, keep: Gates, replacements: dict[str, list[Tensor | None]] | None = None) -> "EncoderDecoder":
+        """A new, smaller EncoderDecoder with only the heads `keep` marks (a dict by kind, each bool (L, H) as the
+        kind's gates; a kind left out keeps every head), equal to this one with the others gated to 0, in the same
+        dtype, device and train/eval mode (Transformer.select_heads, per kind). replacements: a dict by kind, each
+        None or a constant per head (H_l, D) per layer, folded into the output bias. Its config records each kind's
+        heads per layer (heads_per_layer, encoder_heads_per_layer, cross_heads_per_layer) and, under grouped-query
+        attention, the key/value groups left, so that its checkpoint rebuilds."""
+        keep, replacements = self.check_kinds(keep, "keep"), self.check_kinds(replacements, "replacements")
+        counts = self.kind_heads_per_layer
+        keeps = {
+            kind: [
+                keep[kind][layer, :n].bool().cpu() if kind in keep else torch.ones(n, dtype=torch.bool)
+                for layer, n in enumerate(counts[kind])
+            ]
+            for kind in HEAD_KINDS
+        }
+        constants = {kind: list(replacements.get(kind) or [None] * len(counts[kind])) for kind in HEAD_KINDS}
+        folds = {
+            kind: any(r is not None and not k.all() for k, r in zip(keeps[kind], constants[kind]))
+            for kind in HEAD_KINDS
+        }
+        cfg = copy.deepcopy(self.cfg)
+        cfg.cross_attn = copy.deepcopy(cross_attention(self.cfg))  # its own settings now: attn's out_bias may change
+        # one out_bias setting per attention config: if a layer of a kind folds a replacement, every layer gets one
+        cfg.attn.out_bias = cfg.attn.out_bias or folds["enc"] or folds["dec"]
+        cfg.cross_attn.out_bias = cfg.cross_attn.out_bias or folds["cross"]
+        out_bias = {"enc": cfg.attn.out_bias, "dec": cfg.attn.out_bias, "cross": cfg.cross_attn.out_bias}
+        state, groups = self.state_dict(), {}
+        for kind in HEAD_KINDS:
+            groups[kind] = []
+            for layer, (keep_H, r) in enumerate(zip(keeps[kind], constants[kind])):
+                attn = self.attention(kind, layer).select_heads(keep_H, r, add_out_bias=out_bias[kind])
+                groups[kind].append(attn.kv_groups)
+                prefix = {"enc": "encoder.blocks", "dec": "decoder.blocks", "cross": "decoder.blocks"}[kind]
+                site = "cross" if kind == "cross" else "attn"
+                state.update({f"{prefix}.{layer}.{site}.{name}": t for name, t in attn.state_dict().items()})
+        record_heads(cfg, keeps, groups)
+        param = next(self.parameters())
+        # Building the new model draws random init values that the state overwrites; keep the caller's random stream.
+        with torch.random.fork_rng(devices=[]):
+            selected = EncoderDecoder(cfg).to(device=param.device, dtype=param.dtype)
+        selected.load_state_dict(state)
+        selected.tie_weights()
+        return selected.train(self.training)
 
     @property
     def max_heads(self) -> int:
@@ -242,6 +314,27 @@ class EncoderDecoder(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+# Each kind's config keys: its heads per layer and its key/value groups per layer
+KIND_HEAD_KEYS = {
+    "enc": ("encoder_heads_per_layer", "encoder_kv_groups_per_layer"),
+    "dec": ("heads_per_layer", "kv_groups_per_layer"),
+    "cross": ("cross_heads_per_layer", "cross_kv_groups_per_layer"),
+}
+
+
+def record_heads(cfg: ModelConfig, keeps: dict[str, list[Tensor]], groups: dict[str, list[list[int]]]) -> None:
+    """A pruned encoder-decoder's config records each kind's heads per layer where they differ from the kind's
+    configured count (or were recorded before), and then its key/value groups where the kind shares them."""
+    for kind, (heads_key, groups_key) in KIND_HEAD_KEYS.items():
+        attn = cfg.cross_attn if kind == "cross" else cfg.attn
+        heads = [int(keep_H.sum()) for keep_H in keeps[kind]]
+        if getattr(cfg, heads_key) is None and all(n == attn.n_heads for n in heads):
+            continue
+        setattr(cfg, heads_key, heads)
+        if attn.n_kv_heads is not None or getattr(cfg, groups_key) is not None:
+            setattr(cfg, groups_key, groups[kind])
 
 
 CACHED_KINDS = ("resid_pre", "attn.z")  # what an encoder-decoder's cache keeps of every layer of both stacks

@@ -85,10 +85,17 @@ def sinusoid(T: int, width: int, device: torch.device) -> Tensor:
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, cross: AttentionConfig | None = None, unembedding: bool = True):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        cross: AttentionConfig | None = None,
+        unembedding: bool = True,
+        cross_groups: list[list[int]] | None = None,
+    ):
         """A one-stack model (decoder-only or encoder), or one stack of an encoder-decoder (EncoderDecoder builds
-        them): cross, the cross-attention heads of a decoder stack's layers; unembedding false for an encoder stack,
-        which has no logits."""
+        them): cross, the cross-attention heads of a decoder stack's layers, cross_groups their key/value groups per
+        layer (a pruned model's; None: cross's in every layer); unembedding false for an encoder stack, which has no
+        logits."""
         super().__init__()
         validate_model_config(cfg)
         if cfg.encoder_layers:
@@ -107,7 +114,7 @@ class Transformer(nn.Module):
         self.emb_proj = nn.Linear(width, cfg.d_model) if width != cfg.d_model else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
-            Block(cfg, h, self.head_dim, g, layer, cross)
+            Block(cfg, h, self.head_dim, g, layer, cross, None if cross_groups is None else cross_groups[layer])
             for layer, (h, g) in enumerate(zip(self.heads_per_layer, kv_groups))
         )
         relative = cfg.positions == Positions.relative
@@ -230,9 +237,9 @@ class Transformer(nn.Module):
 
     @property
     def cross_heads(self) -> int | None:
-        """A decoder stack's cross-attention heads per layer (at least 1, as max_heads); None without them."""
+        """A decoder stack's most cross-attention heads in a layer (at least 1, as max_heads); None without them."""
         cross = self.blocks[0].cross if self.n_layers else None
-        return None if cross is None else max(cross.n_heads, 1)
+        return None if cross is None else max(max(block.cross.n_heads for block in self.blocks), 1)
 
     def unembed(self, resid_BTC: Tensor) -> Tensor:
         return self.lm_head(self.readout(self.ln_f(resid_BTC)))

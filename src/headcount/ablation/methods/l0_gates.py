@@ -36,8 +36,10 @@ from torch import Tensor
 from headcount.ablation.engine.heads import existing_heads
 from headcount.ablation.engine.metrics import Loss, Metric, Targets, point_values
 from headcount.ablation.engine.modes import Replacements
+from headcount.ablation.engine.seq2seq_evaluator import by_kind, grid_replacements
 from headcount.config.ablation import KEY, L0GatesConfig, validate_l0_config
 from headcount.errors import ConfigError
+from headcount.model.encoder_decoder import EncoderDecoder
 from headcount.model.intervention import gated
 from headcount.model.transformer import Transformer
 
@@ -74,7 +76,7 @@ def deterministic_gates(log_alpha_LH: Tensor, cfg: L0GatesConfig) -> Tensor:
 
 
 def train_l0_gates(
-    model: Transformer,
+    model: "Transformer | EncoderDecoder",
     batches: list[dict],
     cfg: L0GatesConfig,
     target_heads: int | None,
@@ -86,8 +88,10 @@ def train_l0_gates(
     penalty cfg.penalty; else steered toward target_heads kept heads (module docstring). Batches are the evaluator's
     (input_ids and loss_mask, or a task's score points), cycled; `replacements` a session's Replacements, or one per
     layer as in Transformer.forward. The task term is the metric (default: loss), negated where higher is better.
-    Heads a pruned layer lacks stay off and are not counted. The model's requires_grad flags and train/eval mode are
-    restored afterwards."""
+    Heads a pruned layer lacks stay off and are not counted. On an encoder-decoder the gates are over its grid of three
+    kinds (encoder self-attention, decoder self-attention, cross-attention; labels.KindRows), its batches the
+    sequence-to-sequence ones (src_ids, src_mask, input_ids, loss_mask). The model's requires_grad flags and
+    train/eval mode are restored afterwards."""
     metric = metric or Loss()
     n_heads = sum(model.heads_per_layer)
     # This run is the config with this one target: the other targets of cfg are other runs.
@@ -112,16 +116,9 @@ def train_l0_gates(
     try:
         for step in track(range(cfg.steps), description="L0 gates", disable=not progress):
             batch = used_batches[step % len(used_batches)]
-            input_ids_BT = batch["input_ids"].to(param.device)
-            gates_BLH = sample_gates(log_alpha_LH, len(input_ids_BT), cfg, generator) * exists_LH
-            values, where_BT = replacements, None
-            if isinstance(replacements, Replacements):
-                with torch.no_grad():
-                    replaced = replacements.for_batch(model, batch)
-                values, where_BT = replaced.values, replaced.where_BT
-            resid_BTC = model.embed(input_ids_BT)
-            final_BTC = model.forward_layers(resid_BTC, 0, gated(gates_BLH.to(param.dtype), values, where_BT))
-            task_loss = metric.badness(point_values(model, final_BTC, Targets.of(batch), metric)[0, :, 0]).mean()
+            gates_BLH = sample_gates(log_alpha_LH, len(batch["input_ids"]), cfg, generator) * exists_LH
+            values_N = gated_point_values(model, batch, gates_BLH.to(param.dtype), replacements, metric)
+            task_loss = metric.badness(values_N).mean()
             expected_l0 = (expected_open(log_alpha_LH, cfg) * exists_LH).sum()
             if target_heads is None:
                 target_now, penalty = None, penalty_weight * expected_l0
@@ -154,6 +151,38 @@ def train_l0_gates(
     return L0Result(
         log_alpha_LH, deterministic_gates(log_alpha_LH, cfg), keep_LH, int(keep_LH.sum()), history, target_heads
     )
+
+
+def gated_point_values(
+    model: "Transformer | EncoderDecoder",
+    batch: dict,
+    gates_BLH: Tensor,
+    replacements: Replacements | list | None,
+    metric: Metric,
+) -> Tensor:
+    """(N,) the metric's primary value at each score point of the batch with per-example gates (B, L, H) over the
+    model's heads: a one-stack model's layers, or an encoder-decoder's grid of three kinds (labels.KindRows) split by
+    kind, its replacements per grid row (seq2seq_evaluator.py), scored at its teacher-forced targets."""
+    param = next(model.parameters())
+    batch = {name: value.to(param.device) if isinstance(value, Tensor) else value for name, value in batch.items()}
+    if isinstance(model, EncoderDecoder):
+        values = replacements
+        if isinstance(replacements, Replacements):
+            with torch.no_grad():
+                values = grid_replacements(model, replacements, batch)
+        gates = by_kind(model, gates_BLH)
+        by_row = None if values is None else by_kind(model, values)
+        src_keep = batch["src_mask"]
+        memory = model.encode(batch["src_ids"], gates["enc"], None if by_row is None else by_row["enc"], src_keep)
+        final_BTC = model.decode_stream(batch["input_ids"], memory, src_keep, gates["dec"], gates["cross"], by_row)
+        return point_values(model.decoder, final_BTC, Targets.of(batch), metric)[0, :, 0]
+    values, where_BT = replacements, None
+    if isinstance(replacements, Replacements):
+        with torch.no_grad():
+            replaced = replacements.for_batch(model, batch)
+        values, where_BT = replaced.values, replaced.where_BT
+    final_BTC = model.forward_layers(model.embed(batch["input_ids"]), 0, gated(gates_BLH, values, where_BT))
+    return point_values(model, final_BTC, Targets.of(batch), metric)[0, :, 0]
 
 
 def l0_gates_table(results: list[L0Result], evaluate: Callable[[Tensor], dict]) -> pd.DataFrame:

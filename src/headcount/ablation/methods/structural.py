@@ -1,4 +1,4 @@
-"""Structural pruning: a smaller Transformer without the removed heads, equal to the masked model.
+"""Structural pruning: a smaller Transformer (or EncoderDecoder) without the removed heads, equal to the masked model.
 
 The model does the surgery (`Transformer.select_heads`, built on MultiHeadAttention.select_heads): removing a head
 deletes its q, k, v projections and, under concat, its slice of W_o. Zero ablation needs nothing more. Mean ablation
@@ -6,7 +6,8 @@ with position-averaged means replaces z_h by a constant r_h, whose contribution 
 position, so it folds into the output bias. This module checks the user's mask, turns a replacement into that per-head
 constant (per-position means and resample replacements change with the position or the input and cannot fold), saves
 the pruned checkpoint and measures its speed. Heads keep their order; a pruned model numbers its remaining heads
-0..n-1 in each layer.
+0..n-1 in each layer. An encoder-decoder's mask and replacements are over its grid of three kinds (labels.KindRows),
+split by kind for EncoderDecoder.select_heads.
 """
 
 import json
@@ -26,36 +27,45 @@ from headcount.config import plain
 from headcount.config.train import OptimConfig, TrainerConfig
 from headcount.errors import ConfigError
 from headcount.io import atomic_write
+from headcount.labels import grid_layer_label
+from headcount.model.encoder_decoder import EncoderDecoder
 from headcount.model.transformer import Transformer
 
 WARMUP_PASSES = 3
 MIN_REPEAT_S = 0.02  # a timed repeat runs at least this long, so that tiny models are not timed at clock resolution
 
 
-def prune_heads(model: Transformer, remove_LH: Tensor, replacements: list | None = None) -> Transformer:
-    """A new Transformer without the heads remove_LH marks (bool, (L, max_heads), True = remove), in the same dtype,
-    device and train/eval mode. `replacements` as in Transformer.forward: None (zero ablation) or one entry per layer,
-    None or a position-averaged mean broadcastable to (H, D), folded into the output bias."""
+def prune_heads(
+    model: "Transformer | EncoderDecoder", remove_LH: Tensor, replacements: list | None = None
+) -> "Transformer | EncoderDecoder":
+    """A new model without the heads remove_LH marks (bool, (L, max_heads) over the model's grid, True = remove; an
+    encoder-decoder's grid is its kinds' rows, labels.KindRows), in the same dtype, device and train/eval mode.
+    `replacements` as in Transformer.forward: None (zero ablation) or one entry per grid row, None or a
+    position-averaged mean broadcastable to (H, D), folded into the output bias."""
     check_remove_mask(model, remove_LH)
-    if replacements is not None and len(replacements) != model.n_layers:
-        raise ValueError(f"replacements needs one entry per layer ({model.n_layers}), got {len(replacements)}")
-    constants = (
-        None if replacements is None else [head_constant(model, layer, r) for layer, r in enumerate(replacements)]
-    )
-    return model.select_heads(~remove_LH.cpu(), constants)
+    rows = len(model.heads_per_layer)
+    if replacements is not None and len(replacements) != rows:
+        raise ValueError(f"replacements needs one entry per layer ({rows}), got {len(replacements)}")
+    constants = None if replacements is None else [head_constant(model, row, r) for row, r in enumerate(replacements)]
+    if not isinstance(model, EncoderDecoder):
+        return model.select_heads(~remove_LH.cpu(), constants)
+    from headcount.ablation.engine.seq2seq_evaluator import by_kind
+
+    keep = by_kind(model, ~remove_LH.cpu())
+    return model.select_heads(keep, None if constants is None else by_kind(model, constants))
 
 
-def check_remove_mask(model: Transformer, remove_LH: Tensor) -> None:
+def check_remove_mask(model: "Transformer | EncoderDecoder", remove_LH: Tensor) -> None:
     """Masks index the heads the model has now; a pruned model's removed heads are gone for good."""
     key, hpl = "ablation.prune.heads", model.heads_per_layer
-    shape = (model.n_layers, model.max_heads)
+    shape = (len(hpl), max(max(hpl), 1))
     if remove_LH.dtype != torch.bool:
         raise ConfigError(key, f"mask of dtype {remove_LH.dtype}", f"needs a bool {shape} mask, True = remove")
     if tuple(remove_LH.shape) != shape:
         raise ConfigError(
             key,
             f"mask of shape {tuple(remove_LH.shape)}",
-            f"needs shape {shape} for heads per layer {hpl}; a pruned checkpoint cannot be un-pruned, "
+            f"needs shape {shape} for heads per layer {list(hpl)}; a pruned checkpoint cannot be un-pruned, "
             "so a mask indexes the heads it has left",
         )
     exists_LH = existing_heads(hpl, shape[1])
@@ -65,22 +75,25 @@ def check_remove_mask(model: Transformer, remove_LH: Tensor) -> None:
         raise ConfigError(
             key,
             [layer, head],
-            f"a pruned checkpoint cannot be un-pruned: layer {layer} has {hpl[layer]} heads left "
-            f"(heads per layer {hpl}), numbered from 0",
+            f"a pruned checkpoint cannot be un-pruned: layer {grid_layer_label(hpl, layer)} has {hpl[layer]} heads "
+            f"left (heads per layer {list(hpl)}), numbered from 0",
         )
 
 
-def head_constant(model: Transformer, layer: int, replacement: Tensor | None) -> Tensor | None:
-    """The layer's replacement as one constant per head (H, D), or None for zero ablation; a ConfigError when it
+def head_constant(model: "Transformer | EncoderDecoder", layer: int, replacement: Tensor | None) -> Tensor | None:
+    """The grid row's replacement as one constant per head (H, D), or None for zero ablation; a ConfigError when it
     varies with the position or the input."""
     if replacement is None:
         return None
-    H, D = model.heads_per_layer[layer], model.head_dim
+    hpl = model.heads_per_layer
+    H = hpl[layer]
+    D = model.attention(*model.heads_per_layer.rows[layer]).head_dim if isinstance(model, EncoderDecoder) else None
+    D = model.head_dim if D is None else D
     r_HD = position_constant(replacement, H, D)
     if r_HD is None:
         raise ConfigError(
             "ablation.mode",
-            f"replacement of shape {tuple(replacement.shape)} in layer {layer}",
+            f"replacement of shape {tuple(replacement.shape)} in layer {grid_layer_label(hpl, layer)}",
             f"structural pruning folds only zero or position-averaged mean ablation (one ({H}, {D}) mean per layer) "
             "into the output bias; per-position means and resample vary with the position or the input",
         )
@@ -105,7 +118,7 @@ def save_pruned_checkpoint(model: Transformer, path: str | Path, meta: dict) -> 
     checkpoint = {
         "state_dict": {f"model.{name}": tensor.detach().cpu() for name, tensor in model.state_dict().items()},
         "hyper_parameters": {
-            "model": {**plain(model.cfg), "heads_per_layer": list(model.heads_per_layer)},
+            "model": model_record(model),
             "optim": plain(OptimConfig()),
             "max_steps": TrainerConfig().max_steps,
             "compile": False,
@@ -116,17 +129,25 @@ def save_pruned_checkpoint(model: Transformer, path: str | Path, meta: dict) -> 
     atomic_write(path, lambda f: torch.save(checkpoint, f), binary=True)
 
 
+def model_record(model: "Transformer | EncoderDecoder") -> dict:
+    """The model's config as a checkpoint stores it: a pruned encoder-decoder's config records each kind's heads per
+    layer itself (EncoderDecoder.select_heads); a one-stack model's heads_per_layer is its own."""
+    if isinstance(model, EncoderDecoder):
+        return plain(model.cfg)
+    return {**plain(model.cfg), "heads_per_layer": list(model.heads_per_layer)}
+
+
 @torch.no_grad()
 def measure_speed(model: Transformer, batch_size: int, seq_len: int, device: str | torch.device, repeats: int) -> float:
     """Forward-pass throughput in tokens/s on random tokens, after a few warmup passes. Moves the model to `device`
     (and leaves it there); times in eval mode and restores the train/eval mode afterwards."""
     if repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats}")
-    idx_BT = random_tokens(model, batch_size, seq_len, device)
+    inputs = random_inputs(model, batch_size, seq_len, device)
     with timed_in_eval_mode(model, device):
         for _ in range(WARMUP_PASSES):
-            model(idx_BT)
-        seconds = time_passes(model, idx_BT, repeats)
+            model(*inputs)
+        seconds = time_passes(model, inputs, repeats)
     return batch_size * seq_len * repeats / seconds
 
 
@@ -139,16 +160,16 @@ def compare_speed(
     Returns each model's median tokens/s and the speedup's median, min and max over the repeats."""
     if repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats}")
-    idx_BT = random_tokens(full, batch_size, seq_len, device)
+    inputs = random_inputs(full, batch_size, seq_len, device)
     with timed_in_eval_mode(full, device), timed_in_eval_mode(pruned, device):
         for _ in range(WARMUP_PASSES):
-            full(idx_BT), pruned(idx_BT)
-        passes = max(1, math.ceil(MIN_REPEAT_S / time_passes(full, idx_BT, 1)))
+            full(*inputs), pruned(*inputs)
+        passes = max(1, math.ceil(MIN_REPEAT_S / time_passes(full, inputs, 1)))
         tokens = batch_size * seq_len * passes
         full_speeds, pruned_speeds = [], []
         for _ in range(repeats):
-            full_speeds.append(tokens / time_passes(full, idx_BT, passes))
-            pruned_speeds.append(tokens / time_passes(pruned, idx_BT, passes))
+            full_speeds.append(tokens / time_passes(full, inputs, passes))
+            pruned_speeds.append(tokens / time_passes(pruned, inputs, passes))
     speedups = [p / f for f, p in zip(full_speeds, pruned_speeds)]
     return {
         "tokens_per_s_full": statistics.median(full_speeds),
@@ -161,9 +182,18 @@ def compare_speed(
     }
 
 
-def random_tokens(model: Transformer, batch_size: int, seq_len: int, device: str | torch.device) -> Tensor:
+def random_inputs(
+    model: "Transformer | EncoderDecoder", batch_size: int, seq_len: int, device: str | torch.device
+) -> tuple[Tensor, ...]:
+    """The forward's random token inputs: (B, T) tokens, or an encoder-decoder's source and target, both (B, T) (its
+    tokens per second count the target's)."""
     generator = torch.Generator().manual_seed(0)
-    return torch.randint(0, model.cfg.vocab_size, (batch_size, seq_len), generator=generator).to(torch.device(device))
+    shape = (batch_size, seq_len)
+    count = 2 if isinstance(model, EncoderDecoder) else 1
+    return tuple(
+        torch.randint(0, model.cfg.vocab_size, shape, generator=generator).to(torch.device(device))
+        for _ in range(count)
+    )
 
 
 @contextmanager
@@ -177,13 +207,13 @@ def timed_in_eval_mode(model: Transformer, device: str | torch.device) -> Iterat
         model.train(was_training)
 
 
-def time_passes(model: Transformer, idx_BT: Tensor, passes: int) -> float:
-    """Seconds for `passes` forward passes, queued GPU work included."""
-    synchronize(idx_BT.device)
+def time_passes(model: "Transformer | EncoderDecoder", inputs: tuple[Tensor, ...], passes: int) -> float:
+    """Seconds for `passes` forward passes on `inputs`, queued GPU work included."""
+    synchronize(inputs[0].device)
     start = time.perf_counter()
     for _ in range(passes):
-        model(idx_BT)
-    synchronize(idx_BT.device)
+        model(*inputs)
+    synchronize(inputs[0].device)
     return time.perf_counter() - start
 
 

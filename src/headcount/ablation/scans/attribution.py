@@ -3,6 +3,9 @@
 head and named position with ablation.patch_positions=each), then the `verify_top_k` largest estimates evaluated exactly
 by the evaluator.
 
+On an encoder-decoder every head of its grid of three kinds, from the gradient at its gates (seq2seq_attribution.py),
+with a `kind` column before `layer` (the kind's own layer).
+
 Columns: layer, head, [position], attribution (the estimated change of the metric, in its unit), attribution_ci_low
 and _ci_high (the estimate's 95% bootstrap interval over the prompts, 1000 resamples seeded by ablation.seed:
 intervals.py), top_share (the share of resamples with the head among the top 5% by |attribution|; summary.json's
@@ -22,7 +25,9 @@ import pandas as pd
 from headcount.ablation.engine.masks import single_head_masks
 from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.methods.attribution import attribute
+from headcount.ablation.methods.seq2seq_attribution import attribute_heads
 from headcount.ablation.scans.base import KINDS, Scan, ScanResult
+from headcount.ablation.scans.by_kind import with_kinds
 from headcount.ablation.scans.intervals import BOOTSTRAP_RULE, score_intervals
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import AttributionSettings
@@ -53,11 +58,16 @@ class AttributionScan(Scan):
 
     def compute(self, key: str) -> ScanResult:
         session = self.session
-        masks = single_head_masks(session.model.heads_per_layer, session.positions if self.per_position() else None)
-        attribution = attribute(
-            session.model, session.batches, session.replacements, session.metric, per_position=self.per_position()
-        )
-        layers, heads = [m.layer for m in masks], [m.head for m in masks]
+        hpl = session.model.heads_per_layer
+        masks = single_head_masks(hpl, session.positions if self.per_position() else None)
+        if self.per_position():
+            attribution = attribute(
+                session.model, session.batches, session.replacements, session.metric, per_position=True
+            )
+        else:  # an encoder-decoder's over its grid of three kinds (seq2seq_attribution.py)
+            attribution = attribute_heads(session.model, session.batches, session.replacements, session.metric)
+        # each mask's grid row and head (on an encoder-decoder its `layer` is the kind's own)
+        layers, heads = [m.heads_off[0][0] for m in masks], [m.heads_off[0][1] for m in masks]
         if self.per_position():
             at = [session.positions.index(m.position) for m in masks]
             estimate = [float(attribution.estimate_KLH[k, layer, head]) for k, layer, head in zip(at, layers, heads)]
@@ -65,9 +75,7 @@ class AttributionScan(Scan):
         else:
             estimate = [float(attribution.estimate_LH[layer, head]) for layer, head in zip(layers, heads)]
             examples_EM = attribution.example_ELH[:, layers, heads]
-        table = pd.DataFrame(
-            {"mask": [m.name for m in masks], "layer": [m.layer for m in masks], "head": [m.head for m in masks]}
-        )
+        table = with_kinds(pd.DataFrame({"mask": [m.name for m in masks], "layer": layers, "head": heads}), hpl)
         if self.per_position():
             table["position"] = [m.position for m in masks]
         table["attribution"] = estimate

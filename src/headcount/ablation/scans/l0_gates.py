@@ -1,6 +1,8 @@
 """`l0_gates`: Voita et al.'s learned hard-concrete gates (ablation/methods/l0_gates.py), trained on reference_split,
 their binary masks evaluated exactly on the eval split like every other mask. Its figure: the share of runs that keep
-each head. The structural export with order=l0_gates removes the heads a run's mask closes."""
+each head. The structural export with order=l0_gates removes the heads a run's mask closes. On an encoder-decoder the
+gates cover its three kinds of heads (one grid, labels.KindRows): the table has a kind column and the kind's own layer,
+the figure a panel per kind."""
 
 from dataclasses import asdict
 from pathlib import Path
@@ -12,6 +14,7 @@ from headcount.ablation.engine.metrics import require_differentiable
 from headcount.ablation.engine.modes import resample_sources
 from headcount.ablation.methods.l0_gates import l0_gates_table, train_l0_gates
 from headcount.ablation.scans.base import KINDS, Scan, ScanResult
+from headcount.ablation.scans.by_kind import kind_panels, with_kinds
 from headcount.config.ablation import AblationConfig, l0_targets, validate_l0_config
 from headcount.config.scans import L0GatesSettings
 from headcount.data.examples import to_batches
@@ -56,6 +59,7 @@ class L0GatesScan(Scan):
         )
         results = [train(target) for target in l0_targets(l0)]
         table = l0_gates_table(results, lambda gates_MLH: session.evaluator.evaluate(gates_MLH.to(session.device)))
+        table = with_kinds(table, session.model.heads_per_layer)  # an encoder-decoder's kind and kind's layer
         runs = table.drop_duplicates("target_heads" if l0.target_heads is not None else "n_kept")
         primary = session.metric.primary
         runs = [
@@ -73,7 +77,11 @@ class L0GatesScan(Scan):
         reference = session.run.examples(self.reference_split(), s.n_reference, "ablation.reference_split")
         if session.mode.pairs_examples:
             n = len(reference["input_ids"])
-            reference["source_ids"] = reference["input_ids"][resample_sources(n, n, s.seed, same_split=True)]
+            source = resample_sources(n, n, s.seed, same_split=True)
+            reference["source_ids"] = reference["input_ids"][source]
+            for column in ("src_ids", "src_mask"):  # an encoder-decoder's source pairs with its target
+                if column in reference:
+                    reference[f"source_{column}"] = reference[column][source]
         return to_batches(reference, s.batch_size, session.device)
 
     def reference_split(self) -> str:
@@ -92,9 +100,13 @@ class L0GatesScan(Scan):
         self.session.hand(self.kind, table)  # the learned masks, which an l0_gates export reads
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
-        kept = table.groupby(["layer", "head"], as_index=False)["kept"].mean().rename(columns={"kept": "kept_share"})
+        by = ["kind", "layer", "head"] if "kind" in table else ["layer", "head"]
+        kept = table.groupby(by, as_index=False)["kept"].mean().rename(columns={"kept": "kept_share"})
         title = self.title(f"share of {len(l0_targets(self.cfg.l0))} L0 run(s) that keep each head")
-        return [head_heatmap(kept, self.path(".png"), "kept_share", title, "runs keeping the head (fraction)")]
+        label = "runs keeping the head (fraction)"
+        if "kind" in table:  # an encoder-decoder: a panel per kind of head
+            return [kind_panels(kept, self.path(".png"), "kept_share", title, label)]
+        return [head_heatmap(kept, self.path(".png"), "kept_share", title, label)]
 
 
 def l0_keep_gates(session, target_heads: int | None) -> Tensor:

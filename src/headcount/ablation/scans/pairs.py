@@ -1,5 +1,7 @@
 """`pairs`: two heads off together: every pair, or with top_k=k the pairs among the k heads whose single-head
-ablation raised the loss most (the single_head scan runs first if it has not). Its figure is a heads x heads grid."""
+ablation raised the loss most (the single_head scan runs first if it has not). Its figure is a heads x heads grid.
+On an encoder-decoder the heads are its grid's, of every kind, and a pair's name says each head's kind
+(enc.L0H1+cross.L1H0)."""
 
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from headcount.ablation.scans.single_head import SingleHeadScan, single_head_del
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import PairsSettings
 from headcount.errors import ConfigError
-from headcount.labels import head_label, heads_in
+from headcount.labels import HEAD_KINDS, parse_kind_head, split_mask
 from headcount.plotting import heatmap
 
 
@@ -36,19 +38,25 @@ class PairsScan(MaskScan):
         return [] if self.cfg.top_k is None else [SingleHeadScan.kind]
 
     def masks(self) -> list[HeadMask]:
-        hpl = self.session.model.heads_per_layer
+        hpl = self.session.model.heads_per_layer  # an encoder-decoder's grid names its heads by kind (cross.L1H0)
         if self.cfg.top_k is None:
-            return pair_masks(all_heads(hpl))
-        return pair_masks(most_important_heads(single_head_delta(self.session), hpl, self.cfg.top_k))
+            return pair_masks(all_heads(hpl), hpl)
+        return pair_masks(most_important_heads(single_head_delta(self.session), hpl, self.cfg.top_k), hpl)
 
     @classmethod
     def figure(cls, table: pd.DataFrame, path: Path, subject: str = "") -> Path:
-        """Heads x heads, symmetric: the cell of (a, b) is the pair's value."""
-        pairs = [tuple(heads_in(name)) for name in table["mask"]]
-        heads = sorted({head for pair in pairs for head in pair})
-        index = {head: i for i, head in enumerate(heads)}
-        grid = np.full((len(heads), len(heads)), np.nan)
+        """Heads x heads, symmetric: the cell of (a, b) is the pair's value; heads in the model's order (an
+        encoder-decoder's by kind: enc, dec, cross)."""
+        pairs = [tuple(split_mask(name)) for name in table["mask"]]
+        labels = sorted({label for pair in pairs for label in pair}, key=head_order)
+        index = {label: i for i, label in enumerate(labels)}
+        grid = np.full((len(labels), len(labels)), np.nan)
         for (a, b), v in zip(pairs, table[table_metric(table)[0]].to_numpy(float)):
             grid[index[a], index[b]] = grid[index[b], index[a]] = v
-        labels = [head_label(layer, head) for layer, head in heads]
         return heatmap(grid, path, figure_title(table, subject), labels, labels, "head", "head", table_metric(table)[1])
+
+
+def head_order(label: str) -> tuple[int, int, int]:
+    """A head label's place: a one-stack model's by (layer, head), an encoder-decoder's kinds in order first."""
+    kind, layer, head = parse_kind_head(label)
+    return (0 if kind is None else HEAD_KINDS.index(kind) + 1, layer, head)

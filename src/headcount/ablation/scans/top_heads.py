@@ -2,7 +2,8 @@
 per-head result (`rank_by`: single_head's damage, direct_effect, retrieval_scores, attribution's estimated damage,
 importance) switched off together, beside `random_sets` sets of as many heads drawn at random (seeded by
 ablation.seed). One row per set, with the metric, its delta and, on a task with corrupted prompts, gap_fraction: in
-patch mode, the share of the clean-to-corrupted gap the set removes."""
+patch mode, the share of the clean-to-corrupted gap the set removes. On an encoder-decoder the heads are its grid's, of
+every kind (named enc.L0H1+cross.L1H0), ranked by a scan it takes (single_head, importance)."""
 
 from pathlib import Path
 
@@ -44,7 +45,8 @@ class TopHeadsScan(MaskScan):
         return () if cfg.rank_by == TopHeadsSettings().rank_by else (f"by_{cfg.rank_by}",)
 
     def prepare(self) -> None:
-        """The ranking scan's own checks, before any work: it runs only when top_heads asks for its ranking."""
+        """The ranking scan's own checks, before any work: it runs only when top_heads asks for its ranking (an
+        encoder-decoder's rankings are checked with its scans, ablation/seq2seq_checks.py)."""
         try:
             KINDS[self.cfg.rank_by](self.cfg.rank_by, None, self.session).prepare()
         except ConfigError as error:
@@ -63,11 +65,12 @@ class TopHeadsScan(MaskScan):
         k = max(1, round(self.cfg.top_fraction * len(heads)))
         score_LH = session.provided(self.cfg.rank_by)
         top = tuple(sorted(top_heads(score_LH, hpl, k)))
-        masks = [HeadMask(f"top {k} by {self.cfg.rank_by}: {joined_name(top)}", top)]
+        masks = [HeadMask(f"top {k} by {self.cfg.rank_by}: {joined_name(top, hpl)}", top)]
         for s in range(self.cfg.random_sets):
             pick = torch.randperm(len(heads), generator=torch.Generator().manual_seed(session.settings.seed + s))
             chosen = tuple(sorted(heads[i] for i in pick[:k].tolist()))
-            masks.append(HeadMask(f"random {k} (seed {session.settings.seed + s}): {joined_name(chosen)}", chosen))
+            seed = session.settings.seed + s
+            masks.append(HeadMask(f"random {k} (seed {seed}): {joined_name(chosen, hpl)}", chosen))
         return masks
 
     @classmethod
