@@ -177,7 +177,7 @@ def test_every_site_is_listed_cached_and_parsed_and_hooks_that_change_nothing_ke
     src, decoder_input = ids(), model.decoder_input(ids(length=7, seed=2))
     names = model.site_names
     enc, dec = model.model.encoder.n_layers, model.model.decoder.n_layers
-    assert len(names) == 4 + 14 * enc + 15 * dec + 1 and len(set(names)) == len(names)
+    assert len(names) == 4 + 15 * enc + 16 * dec + 1 and len(set(names)) == len(names)
     assert names[:2] == ["enc.embed", "enc.blocks.0.resid_pre"] and names[-1] == "dec.logits"
     assert names.index("dec.blocks.0.cross.z") == names.index("dec.blocks.0.attn_out") + 1
     with torch.no_grad():

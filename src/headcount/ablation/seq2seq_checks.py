@@ -19,7 +19,6 @@ SEQ2SEQ_SCANS = (
     "top_heads",
     "attribution",
 )
-SEQ2SEQ_MODES = ("zero", "mean", "resample")
 
 # Scan kinds an encoder-decoder does not take, and why.
 NOT_ON_SEQ2SEQ = {
@@ -39,10 +38,17 @@ PRUNE_HEADS_REASON = (
 NOT_YET = "it is not defined on an encoder-decoder's three kinds of heads"
 
 
+def seq2seq_modes() -> list[str]:
+    """The modes an encoder-decoder takes: those that need no task's prompts (a task scores a decoder's prompts)."""
+    from headcount.ablation.engine.modes import MODES
+
+    return [name for name in MODES.names() if MODES[name].needs_task is None]
+
+
 def takes() -> str:
     return (
         f"an encoder-decoder is scored at its teacher-forced targets and takes the scans {', '.join(SEQ2SEQ_SCANS)} "
-        f"in modes {', '.join(SEQ2SEQ_MODES)}"
+        f"in modes {', '.join(seq2seq_modes())}"
     )
 
 
@@ -61,7 +67,7 @@ def refuse_one_stack_only(settings: AblationConfig, task_source: str | None, sev
             raise ConfigError(
                 f"ablation.scans.{name}.rank_by", rank_by, f"{NOT_ON_SEQ2SEQ.get(rank_by, NOT_YET)}; {takes()}"
             )
-    if settings.mode not in SEQ2SEQ_MODES:
+    if settings.mode not in seq2seq_modes():
         raise ConfigError("ablation.mode", settings.mode, takes())
     from headcount.ablation.engine.metrics import METRICS
 

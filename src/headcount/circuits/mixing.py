@@ -56,7 +56,7 @@ class SenderStack:
             layer, block = self.next_layer, self.model.blocks[self.next_layer]
             if not self.next_is_mlp:
                 if self.graph.heads_per_layer[layer]:
-                    self.add(torch.einsum("rthd,hdc->rhtc", delta.z[layer], block.attn.W_O))
+                    self.add(block.head_terms(delta.z[layer], "bhtc"))
                 self.next_is_mlp = self.graph.mlp
                 self.next_layer += 0 if self.graph.mlp else 1
             else:
@@ -88,7 +88,7 @@ class PlainPrefix:
                 if start >= n_senders:
                     break
                 block = self.model.blocks[self.layer]
-                self.x = self.x + block.drop(block.attn.combine_heads(outs.z[self.layer]))
+                self.x = self.x + block.drop(block.combined_attention(outs.z[self.layer]))
                 self.at_mlp = graph.mlp
                 self.layer += 0 if graph.mlp else 1
             else:

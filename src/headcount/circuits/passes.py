@@ -95,7 +95,7 @@ def edge_unit_bytes(model: Transformer, T: int, points: int) -> int:
     graph = Graph.of(model)
     layers = [layer_floats(model, graph, layer, T, 3 * graph.heads_per_layer[layer]) for layer in range(graph.n_layers)]
     floats = 3 * outputs_floats(model, T) + max(layers, default=0) + 3 * T * model.cfg.d_model
-    if all(block.ln_attn_out is None for block in model.blocks):
+    if all(block.sums_head_terms() for block in model.blocks):
         floats += len(graph.senders) * T * model.cfg.d_model
     floats += points_floats(model, points)
     return floats * next(model.parameters()).element_size()

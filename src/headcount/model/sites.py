@@ -173,8 +173,9 @@ def parse_stack_site(name: str) -> tuple[str, Site]:
 
 def stack_site_names(encoder_layers: int, decoder_layers: int, mlp: bool = True) -> list[str]:
     """Every site of an encoder-decoder, in the order its forward reaches them: the encoder's (enc.embed, its
-    layers, enc.out), then the decoder's (dec.embed, its layers with cross.z after attn_out, final_norm, logits)."""
-    kinds = [k for k in BLOCK_SITES if mlp or not k.startswith("mlp")]
+    layers, enc.out), then the decoder's (dec.embed, its layers with cross.z after attn_out, final_norm, logits);
+    as site_names, without the circuits graph's per-head inputs (OWN_HEAD_INPUTS)."""
+    kinds = [k for k in BLOCK_SITES if (mlp or not k.startswith("mlp")) and k not in OWN_HEAD_INPUTS]
     decoder_kinds = [*kinds[: kinds.index("attn_out") + 1], *STACK_SITES, *kinds[kinds.index("attn_out") + 1 :]]
     encoder = [Site(k, layer, "enc").name for layer in range(encoder_layers) for k in kinds]
     decoder = [Site(k, layer, "dec").name for layer in range(decoder_layers) for k in decoder_kinds]
