@@ -88,7 +88,7 @@ class PlainPrefix:
                 if start >= n_senders:
                     break
                 block = self.model.blocks[self.layer]
-                self.x = self.x + block.drop(block.combined_attention(outs.z[self.layer]))
+                self.x = self.x + block.attention_mix(outs.z[self.layer], None, None)[:, 0]
                 self.at_mlp = graph.mlp
                 self.layer += 0 if graph.mlp else 1
             else:
