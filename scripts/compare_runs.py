@@ -68,7 +68,8 @@ def compare_file(name: str, before: Path, after: Path) -> FileDiff | None:
             if worst > diff.max_abs:
                 diff.max_abs, diff.max_abs_column = worst, column
         else:
-            unequal = int((a.astype(str) != b.astype(str)).sum())
+            both_missing = a.isna() & b.isna()  # pandas' string dtype keeps NaN through astype(str)
+            unequal = int(((a.astype(str) != b.astype(str)) & ~both_missing).sum())
             if unequal:
                 diff.text_cells += unequal
                 diff.text_columns.append(column)
