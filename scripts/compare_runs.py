@@ -1,14 +1,14 @@
 """Compare the CSV tables of two run directories (the same experiment run by two source trees).
 
-Every CSV under each run's ablation/ and findings/ (recursively) is compared byte for byte. Where two files differ,
-the columns they share are compared cell by cell: numeric columns by the largest absolute difference (NaN equal to
-NaN), other columns by the number of cells that differ. Columns only one side has are listed, as are files only one
-side has. Rows are matched by position; a table whose row count changed is reported as such.
+Every CSV under each run's ablation/, findings/ and report/ (a sweep's), recursively, is compared byte for byte. Where
+two files differ, the columns they share are compared cell by cell: numeric columns by the largest absolute difference
+(NaN equal to NaN), other columns by the number of cells that differ (a cell empty on both sides is equal). Columns only
+one side has are listed, as are files only one side has. Rows are matched by position; a table whose row count changed
+is reported as such. For a sweep, pass the sweep folder and each job's folder as pairs.
 
-    python scripts/compare_runs.py BEFORE_RUN AFTER_RUN [BEFORE_RUN2 AFTER_RUN2 ...] [--markdown]
+    python scripts/compare_runs.py BEFORE_RUN AFTER_RUN [BEFORE_RUN2 AFTER_RUN2 ...]
 
-Prints one line per differing file and a summary line per pair: identical, or the largest difference in shared
-numeric columns, the shared non-numeric cells that differ and the new columns.
+Prints, per pair, how many tables both have and how many are identical, then one line per differing file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-TABLE_FOLDERS = ("ablation", "findings")
+TABLE_FOLDERS = ("ablation", "findings", "report")
 
 
 @dataclass
