@@ -7,42 +7,17 @@ import math
 
 import pytest
 import torch
+from seq2seq_cases import pairs, tiny_seq2seq
 
 from headcount.ablation.engine.metrics import Loss
 from headcount.ablation.engine.seq2seq_evaluator import by_kind
 from headcount.ablation.methods.l0_gates import expected_open, gated_point_values, sample_gates, train_l0_gates
 from headcount.config.ablation import L0GatesConfig
-from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.data.examples import to_batches
 from headcount.model.encoder_decoder import EncoderDecoder
-from headcount.model.seq2seq import seq2seq_batch
 
 DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
-
-
-def tiny(dtype: torch.dtype, seed: int = 0) -> EncoderDecoder:
-    """2 encoder layers of 3 heads, 2 decoder layers of 3 heads and 2 (narrower) cross-attention heads each."""
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        n_layers=2, encoder_layers=2, d_model=24, n_ctx=12, vocab_size=30, mlp=True,
-        attn=AttentionConfig(n_heads=3), cross_attn=AttentionConfig(n_heads=2, head_dim=5),
-    )  # fmt: skip
-    model = EncoderDecoder(cfg).to(dtype).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model
-
-
-def pairs(n: int = 6, seed: int = 1) -> dict:
-    g = torch.Generator().manual_seed(seed)
-
-    def sentence(shortest: int) -> list[int]:
-        return torch.randint(3, 30, (int(torch.randint(shortest, 7, (), generator=g)),), generator=g).tolist()
-
-    batch = seq2seq_batch([sentence(2) for _ in range(n)], [sentence(1) for _ in range(n)], start_id=1, pad_id=0)
-    return {**batch, "loss_mask": batch["loss_mask"].bool()}
 
 
 def token_losses(model: EncoderDecoder, batch: dict, gates: dict | None = None, replacements=None) -> torch.Tensor:
@@ -56,7 +31,7 @@ def token_losses(model: EncoderDecoder, batch: dict, gates: dict | None = None, 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["zero", "mean"])
 def test_the_gated_forward_is_encoder_decoders_with_per_example_gates_by_kind(dtype, mode):
-    model, batch = tiny(dtype), pairs()
+    model, batch = tiny_seq2seq(dtype), pairs(6)
     grid = model.heads_per_layer
     g = torch.Generator().manual_seed(2)
     gates_BLH = torch.rand(len(batch["src_ids"]), len(grid), max(grid), generator=g).to(dtype)
@@ -73,7 +48,7 @@ def test_the_gated_forward_is_encoder_decoders_with_per_example_gates_by_kind(dt
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_first_steps_penalty_and_task_loss_equal_a_hand_computation(dtype):
-    model, batch = tiny(dtype), pairs()
+    model, batch = tiny_seq2seq(dtype), pairs(6)
     cfg = L0GatesConfig(steps=1, penalty=0.05, seed=7)
     result = train_l0_gates(model, [batch], cfg, None, progress=False)
     grid = model.heads_per_layer
@@ -101,7 +76,7 @@ def test_the_first_steps_penalty_and_task_loss_equal_a_hand_computation(dtype):
 def planted_cross_head(dtype: torch.dtype) -> tuple[EncoderDecoder, list[dict]]:
     """A model whose every head but cross.L1H0 writes nothing (its W_O slice zero, so its gate cannot change the
     loss), cross.L1H0's output scaled up, and targets the model's own greedy tokens: the task needs cross.L1H0 alone."""
-    model = tiny(dtype, seed=3)
+    model = tiny_seq2seq(dtype, seed=3)
     with torch.no_grad():
         for kind, counts in model.kind_heads_per_layer.items():
             for layer, n in enumerate(counts):

@@ -9,6 +9,7 @@ import copy
 import pandas as pd
 import pytest
 import torch
+from seq2seq_cases import pairs, tiny_seq2seq
 
 from headcount.ablation.engine.evaluation import EvaluationSet
 from headcount.ablation.engine.masks import (
@@ -29,39 +30,11 @@ from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.data.examples import to_batches
 from headcount.errors import ConfigError
 from headcount.model.encoder_decoder import EncoderDecoder, gates_off
-from headcount.model.seq2seq import seq2seq_batch, seq2seq_loss
+from headcount.model.seq2seq import seq2seq_loss
 
 CPU = torch.device("cpu")
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
 DTYPES = [torch.float32, torch.float64]
-
-
-def tiny_seq2seq(dtype: torch.dtype, seed: int = 0) -> EncoderDecoder:
-    """2 encoder layers of 3 heads, 2 decoder layers of 3 heads and 2 cross-attention heads each (a narrower kind, so
-    the grid's rows differ in width), every weight, norm and bias random."""
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        n_layers=2, encoder_layers=2, d_model=24, n_ctx=12, vocab_size=30, mlp=True,
-        attn=AttentionConfig(n_heads=3), cross_attn=AttentionConfig(n_heads=2, head_dim=5),
-    )  # fmt: skip
-    model = EncoderDecoder(cfg).to(dtype).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model
-
-
-def pairs(n: int = 7, seed: int = 1) -> dict:
-    """n source/target pairs of different lengths, right-padded (sources 2-6 tokens, targets 1-6)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def sentence(shortest: int) -> list[int]:
-        return torch.randint(3, 30, (int(torch.randint(shortest, 7, (), generator=g)),), generator=g).tolist()
-
-    sources = [sentence(2) for _ in range(n)]
-    targets = [sentence(1) for _ in range(n)]
-    batch = seq2seq_batch(sources, targets, start_id=1, pad_id=0)
-    return {**batch, "loss_mask": batch["loss_mask"].bool()}
 
 
 def loss_with(model: EncoderDecoder, batch: dict, gates: dict | None = None, replacements=None) -> float:

@@ -1,0 +1,35 @@
+"""The tiny encoder-decoder and the source/target pairs the encoder-decoder scan tests share."""
+
+import torch
+
+from headcount.config.model import AttentionConfig, ModelConfig
+from headcount.model.encoder_decoder import EncoderDecoder
+from headcount.model.seq2seq import seq2seq_batch
+
+
+def tiny_seq2seq(dtype: torch.dtype, seed: int = 0) -> EncoderDecoder:
+    """2 encoder layers of 3 heads, 2 decoder layers of 3 heads and 2 cross-attention heads each (a narrower kind, so
+    the grid's rows differ in width), every weight, norm and bias random."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        n_layers=2, encoder_layers=2, d_model=24, n_ctx=12, vocab_size=30, mlp=True,
+        attn=AttentionConfig(n_heads=3), cross_attn=AttentionConfig(n_heads=2, head_dim=5),
+    )  # fmt: skip
+    model = EncoderDecoder(cfg).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def pairs(n: int = 7, seed: int = 1) -> dict:
+    """n source/target pairs of different lengths, right-padded (sources 2-6 tokens, targets 1-6)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def sentence(shortest: int) -> list[int]:
+        return torch.randint(3, 30, (int(torch.randint(shortest, 7, (), generator=g)),), generator=g).tolist()
+
+    sources = [sentence(2) for _ in range(n)]
+    targets = [sentence(1) for _ in range(n)]
+    batch = seq2seq_batch(sources, targets, start_id=1, pad_id=0)
+    return {**batch, "loss_mask": batch["loss_mask"].bool()}
