@@ -129,18 +129,20 @@ class _Mix(torch.autograd.Function):
         T, C = stack.shape[1:]
         D_RSK = stack.buffer[:, :S]
         out_RXK = torch.baddbmm(plain_RTC.reshape(R, 1, T * C), w_RXS.to(D_RSK.dtype), D_RSK)
-        ctx.stack, ctx.parts, ctx.w_dtype = stack, parts, w_RXS.dtype
+        # the stack's buffer (outside autograd), not the stack: the stack keeps its deltas, whose graph holds this
+        # node, a cycle through autograd that no collector frees (every step's graph would stay)
+        ctx.buffer, ctx.shape, ctx.parts, ctx.w_dtype = stack.buffer, stack.shape, parts, w_RXS.dtype
         ctx.save_for_backward(w_RXS)
         return out_RXK.view(R, X, T, C)
 
     @staticmethod
     def backward(ctx, grad_RXTC: Tensor):
         (w_RXS,) = ctx.saved_tensors
-        stack, parts = ctx.stack, ctx.parts
+        parts = ctx.parts
         R, X, S = w_RXS.shape
-        T, C = stack.shape[1:]
+        T, C = ctx.shape[1:]
         g_RXK = grad_RXTC.reshape(R, X, T * C)
-        D_RSK = stack.buffer[:, :S]
+        D_RSK = ctx.buffer[:, :S]
         needs = ctx.needs_input_grad
         grad_plain = g_RXK.sum(1).view(R, T, C) if needs[2] else None
         grad_w = torch.bmm(g_RXK, D_RSK.transpose(1, 2)).to(ctx.w_dtype) if needs[3] else None
