@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--steps", type=int, default=200, help="edge pruning's optimiser steps")
     parser.add_argument("--batch", type=int, default=4, help="prompts per edge pruning step")
+    parser.add_argument("--lr", type=float, default=0.1, help="edge pruning's Adam learning rate on log_alpha")
     parser.add_argument("--sparsity", type=float, default=0.95, help="edge pruning's target sparsity")
     parser.add_argument("--warm-start", action="store_true", help="edge pruning starts from EAP-IG's ranking")
     parser.add_argument("--ig-steps", type=int, default=5)
@@ -94,9 +95,10 @@ def main() -> None:
         ),
     }
     cfg = EdgePruningSettings(
-        steps=args.steps, batch_size=args.batch, target_sparsity=args.sparsity, warm_start=args.warm_start
+        steps=args.steps, batch_size=args.batch, lr=args.lr, target_sparsity=args.sparsity, warm_start=args.warm_start
     )
-    warm = "_warm" if args.warm_start else ""
+    # the default learning rate keeps the file names of earlier runs; another one is part of the name
+    warm = ("_warm" if args.warm_start else "") + ("" if args.lr == 0.1 else f"_lr{args.lr}")
     pruning_path = args.out / f"edge_pruning{warm}_{args.steps}x{args.batch}_s{args.sparsity}_{tag}.pt"
 
     def prune() -> torch.Tensor:
