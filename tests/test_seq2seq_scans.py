@@ -214,14 +214,15 @@ def settings(**ablation) -> AblationConfig:
 def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
-        "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads, attribution in modes zero, mean, "
+        "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads, attribution, direct_effect in modes zero, "
+        "mean, "
         "resample"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "
         "not through cross-attention; " + takes: settings(scans={"path_patching": {"kind": "path_patching"}}),
-        "ablation.scans.direct_effect.kind='direct_effect': a head's direct effect reads one stack's residual stream "
-        "into the logits; " + takes: settings(scans={"direct_effect": {"kind": "direct_effect"}}),
+        "ablation.scans.position_attention.kind='position_attention': it reads attention from a task prompt's scored "
+        "position; " + takes: settings(scans={"position_attention": {"kind": "position_attention"}}),
         "ablation.mode='patch': " + takes: settings(mode="patch"),
         "ablation.prune.heads=[[0, 1]]: [layer, head] pairs cannot say a head's kind (enc, dec or cross); on an "
         "encoder-decoder the export removes the heads a pruning order or the l0_gates scan chooses "
@@ -593,9 +594,9 @@ def test_pairs_and_top_heads_on_a_trained_encoder_decoder_name_kinds_and_equal_t
     for name in top["mask"].iloc[1:]:
         assert all(h.split(".")[0] in ("enc", "dec", "cross") for h in name.split(": ")[1].split("+"))
     with pytest.raises(ConfigError) as error:
-        run.scan("top_heads", rank_by="direct_effect")
+        run.scan("top_heads", rank_by="retrieval_scores")
     assert str(error.value).startswith(
-        "ablation.scans.top_heads.rank_by='direct_effect': a head's direct effect reads one stack's residual stream"
+        "ablation.scans.top_heads.rank_by='retrieval_scores': it reads a copying task's next-token predictions"
     )
 
 
