@@ -214,9 +214,8 @@ def settings(**ablation) -> AblationConfig:
 def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
-        "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads, attribution, direct_effect in modes zero, "
-        "mean, "
-        "resample"
+        "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads, attribution, direct_effect, "
+        "head_scores in modes zero, mean, resample"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "

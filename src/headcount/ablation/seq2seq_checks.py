@@ -19,13 +19,13 @@ SEQ2SEQ_SCANS = (
     "top_heads",
     "attribution",
     "direct_effect",
+    "head_scores",
 )
 
 # Scan kinds an encoder-decoder does not take, and why.
 NOT_ON_SEQ2SEQ = {
     "path_patching": "its circuits are defined on a decoder's task prompts, not through cross-attention",
     "edge_attribution": "its circuits are defined on a decoder's task prompts, not through cross-attention",
-    "head_scores": "its previous-token and induction scores read a one-stack decoder's pattern",
     "position_attention": "it reads attention from a task prompt's scored position",
     "retrieval_scores": "it reads a copying task's next-token predictions",
     "head_circuit": "its circuit is built from a decoder's task prompts",

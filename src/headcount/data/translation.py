@@ -361,3 +361,22 @@ def relations(pairs: TranslationPairs) -> np.ndarray:
     out[pairs.roles == PREP] = RELATIONS.index("prep")
     out[(pairs.roles == NOUN) & (pairs.phrases == PP)] = RELATIONS.index("pobj")
     return out
+
+
+def target_alignment(pairs: TranslationPairs) -> np.ndarray:
+    """(n, MAX_TARGET) each target token's source word: the index in the source of the word it translates (each target
+    noun phrase Det' N' Adj'... its source phrase's Det N Adj..., the postposition the preposition, the verb the
+    verb); -1 for EOS and padding. The generator writes each translation from the source's phrases
+    (`_write_pair`), so this is read off the source's roles and phrases."""
+    out = np.full(pairs.target.shape, -1, dtype=np.int64)
+    for row in range(len(pairs.source)):
+        roles, phrases = pairs.roles[row], pairs.phrases[row]
+        order = []
+        for phrase in (SUBJ, OBJ, PP):
+            at = np.flatnonzero(phrases == phrase)
+            if len(at):  # Det N Adj...: the determiner, the noun, then the adjectives in their order
+                noun = at[roles[at] == NOUN]
+                order += [int(at[0]), *noun.tolist(), *at[roles[at] == ADJ].tolist()]
+        order += np.flatnonzero(roles == PREP).tolist() + np.flatnonzero(roles == VERB).tolist()
+        out[row, : len(order)] = order
+    return out

@@ -6,15 +6,30 @@
   occurrence.
 Both lie in [0, 1]; a head that does the job puts most of its attention there. One heatmap per score. The scores
 come from the plain model, so they are the same in every ablation mode: one result, under plain names.
+
+On an encoder-decoder (methods/seq2seq_head_scores.py) each kind gets the scores its attention defines, a row per head
+with its `kind`: the encoder's previous- and next-token scores, the decoder's previous-token and induction scores, and
+cross-attention's alignment score (the share of attention on the source word that the predicted target word
+translates), which needs the generated translation task's alignment (data.source=translation_seq2seq). A score a kind
+does not define is NaN in its rows, and summary.json's `not_defined` says why; one figure per score, a panel per kind
+that has it.
 """
 
+from math import nan
 from pathlib import Path
 
 import pandas as pd
 import torch
+from omegaconf import DictConfig, OmegaConf
 
-from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.methods.seq2seq_head_scores import KIND_SCORES, NOT_DEFINED, seq2seq_head_scores
+from headcount.ablation.methods.seq2seq_head_scores import SCORES as SEQ2SEQ_SCORES
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult
+from headcount.ablation.scans.by_kind import kind_panels
+from headcount.config.data import DataConfig
+from headcount.data.translation import MAX_SOURCE, MAX_TARGET, split_pairs, target_alignment
 from headcount.model import Transformer
+from headcount.model.encoder_decoder import EncoderDecoder
 from headcount.model.intervention import reads
 from headcount.plotting import head_heatmap
 
@@ -24,14 +39,27 @@ SCORES = ("prev_token_score", "induction_score")
 @KINDS.register
 class HeadScoresScan(Scan):
     kind = "head_scores"
-    doc = "each head's previous-token and induction score, from its attention pattern"
-    reads = Scan.reads | {"model", "batches"}
+    doc = "each head's previous-token and induction score (by kind on an encoder-decoder), from its attention pattern"
+    reads = Scan.reads | {"model", "batches", "run"}  # run: an encoder-decoder's translation data's alignment
     mode_independent = True
 
-    def compute(self, key: str) -> pd.DataFrame:
-        return head_pattern_scores(self.session.model, self.session.batches)
+    def compute(self, key: str) -> pd.DataFrame | ScanResult:
+        model = self.session.model
+        if not isinstance(model, EncoderDecoder):
+            return head_pattern_scores(model, self.session.batches)
+        alignments, missing = translation_alignments(self.session.run.config, self.session.batches)
+        scores = seq2seq_head_scores(model, self.session.batches, alignments)
+        table = kind_table(model, scores)
+        not_defined = {
+            kind: {s: NOT_DEFINED[s] for s in SEQ2SEQ_SCORES if s not in KIND_SCORES[kind]} for kind in scores
+        }
+        if missing is not None:
+            not_defined["cross"]["alignment_score"] = missing
+        return ScanResult(table, summary={"not_defined": {self.name: not_defined}})
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
+        if "kind" in table:  # an encoder-decoder's: per score, a panel per kind that has it
+            return [self.kind_figure(table, score) for score in SEQ2SEQ_SCORES]
         return [
             head_heatmap(
                 table,
@@ -42,6 +70,47 @@ class HeadScoresScan(Scan):
             )
             for score in SCORES
         ]
+
+    def kind_figure(self, table: pd.DataFrame, score: str) -> Path | None:
+        scored = table[pd.to_numeric(table[score], errors="coerce").notna()]
+        if scored.empty:  # cross-attention's alignment on data without one
+            return None
+        title = self.title(f"{score.replace('_', ' ')} (share of attention)")
+        return kind_panels(scored, self.path(".png", f"_{score}"), score, title, "share of attention (fraction)")
+
+
+def kind_table(model: EncoderDecoder, scores: dict[str, dict[str, torch.Tensor]]) -> pd.DataFrame:
+    """A row per head of every kind (kind, layer, head) with every score, NaN where the kind has none."""
+    rows = []
+    for kind, per_layer in model.kind_heads_per_layer.items():
+        for layer, n_heads in enumerate(per_layer):
+            for head in range(n_heads):
+                values = {s: float(scores[kind][s][layer, head]) if s in scores[kind] else nan for s in SEQ2SEQ_SCORES}
+                rows.append({"kind": kind, "layer": layer, "head": head, **values})
+    return pd.DataFrame(rows)
+
+
+def translation_alignments(run_config: DictConfig, batches: list[dict]) -> tuple[list[torch.Tensor] | None, str | None]:
+    """Per batch, (B, T) the source position aligned with the target word each decoder position predicts (-1: none),
+    from the generated translation task's pairs of the evaluation split (the same sentences, in the same order, as
+    its examples: split_pairs); or None and why, on other data."""
+    data = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), run_config.data))
+    if data.source != "translation_seq2seq":
+        return None, f"data.source={data.source}: only data.source=translation_seq2seq knows each word's alignment"
+    a = run_config.ablation
+    pairs = split_pairs(data, a.split, a.n_eval)
+    aligned = torch.as_tensor(target_alignment(pairs))
+    out, start = [], 0
+    for batch in batches:
+        B, T = batch["input_ids"].shape
+        if not torch.equal(batch["src_ids"][:, :MAX_SOURCE].cpu(), torch.as_tensor(pairs.source[start : start + B])):
+            raise RuntimeError("the evaluation batches are not the translation split's pairs in order")
+        aligned_BT = torch.full((B, T), -1, dtype=torch.long)
+        width = min(T, MAX_TARGET)
+        aligned_BT[:, :width] = aligned[start : start + B, :width]  # position t predicts target word t
+        out.append(aligned_BT)
+        start += B
+    return out, None
 
 
 @torch.no_grad()
