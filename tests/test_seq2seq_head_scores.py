@@ -144,7 +144,8 @@ def test_recomputed_cross_attention_gives_the_forward_s_z_and_scores_equal_a_cou
     got = seq2seq_head_scores(model, [batch], [aligned])
     patterns = kind_patterns(model, batch)
     hand = {kind: {} for kind in ("enc", "dec", "cross")}
-    src_keep, tgt_keep, ids = batch["src_mask"], decoder_tokens(batch), batch["input_ids"]
+    src_keep, ids = batch["src_mask"], batch["input_ids"]
+    tgt_keep = torch.cat([torch.ones(len(ids), 1, dtype=torch.bool), batch["loss_mask"][:, 1:]], 1)  # start, targets
 
     def mean_over(points, kind, layer, head):
         values = [float(patterns[kind][layer][b, head, q, k]) for b, q, k in points]
