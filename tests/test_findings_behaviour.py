@@ -254,10 +254,15 @@ def test_direct_effects_pass_through_a_sandwich_blocks_post_attention_norm():
     "family, message",
     [
         ({"final_softcap": 5.0}, "model.final_softcap=5.0: the soft-capped logits are not linear in the stream"),
+        (
+            {"post_ln": True, "pre_norm": False},
+            "model.post_ln=true: the stream is normalised after every addition, so a head's output reaches the logits "
+            "through every later norm and is no term of the final stream",
+        ),
     ],
 )
 def test_direct_effect_is_refused_by_name_where_it_would_not_be_exact(family, message):
-    """The final soft-cap (Gemma 2) makes the per-head sum above false:
+    """The final soft-cap (Gemma 2) and post-LN blocks (a norm after every addition) make the per-head sum above false:
     the scan gave numbers anyway. It is refused before any work, naming the model's setting."""
 
     def scan_on(**model) -> DirectEffectScan:
