@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from omegaconf import OmegaConf
 from seq2seq_cases import pairs, tiny_seq2seq
 from test_seq2seq_scans import trained  # noqa: F401 (a fixture: a tiny encoder-decoder trained on translation)
 
@@ -188,8 +189,13 @@ def test_head_scores_scan_on_a_trained_encoder_decoder_names_kinds_and_leaves_un
                                        "induction_score", "alignment_score"]  # fmt: skip
     assert table["kind"].value_counts().to_dict() == {"enc": 4, "dec": 4, "cross": 4}
     batches = run.finished.eval_batches()
-    alignments, missing = translation_alignments(run.config, batches)
+    a = run.config.ablation
+    alignments, missing = translation_alignments(run.config.data, a.split, a.n_eval, batches)
     assert missing is None
+    none, why = translation_alignments(OmegaConf.create({"source": "induction"}), a.split, a.n_eval, batches)
+    assert none is None and why == (
+        "data.source=induction: only data.source=translation_seq2seq knows each word's alignment"
+    )
     lex = Lexicon.for_vocab(run.config.data.vocab_size)
     nouns = 0
     for batch, aligned in zip(batches, alignments):  # position t predicts word t + 1: aligned to that word's source

@@ -47,7 +47,9 @@ class HeadScoresScan(Scan):
         model = self.session.model
         if not isinstance(model, EncoderDecoder):
             return head_pattern_scores(model, self.session.batches)
-        alignments, missing = translation_alignments(self.session.run.config, self.session.batches)
+        settings = self.session.settings
+        data = self.session.run.config.data
+        alignments, missing = translation_alignments(data, settings.split, settings.n_eval, self.session.batches)
         scores = seq2seq_head_scores(model, self.session.batches, alignments)
         table = kind_table(model, scores)
         not_defined = {
@@ -90,15 +92,16 @@ def kind_table(model: EncoderDecoder, scores: dict[str, dict[str, torch.Tensor]]
     return pd.DataFrame(rows)
 
 
-def translation_alignments(run_config: DictConfig, batches: list[dict]) -> tuple[list[torch.Tensor] | None, str | None]:
+def translation_alignments(
+    data_config: DictConfig, split: str, n_eval: int | None, batches: list[dict]
+) -> tuple[list[torch.Tensor] | None, str | None]:
     """Per batch, (B, T) the source position aligned with the target word each decoder position predicts (-1: none),
-    from the generated translation task's pairs of the evaluation split (the same sentences, in the same order, as
+    from the generated translation task's first n_eval pairs of `split` (the same sentences, in the same order, as
     its examples: split_pairs); or None and why, on other data."""
-    data = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), run_config.data))
+    data = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), data_config))
     if data.source != "translation_seq2seq":
         return None, f"data.source={data.source}: only data.source=translation_seq2seq knows each word's alignment"
-    a = run_config.ablation
-    pairs = split_pairs(data, a.split, a.n_eval)
+    pairs = split_pairs(data, split, n_eval)
     aligned = torch.as_tensor(target_alignment(pairs))
     out, start = [], 0
     for batch in batches:
