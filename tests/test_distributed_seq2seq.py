@@ -3,7 +3,8 @@
 encoder-decoder's evaluator (both stacks from the encoder, the decoder's layers alone), and the float64 sums
 all-reduced. Every mask of every kind (single heads, layers, leave-one-in, each kind's key/value groups, masks across
 kinds) ends with one process's totals: within 1e-12 in float64 and within float32 rounding (at one thread per process
-they are the same bits). headcount-ablate with trainer.devices=2 writes the tables one process writes.
+they are the same bits). headcount-ablate with trainer.devices=2 writes the tables one process writes, those of the
+scans that evaluate no masks (importance, attribution, l0_gates: run whole in each process) too.
 
 Every command runs with one thread per process (OMP_NUM_THREADS=1), as tests/test_distributed.py's do."""
 
@@ -60,11 +61,12 @@ SEQ2SEQ_TRAIN = ["data=translation_seq2seq", "size=smoke", "trainer.max_steps=2"
 SEQ2SEQ_TRAIN += ["logger=none", "ablation=[]", "model.encoder_layers=2", "model.n_layers=2", "model.d_model=32"]
 SEQ2SEQ_TRAIN += ["model.n_ctx=16", "model.vocab_size=512", "model.attn.n_heads=4", "model.attn.n_kv_heads=2"]
 SEQ2SEQ_TRAIN += ["trainer.progress_bar=false"]
-SEQ2SEQ_SCANS = ["ablation=[single_head,layer,kv_groups,pairs,pruning]", "ablation.batch_size=8"]
-SEQ2SEQ_SCANS += ["ablation.masks_per_pass=3", "ablation.n_eval=24"]
+SEQ2SEQ_SCANS = ["ablation=[single_head,layer,kv_groups,pairs,pruning,importance,attribution,l0_gates]"]
+SEQ2SEQ_SCANS += ["ablation.batch_size=8", "ablation.masks_per_pass=3", "ablation.n_eval=24"]
+SEQ2SEQ_SCANS += ["ablation.scans.l0_gates.l0.steps=3"]  # scans that evaluate no masks run whole in each process
 
 
-@pytest.mark.slow  # 2 minutes on 2 loaded cores: a training and three scan processes
+@pytest.mark.slow  # 2.5 minutes on 2 loaded cores: a training and three scan processes
 def test_headcount_ablate_on_two_processes_writes_an_encoder_decoder_s_tables_of_one(tmp_path):
     run = tmp_path / "run"
     proc = command([*SEQ2SEQ_TRAIN, f"hydra.run.dir={run}"], tmp_path, ["-m", "headcount.cli.train"])
@@ -74,7 +76,7 @@ def test_headcount_ablate_on_two_processes_writes_an_encoder_decoder_s_tables_of
     ablate(two, *SEQ2SEQ_SCANS, *TWO_PROCESSES)
     folder_one, folder_two = RunPaths(one).ablation, RunPaths(two).ablation
     csvs = sorted(p.name for p in folder_one.glob("*.csv"))
-    assert csvs == ["kv_groups.csv", "layer.csv", "pairs.csv", "pruning.csv", "single_head.csv"]
+    assert csvs == [f"{scan}.csv" for scan in sorted(SEQ2SEQ_SCANS[0][10:-1].split(","))]
     assert sorted(p.name for p in folder_two.glob("*.csv")) == csvs
     for name in csvs:
         expected, got = pd.read_csv(folder_one / name), pd.read_csv(folder_two / name)
