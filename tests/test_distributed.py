@@ -246,7 +246,7 @@ def test_masks_are_shared_out_in_whole_passes_of_the_one_process_plan():
     import torch
 
     start_M = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1, 2, 3])  # first layer each mask touches (3: none, L=3)
-    owner_M = share_masks(start_M, torch.full((10,), 4), masks_per_pass=2, n_layers=3, size=2)
+    owner_M = share_masks(start_M, torch.full((10,), 4), masks_per_pass=2, layers_run=lambda s: 3 - s + 1, size=2)
     passes = [[0, 1], [2, 3], [4], [5, 6], [7], [8], [9]]
     assert all(len(set(owner_M[p].tolist())) == 1 for p in passes)
     cost = {0: 0, 1: 0}

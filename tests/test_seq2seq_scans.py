@@ -215,7 +215,7 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
         "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads, attribution, direct_effect, "
-        "head_scores in modes zero, mean, resample"
+        "head_scores, kv_groups in modes zero, mean, resample"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "
@@ -236,6 +236,7 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     assert str(error.value) == "task.source='ioi': a task scores a decoder's prompts; " + takes
     refuse_one_stack_only(settings(scans={"s": {"kind": "single_head"}, "l": {"kind": "layer"}}, mode="mean"), None)
     refuse_one_stack_only(settings(prune={"export": True, "fraction": 0.25}), None)
+    refuse_one_stack_only(settings(scans={"kv": {"kind": "kv_groups"}}), None)  # each kind's own groups
 
 
 def test_a_cross_attention_setting_on_a_decoder_only_model_is_one_line():

@@ -20,6 +20,7 @@ SEQ2SEQ_SCANS = (
     "attribution",
     "direct_effect",
     "head_scores",
+    "kv_groups",
 )
 
 # Scan kinds an encoder-decoder does not take, and why.
@@ -29,7 +30,6 @@ NOT_ON_SEQ2SEQ = {
     "position_attention": "it reads attention from a task prompt's scored position",
     "retrieval_scores": "it reads a copying task's next-token predictions",
     "head_circuit": "its circuit is built from a decoder's task prompts",
-    "kv_groups": "its masks are one stack's key/value groups",
 }
 PRUNE_HEADS_REASON = (
     "[layer, head] pairs cannot say a head's kind (enc, dec or cross); on an encoder-decoder the export removes the "
@@ -52,9 +52,8 @@ def takes() -> str:
     )
 
 
-def refuse_one_stack_only(settings: AblationConfig, task_source: str | None, several_processes: bool = False) -> None:
-    """ConfigError for a task, scan, mode, metric, export choice or process count an encoder-decoder cannot be scanned
-    with."""
+def refuse_one_stack_only(settings: AblationConfig, task_source: str | None) -> None:
+    """ConfigError for a task, scan, mode, metric or export choice an encoder-decoder cannot be scanned with."""
     if task_source is not None:
         raise ConfigError("task.source", task_source, f"a task scores a decoder's prompts; {takes()}")
     for name, scan in settings.scans.items():
@@ -79,10 +78,6 @@ def refuse_one_stack_only(settings: AblationConfig, task_source: str | None, sev
         )
     if settings.prune.export and settings.prune.heads is not None:
         raise ConfigError("ablation.prune.heads", settings.prune.heads, PRUNE_HEADS_REASON)
-    if several_processes:
-        raise ConfigError(
-            "trainer.devices", "several processes", f"an encoder-decoder's scans run in one process; {takes()}"
-        )
 
 
 def refuse_seq2seq_edges(what: str) -> None:

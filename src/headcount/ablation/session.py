@@ -212,7 +212,7 @@ class AblationSession:
         source = None if self.task_cfg is None else str(self.task_cfg.source)
         refuse_decoder_only(s, source, self.model.cfg.causal)
         if isinstance(self.model, EncoderDecoder):
-            refuse_one_stack_only(s, source, self.world is not None)
+            refuse_one_stack_only(s, source)
 
     def plan_results(self, cfg: DictConfig, checked: CheckedSettings, run_dir: Path) -> None:
         """The task, the metric, the mode against the task and the results' address (ablation/plan.py), the task's

@@ -179,6 +179,11 @@ class MaskEvaluator:
     def n_examples(self) -> int:
         return self.example_starts[-1]
 
+    def layers_run(self, start: int) -> int:
+        """What a pass of masks starting at layer `start` costs, in layers: those it runs, and the clean pass's share
+        (a scan over several processes shares its passes out by it)."""
+        return self.model.n_layers - start + 1
+
     @property
     def columns(self) -> tuple[str, ...]:
         return self.metric.columns

@@ -3,8 +3,8 @@
 A mask lists (layer, head) pairs to switch off; every other head keeps gate 1. Names are readable and unique within a
 scan: `L1H3` (one head), `L0` (a whole layer), `L1H3+L0H2` (a pair), `L2 keep H1` (layer 2 with only head 1 on),
 `L1KV0` (every query head that reads layer 1's key/value head 0). An encoder-decoder's masks name their heads by
-kind (`cross.L1H3`, `enc.L0`, `dec.L1 keep H2`, `enc.L0H1+cross.L1H0`): its heads are one grid (labels.KindRows), and
-a mask's (layer, head) pairs are that grid's rows and heads.
+kind (`cross.L1H3`, `enc.L0`, `dec.L1 keep H2`, `cross.L1KV0`, `enc.L0H1+cross.L1H0`): its heads are one grid
+(labels.KindRows), and a mask's (layer, head) pairs are that grid's rows and heads.
 Custom masks come from a YAML or JSON file:
 
     - [[0, 1], [1, 3]]                     # heads L0H1 and L1H3 off; named L0H1+L1H3
@@ -92,16 +92,19 @@ def leave_one_in_masks(heads_per_layer: list[int]) -> list[HeadMask]:
     ]
 
 
-def kv_group_masks(kv_groups_per_layer: list[list[int]]) -> list[HeadMask]:
+def kv_group_masks(kv_groups_per_layer: list[list[int]], heads_per_layer: list[int] | None = None) -> list[HeadMask]:
     """One mask per key/value head: all the query heads of its group off (consecutive query heads share a key/value
     head; `kv_groups_per_layer[l]` counts them per group, in order). Without grouped-query attention every group is one
-    head and the masks are the single-head masks under other names."""
+    head and the masks are the single-head masks under other names. On an encoder-decoder's grid (heads_per_layer a
+    KindRows) the rows are its kinds' layers, each with its own kind's groups, and a mask is named and about its kind's
+    layer (`cross.L1KV0`: every cross-attention head of decoder layer 1 that reads its key/value head 0)."""
     masks = []
-    for layer, groups in enumerate(kv_groups_per_layer):
+    for row, groups in enumerate(kv_groups_per_layer):
+        layer = f"L{row}" if heads_per_layer is None else grid_layer_label(heads_per_layer, row)
         first = 0
         for kv_head, size in enumerate(groups):
-            heads = tuple((layer, h) for h in range(first, first + size))
-            masks.append(HeadMask(f"L{layer}KV{kv_head}", heads, layer))
+            heads = tuple((row, h) for h in range(first, first + size))
+            masks.append(about(heads_per_layer or [], f"{layer}KV{kv_head}", heads, row))
             first += size
     return masks
 

@@ -86,6 +86,12 @@ class Seq2SeqEvaluator(MaskEvaluator):
             floats += len(self.grid) * max(S, T) * max(enc.z, dec.z)
         return floats * self.dtype.itemsize
 
+    def layers_run(self, start: int) -> int:
+        """What a pass of masks starting at `start` costs, in layers: both stacks' from the encoder, the decoder's
+        from the decoder, none for masks that touch no head; plus the clean pass's share."""
+        encoder, decoder = self.model.encoder.n_layers, self.model.decoder.n_layers
+        return {ENCODER_STARTS: encoder + decoder, DECODER_STARTS: decoder, UNTOUCHED: 0}[start] + 1
+
     def start_layers(self, gates_MLH: Tensor) -> Tensor:
         """(M,) on CPU: ENCODER_STARTS for a mask that switches an encoder head off, DECODER_STARTS for one that
         touches the decoder's heads only, UNTOUCHED for none (its result is the clean pass's)."""

@@ -311,14 +311,17 @@ def scan_world(t: TrainerConfig, device_setting: str = "auto") -> ScanWorld | No
     return ScanWorld(trainer)
 
 
-def share_masks(start_M: Tensor, remaining_M: Tensor, masks_per_pass: int, n_layers: int, size: int) -> Tensor:
+def share_masks(
+    start_M: Tensor, remaining_M: Tensor, masks_per_pass: int, layers_run: Callable[[int], int], size: int
+) -> Tensor:
     """(M,) the process each mask goes to: the one-process pass plan's passes, largest first, each to the process
-    with the least work so far (ties to the lowest rank), so every process runs whole passes of that plan."""
+    with the least work so far (ties to the lowest rank), so every process runs whole passes of that plan. A pass
+    costs its masks' remaining batches times layers_run(its start) (the evaluator's: its one stack's layers from
+    `start`, or an encoder-decoder's stacks)."""
     passes: list[tuple[float, Tensor]] = []
     for start in start_M.unique().tolist():
         for index in (start_M == start).nonzero().squeeze(1).split(masks_per_pass):
-            layers = n_layers - start + 1  # the layers a pass runs, and the clean pass's share
-            passes.append((float(remaining_M[index].sum()) * layers, index))
+            passes.append((float(remaining_M[index].sum()) * layers_run(start), index))
     owner_M = torch.zeros(len(start_M), dtype=torch.int64)
     load = [0.0] * size
     for cost, index in sorted(passes, key=lambda p: -p[0]):  # sorted is stable: ties keep the plan's order
@@ -380,10 +383,10 @@ class SharedEvaluation:
         torch.distributed.broadcast_object_list(saved, src=0)
         self.totals = saved[0] or MaskTotals.empty(len(self.masks), columns)
         keep_examples(self.totals, evaluator.n_examples)
-        n_batches, model = len(self.evaluator.batches), self.evaluator.model
+        n_batches = len(self.evaluator.batches)
         remaining_M = n_batches - self.totals.batches_done
         owner_M = share_masks(
-            self.mask_set.start_M, remaining_M, self.evaluator.masks_per_pass, model.n_layers, world.size
+            self.mask_set.start_M, remaining_M, self.evaluator.masks_per_pass, self.evaluator.layers_run, world.size
         )
         self.owned = (owner_M == world.rank).nonzero().squeeze(1)
         t = self.totals

@@ -20,8 +20,11 @@ def kinds_of(table: pd.DataFrame) -> list[str]:
     return [kind for kind in HEAD_KINDS if kind in present]
 
 
-def kind_panels(table: pd.DataFrame, path: Path, value: str, title: str, value_label: str) -> Path:
-    """One (layer, head) heatmap of `value` per kind, side by side, one colour scale."""
+def kind_panels(
+    table: pd.DataFrame, path: Path, value: str, title: str, value_label: str, columns: str = "head"
+) -> Path:
+    """One (layer, head) heatmap of `value` per kind, side by side, one colour scale; `columns` names what the
+    table's head column holds (a key/value head in the kv_groups scan's)."""
     kinds = kinds_of(table)
     grids = [layer_head_grid(table[table["kind"] == kind], value) for kind in kinds]
     finite = [g[np.isfinite(g)] for g in grids]
@@ -35,7 +38,7 @@ def kind_panels(table: pd.DataFrame, path: Path, value: str, title: str, value_l
         L, H = grid.shape
         ax.set_xticks(range(H), [str(h) for h in range(H)])
         ax.set_yticks(range(L), [f"{kind}.L{layer}" for layer in range(L)])
-        ax.set(xlabel="head", title=KIND_NAMES[kind])
+        ax.set(xlabel=columns, title=KIND_NAMES[kind])
         for r in range(L):
             for c in range(H):
                 if np.isfinite(grid[r, c]):
