@@ -187,6 +187,8 @@ def refuse_cross_attention(model) -> None:
         raise ConfigError(
             key,
             value,
-            "edges and circuits (path patching, EAP, EAP-IG, exact) are not defined through cross-attention yet: "
-            "they take one-stack models, decoders (model.causal=true) or encoders (model.causal=false)",
+            "one-stack edges and circuits (path patching, faithfulness, the edge scans) are not defined through "
+            "cross-attention yet: they take decoders (model.causal=true) or encoders (model.causal=false); an "
+            "encoder-decoder's exact, EAP and EAP-IG edge scores are headcount.circuits.seq2seq_exact_edge_scores, "
+            "seq2seq_eap_scores and seq2seq_eap_ig_scores",
         )
