@@ -14,6 +14,7 @@ from headcount.circuits.seq2seq_attribution import (
     seq2seq_eap_scores,
     seq2seq_edge_metric,
     seq2seq_exact_edge_scores,
+    seq2seq_faithfulness,
 )
 from headcount.circuits.seq2seq_forward import seq2seq_edge_logits, seq2seq_outputs, seq2seq_stream
 from headcount.circuits.seq2seq_graph import Seq2SeqGraph
@@ -292,6 +293,34 @@ def test_eap_ig_is_the_mean_of_finite_differences_at_its_interpolated_embeddings
         total = total + finite_differences(model, metric_at, corrupted)
     torch.testing.assert_close(ig, total / steps, rtol=0, atol=1e-6)
     assert (ig - seq2seq_eap_scores(model, SRC, TGT, (SRC2, TGT2), METRIC, POINTS)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["enc", "dec", "cross"])
+def test_removing_a_heads_out_edges_is_replacing_its_z_by_its_corrupted_z(kind):
+    """The circuit of every edge not out of one head, evaluated by the edge forward, equals the model with that head's
+    z replaced by the corrupted run's (its gate 0, the corrupted z as replacement: the model's own ablation path)."""
+    model = make()
+    graph = Seq2SeqGraph.of(model)
+    head = f"{kind}.L1H1"
+    kept = [i for i, e in enumerate(graph.edges) if e.sender.name != head]
+    # by hand: enc.L1H1 into enc.L1.mlp and every cross head's k and v; dec.L1H1 into cross.L1H*.q, dec.L1.mlp, logits
+    assert len(graph.edges) - len(kept) == {"enc": 1 + 2 * 3 * 2, "dec": 3 + 1 + 1, "cross": 1 + 1}[kind]
+    (faith,) = seq2seq_faithfulness(model, SRC, TGT, (SRC2, TGT2), [kept], METRIC, POINTS)
+    cache = {}
+    with torch.no_grad():
+        model(SRC2, TGT2, cache=cache)
+        site = f"{'enc' if kind == 'enc' else 'dec'}.blocks.1.{'cross' if kind == 'cross' else 'attn'}.z"
+        gates = {kind: torch.ones(model.head_kinds[kind], dtype=torch.float64)}
+        gates[kind][1, 1] = 0
+        replaced = model(SRC, TGT, gates=gates, replacements={kind: [None, cache[site]]})
+        ends = [model(SRC, TGT), model(SRC2, TGT2)]
+    clean, removed, by_gates = [float(logprob(x[POINTS], NEXT[POINTS]).double().sum()) for x in (*ends, replaced)]
+    torch.testing.assert_close(faith.item(), (by_gates - removed) / (clean - removed), rtol=0, atol=1e-10)
+    assert abs(faith.item() - 1) > 1e-4
+    every, none = seq2seq_faithfulness(
+        model, SRC, TGT, (SRC2, TGT2), [list(range(len(graph.edges))), []], METRIC, POINTS
+    )
+    assert (every.item(), none.item()) == (1.0, 0.0)
 
 
 def test_what_is_not_defined_through_cross_attention_is_refused_by_name():

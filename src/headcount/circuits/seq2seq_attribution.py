@@ -132,3 +132,26 @@ def seq2seq_eap_ig_scores(
         values_NP = metric_values(model, stream, points_BT, metric, runs)
         (grad_NE,) = torch.autograd.grad(values_NP.sum(), weights_NE)
     return grad_NE.double().sum(0) / runs
+
+
+def seq2seq_faithfulness(
+    model: EncoderDecoder,
+    src_BS: Tensor,
+    tgt_BT: Tensor,
+    corrupted: Corrupted,
+    circuits: list[list[int]],
+    metric: Metric,
+    points_BT: Tensor | None = None,
+    rows_per_pass: int = 16,
+) -> Tensor:
+    """(len(circuits),) float64: each circuit's faithfulness (M(every edge outside it removed) - M(all removed)) /
+    (M(clean) - M(all removed)), a circuit being the edge indices it keeps (not pruned: an edge whose sender no kept
+    path reaches carries that sender's output computed from corrupted inputs, its corrupted output, so pruning would
+    not change the number)."""
+    graph = Seq2SeqGraph.of(model)
+    weights_NE = torch.ones(len(circuits) + 2, len(graph.edges), dtype=model.decoder.tok_emb.weight.dtype)
+    weights_NE[0] = 0  # the clean model; row 1: every edge removed
+    for row, kept in enumerate(circuits, start=2):
+        weights_NE[row, torch.tensor(list(kept), dtype=torch.long)] = 0
+    values = seq2seq_edge_metric(model, src_BS, tgt_BT, corrupted, weights_NE, metric, points_BT, rows_per_pass)
+    return (values[2:] - values[1]) / (values[0] - values[1])
