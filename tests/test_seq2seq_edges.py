@@ -18,6 +18,7 @@ from headcount.circuits.seq2seq_attribution import (
 )
 from headcount.circuits.seq2seq_forward import seq2seq_edge_logits, seq2seq_outputs, seq2seq_stream
 from headcount.circuits.seq2seq_graph import Seq2SeqGraph
+from headcount.circuits.seq2seq_path_patching import seq2seq_path_patch
 from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.errors import ConfigError
 from headcount.model.encoder_decoder import EncoderDecoder, StackIntervention
@@ -321,6 +322,135 @@ def test_removing_a_heads_out_edges_is_replacing_its_z_by_its_corrupted_z(kind):
         model, SRC, TGT, (SRC2, TGT2), [list(range(len(graph.edges))), []], METRIC, POINTS
     )
     assert (every.item(), none.item()) == (1.0, 0.0)
+
+
+def hooked_path_patch(model: EncoderDecoder, senders: list[str], receivers: list[str]) -> float:
+    """M(patched) - M(clean) by hooks at the model's sites (pre-LN): each receiver's input set to its clean value plus
+    the senders' corrupted-minus-clean terms on the edges into it (a cross head's z recomputed at cross.z from its
+    clean query stream or its clean copy of the encoder's output so moved), everything else running on."""
+    graph = Seq2SeqGraph.of(model)
+    clean, corrupted = reads(model, SRC, TGT), reads(model, SRC2, TGT2)
+    sites = {}  # the clean run's receiver inputs at their sites
+    hooks = []
+    for stack, n_layers in (("enc", model.cfg.encoder_layers), ("dec", model.cfg.n_layers)):
+        for layer in range(n_layers):
+            for site in ("attn.q_input", "attn.k_input", "attn.v_input", "mlp.input", "resid_pre", "attn_out"):
+                name = f"{stack}.blocks.{layer}.{site}"
+                hooks.append((name, lambda x, s, name=name: sites.__setitem__(name, x)))
+    hooks.append((f"dec.blocks.{model.cfg.n_layers - 1}.resid_post", lambda x, s: sites.__setitem__("final", x)))
+    with torch.no_grad():
+        model(SRC, TGT, intervention=StackIntervention(hooks))
+
+    def delta(receiver: str) -> Tensor:
+        read = [s for s in senders if f"{s} -> {receiver}" in graph.edge_index]
+        return sum(term(model, s, corrupted) - term(model, s, clean) for s in read)
+
+    edits: dict[str, list] = {}
+    for receiver in receivers:
+        if receiver == "logits":
+            edits.setdefault(f"dec.blocks.{model.cfg.n_layers - 1}.resid_post", []).append((None, receiver))
+            continue
+        stack, rest = receiver.split(".", 1)
+        layer = int(rest[1])
+        if rest.endswith(".mlp"):
+            edits.setdefault(f"dec.blocks.{layer}.mlp.input", []).append((None, receiver))
+        elif stack == "dec":
+            edits.setdefault(f"dec.blocks.{layer}.attn.{rest[-1]}_input", []).append((int(rest[3]), receiver))
+        else:
+            edits.setdefault(f"dec.blocks.{layer}.cross.z", []).append((int(rest[3]), receiver))
+    memory = model.memory_of(clean["enc.final"])
+    run = {}
+    hooks = []
+    for layer in range(model.cfg.n_layers):
+        for site in ("resid_pre", "attn_out"):
+            name = f"dec.blocks.{layer}.{site}"
+            hooks.append((name, lambda x, s, name=name: run.__setitem__(name, x)))
+    for site, changes in edits.items():
+        if site.endswith("cross.z"):
+            layer = int(site.split(".")[2])
+
+            def cross_z(z, s, layer=layer, changes=changes):
+                block, z = model.decoder.blocks[layer], z.clone()
+                cross = block.cross
+                for head in sorted({h for h, _ in changes}):
+                    mine = {r.rsplit(".", 1)[1]: r for h, r in changes if h == head}
+                    mid = f"dec.blocks.{layer}."
+                    if "q" in mine:
+                        query = sites[mid + "resid_pre"] + sites[mid + "attn_out"] + delta(mine["q"])
+                    else:
+                        query = run[mid + "resid_pre"] + run[mid + "attn_out"]
+                    keys, values = (
+                        model.memory_of(clean["enc.final"] + delta(mine[w])) if w in mine else memory for w in "kv"
+                    )
+                    g = cross.kv_head_of[head]
+                    q = block.ln_cross(query) @ cross.W_Q[head] + (0 if cross.b_Q is None else cross.b_Q[head])
+                    k = keys @ cross.W_K[g] + (0 if cross.b_K is None else cross.b_K[g])
+                    v = values @ cross.W_V[g] + (0 if cross.b_V is None else cross.b_V[g])
+                    z[:, :, head] = ((q @ k.transpose(1, 2)) * cross.head_dim**-0.5).softmax(-1) @ v
+                return z
+
+            hooks.append((site, cross_z))
+        else:
+
+            def held(x, s, site=site, changes=changes):
+                x = x.clone()
+                for head, receiver in changes:
+                    value = sites["final" if receiver == "logits" else site]
+                    if head is None:
+                        x = value + delta(receiver)
+                    else:
+                        x[:, :, head] = value[:, :, head] + delta(receiver)
+                return x
+
+            hooks.append((site, held))
+    with torch.no_grad():
+        patched = model(SRC, TGT, intervention=StackIntervention(hooks))
+        plain = model(SRC, TGT)
+    return float((logprob(patched[POINTS], NEXT[POINTS]) - logprob(plain[POINTS], NEXT[POINTS])).double().sum())
+
+
+PATHS = [
+    (["dec.L0H0"], ["cross.L0H1.q", "dec.L1H0.k", "logits"]),  # receivers in a chain: each held at its clean input
+    (["enc.L0H1", "enc.emb"], ["cross.L0H0.k", "cross.L1H2.v"]),
+    (["cross.L0H0", "dec.L0.mlp", "dec.emb"], ["dec.L1H1.v", "dec.L1.mlp", "cross.L1H1.q"]),
+    (["enc.L1.mlp", "dec.L0H1"], ["cross.L1H0.q", "cross.L1H0.k", "cross.L0H2.v", "dec.L1H0.q"]),
+]
+
+
+@pytest.mark.parametrize("name", ["pre_ln", "grouped_cross_sum"])
+def test_path_patching_equals_hooks_holding_each_receiver_at_its_clean_input(name):
+    model = make(name)
+    effects = seq2seq_path_patch(model, SRC, TGT, (SRC2, TGT2), PATHS, METRIC, POINTS, rows_per_pass=3)
+    by_hooks = torch.tensor([hooked_path_patch(model, *pair) for pair in PATHS], dtype=torch.float64)
+    torch.testing.assert_close(effects, by_hooks, rtol=0, atol=1e-10)
+    assert (effects.abs() > 1e-6).all()
+    # the chain's receivers held at their clean inputs differ from the edges removed in one run
+    graph = Seq2SeqGraph.of(model)
+    weights = torch.zeros(2, len(graph.edges), dtype=torch.float64)
+    weights[1, graph.edges_named(["dec.L0H0 -> cross.L0H1.q", "dec.L0H0 -> dec.L1H0.k", "dec.L0H0 -> logits"])] = 1
+    edges = seq2seq_edge_metric(model, SRC, TGT, (SRC2, TGT2), weights, METRIC, POINTS)
+    assert abs((edges[1] - edges[0]) - effects[0]) > 1e-6
+    # one edge: its exact score
+    (one,) = seq2seq_path_patch(model, SRC, TGT, (SRC2, TGT2), [(["enc.L0H1"], ["cross.L1H0.k"])], METRIC, POINTS)
+    (exact,) = seq2seq_exact_edge_scores(
+        model, SRC, TGT, (SRC2, TGT2), METRIC, POINTS, edges=graph.edges_named(["enc.L0H1 -> cross.L1H0.k"])
+    )
+    torch.testing.assert_close(one, exact, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "pair, message",
+    [
+        ((["enc.L0H0"], ["enc.L1H0.q"]), "circuits.receivers='enc.L1H0.q': path patching into an encoder's own"),
+        ((["enc.L1.mlp"], ["dec.L1H0.q"]), "circuits.receivers='dec.L1H0.q': reads none of the senders enc.L1.mlp"),
+        ((["dec.L3H0"], ["logits"]), "circuits.senders='dec.L3H0': no such sender in this model"),
+        ((["dec.L0H0"], ["cross.L0H0.z"]), "circuits.receivers='cross.L0H0.z': no such receiver input"),
+    ],
+)
+def test_path_patching_bad_names_are_one_line(pair, message):
+    with pytest.raises(ConfigError) as error:
+        seq2seq_path_patch(make(), SRC, TGT, (SRC2, TGT2), [pair], METRIC, POINTS)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
 def test_what_is_not_defined_through_cross_attention_is_refused_by_name():

@@ -50,16 +50,20 @@ def seq2seq_edge_metric(
     metric: Metric,
     points_BT: Tensor | None = None,
     rows_per_pass: int = 16,
+    held_NR: Tensor | None = None,
 ) -> Tensor:
-    """(N,) float64: M at each row of edge weights, summed over the points."""
+    """(N,) float64: M at each row of edge weights, summed over the points. held_NR: (N, receivers) bool, receivers
+    held at the clean run's outputs (seq2seq_forward.seq2seq_stream; path patching)."""
     points_BT = score_points(tgt_BT, points_BT)
     outputs = corrupted_outputs(model, corrupted)
+    clean = None if held_NR is None else seq2seq_outputs(model, src_BS, tgt_BT)
     enc_emb, dec_emb = model.encoder.embed(src_BS), model.decoder.embed(tgt_BT)
     sums = []
     with torch.no_grad():
         for start in range(0, len(weights_NE), rows_per_pass):
             w_NE = weights_NE[start : start + rows_per_pass]
-            stream, _ = seq2seq_stream(model, enc_emb, dec_emb, w_NE, outputs)
+            held = None if held_NR is None else held_NR[start : start + rows_per_pass]
+            stream, _ = seq2seq_stream(model, enc_emb, dec_emb, w_NE, outputs, None, held, clean)
             sums.append(metric_values(model, stream, points_BT, metric, len(w_NE)).sum(1))
     return torch.cat(sums)
 

@@ -96,9 +96,14 @@ def seq2seq_stream(
     weights_NE: Tensor | None = None,
     corrupted: Seq2SeqOutputs | None = None,
     reference: Seq2SeqOutputs | None = None,
+    held_NR: Tensor | None = None,
+    clean: Seq2SeqOutputs | None = None,
 ) -> tuple[Tensor, Seq2SeqOutputs]:
     """The logits' input (N*B, T, C) and the run's sender outputs. enc_emb, dec_emb: this run's embeddings, (B, ., C)
-    shared by the N rows or (N, B, ., C), one per row (EAP-IG's steps); corrupted, reference: (B, ...) outputs."""
+    shared by the N rows or (N, B, ., C), one per row (EAP-IG's steps); corrupted, reference: (B, ...) outputs.
+    held_NR: (N, receivers) bool, the receivers (decoder and cross receivers only) whose inputs are built from the
+    `clean` run's outputs rather than this run's, out_clean + a (out' - out_clean): path patching's receivers, held
+    at their clean inputs but for the patched senders (seq2seq_path_patching.py)."""
     if model.training:
         raise ValueError("the edge-patched forward applies no dropout: call it on a model in eval mode")
     graph = Seq2SeqGraph.of(model)
@@ -135,17 +140,40 @@ def seq2seq_stream(
     base = outs if ref is None else ref.dec
     delta = None if target is None else DecoderOutputs(target.dec.emb - base.emb, [], [], [])
 
+    held = None
+    if held_NR is not None:
+        held = clean.repeat(n) if n > 1 else clean
+        held_delta = Seq2SeqOutputs(target.enc.minus(held.enc), target.dec.minus(held.dec))
+        receiver_at = {r: i for i, r in enumerate(graph.receivers)}
+
+    def held_of(receivers: list[S2SReceiver]) -> Tensor | None:
+        """(rows, X) bool: which of the receivers read the clean run's outputs; None where none does."""
+        if held_NR is None:
+            return None
+        index = torch.tensor([receiver_at[r] for r in receivers], device=held_NR.device)
+        held_RX = held_NR[:, index].repeat_interleave(rows // n, dim=0)
+        return held_RX if bool(held_RX.any()) else None
+
     def inputs(receivers: list[S2SReceiver]) -> Tensor:
         """(rows, X, T, C): the decoder-stream inputs of X receivers reading the same senders."""
-        n_senders = len(graph.sender_ranges[receivers[0]])
-        x_RXTC = decoder_inputs(model, graph, outs, delta, gather(receivers), n_senders)
-        return x_RXTC.expand(-1, len(receivers), -1, -1)
+        n_senders, w_RXS = len(graph.sender_ranges[receivers[0]]), gather(receivers)
+        x_RXTC = decoder_inputs(model, graph, outs, delta, w_RXS, n_senders).expand(-1, len(receivers), -1, -1)
+        held_RX = held_of(receivers)
+        if held_RX is None:
+            return x_RXTC
+        clean_RXTC = decoder_inputs(model, graph, held.dec, held_delta.dec, w_RXS, n_senders).expand_as(x_RXTC)
+        return torch.where(held_RX[:, :, None, None], clean_RXTC, x_RXTC)
 
     def memories(receivers: list[S2SReceiver]) -> Tensor:
         """(rows, X, S, C): the encoder's output as each of X cross-head .k/.v inputs reads it."""
-        w_RXS = gather(receivers)
-        x_RXSC = receiver_inputs(model.encoder, graph.encoder, enc_outs, enc_delta, w_RXS, graph.n_enc_senders)
-        return model.memory_of(x_RXSC.expand(-1, len(receivers), -1, -1))
+        w_RXS, n_enc = gather(receivers), graph.n_enc_senders
+        x_RXSC = receiver_inputs(model.encoder, graph.encoder, enc_outs, enc_delta, w_RXS, n_enc)
+        x_RXSC = x_RXSC.expand(-1, len(receivers), -1, -1)
+        held_RX = held_of(receivers)
+        if held_RX is not None:
+            clean_RXSC = receiver_inputs(model.encoder, graph.encoder, held.enc, held_delta.enc, w_RXS, n_enc)
+            x_RXSC = torch.where(held_RX[:, :, None, None], clean_RXSC.expand_as(x_RXSC), x_RXSC)
+        return model.memory_of(x_RXSC)
 
     for layer, block in enumerate(dec.blocks):
         H, Hc = graph.dec_heads[layer], graph.cross_heads[layer]

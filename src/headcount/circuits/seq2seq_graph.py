@@ -138,6 +138,19 @@ class Seq2SeqGraph:
     def receiver_names(self) -> dict[str, S2SReceiver]:
         return {r.name: r for r in self.receivers}
 
+    def node(self, name: str, key: str = "circuits.senders") -> S2SNode:
+        """The sender a name such as enc.L0H1, cross.L1H0, dec.L0.mlp or enc.emb names; one ConfigError otherwise."""
+        if name.strip() not in self.node_names:
+            raise ConfigError(key, name, f"no such sender in this model: senders are {self.sender_forms()}")
+        return self.node_names[name.strip()]
+
+    def receiver(self, name: str, key: str = "circuits.receivers") -> S2SReceiver:
+        """The receiver input a name such as cross.L1H0.k, dec.L0.mlp or logits names; one ConfigError otherwise."""
+        if name.strip() not in self.receiver_names:
+            allowed = "enc.LlHh.q|k|v, enc.Ll.mlp, dec.LlHh.q|k|v, cross.LlHh.q|k|v, dec.Ll.mlp or logits"
+            raise ConfigError(key, name, f"no such receiver input in this model: receivers are {allowed}")
+        return self.receiver_names[name.strip()]
+
     def edge(self, name: str, key: str = "circuits.edge") -> S2SEdge:
         """The edge `sender -> receiver` names; one-line ConfigErrors for a name that is no node or receiver input of
         this model, or a receiver that does not read the sender."""
