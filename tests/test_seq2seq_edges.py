@@ -438,6 +438,30 @@ def test_path_patching_equals_hooks_holding_each_receiver_at_its_clean_input(nam
     torch.testing.assert_close(one, exact, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["post_ln", "grouped_cross_sum"])
+def test_path_patching_into_one_receiver_is_the_edges_removed_and_one_edge_its_exact_score(name):
+    """With one receiver nothing before it changes, so holding it at the clean run changes nothing: path patching of
+    senders into it equals the edge-patched forward with those edges removed (post-LN: through the blocks' norms)."""
+    model = make(name)
+    graph = Seq2SeqGraph.of(model)
+    pairs = [(["enc.emb", "enc.L0H1", "enc.L1.mlp"], ["cross.L1H0.v"]), (["dec.L0H1", "cross.L0H2"], ["logits"])]
+    effects = seq2seq_path_patch(model, SRC, TGT, (SRC2, TGT2), pairs, METRIC, POINTS)
+    weights = torch.zeros(3, len(graph.edges), dtype=torch.float64)
+    for row, (senders, (receiver,)) in enumerate(pairs, start=1):
+        weights[row, graph.edges_named([f"{s} -> {receiver}" for s in senders])] = 1
+    edges = seq2seq_edge_metric(model, SRC, TGT, (SRC2, TGT2), weights, METRIC, POINTS)
+    torch.testing.assert_close(effects, edges[1:] - edges[0], rtol=0, atol=1e-12)
+    assert (effects.abs() > 1e-6).all()
+    chosen = graph.edges_named(["enc.L0H0 -> cross.L0H1.k", "cross.L0H1 -> dec.L1H0.q", "dec.emb -> dec.L1.mlp"])
+    singles = [([graph.edges[i].sender.name], [graph.edges[i].receiver.name]) for i in chosen]
+    torch.testing.assert_close(
+        seq2seq_path_patch(model, SRC, TGT, (SRC2, TGT2), singles, METRIC, POINTS),
+        seq2seq_exact_edge_scores(model, SRC, TGT, (SRC2, TGT2), METRIC, POINTS, edges=chosen),
+        rtol=0,
+        atol=1e-12,
+    )
+
+
 @pytest.mark.parametrize(
     "pair, message",
     [

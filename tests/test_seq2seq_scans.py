@@ -218,11 +218,13 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         "resample"
     )
     cases = {
-        "ablation.scans.path_patching.kind='path_patching': path patching is not defined through cross-attention "
-        "yet; " + takes: settings(scans={"path_patching": {"kind": "path_patching"}}),
-        "ablation.scans.e.kind='edge_attribution': its circuits (faithfulness, CPR) are not defined through "
-        "cross-attention yet; an encoder-decoder's exact, EAP and EAP-IG edge scores are headcount.circuits.seq2seq_* "
-        "in Python; " + takes: settings(scans={"e": {"kind": "edge_attribution"}}),
+        "ablation.scans.path_patching.kind='path_patching': the scan is not defined through cross-attention yet; an "
+        "encoder-decoder's path patching is headcount.circuits.seq2seq_path_patch in Python; " + takes: settings(
+            scans={"path_patching": {"kind": "path_patching"}}
+        ),
+        "ablation.scans.e.kind='edge_attribution': the scan is not defined through cross-attention yet; an "
+        "encoder-decoder's exact, EAP and EAP-IG edge scores and faithfulness are headcount.circuits.seq2seq_* in "
+        "Python; " + takes: settings(scans={"e": {"kind": "edge_attribution"}}),
         "ablation.scans.direct_effect.kind='direct_effect': a head's direct effect reads one stack's residual stream "
         "into the logits; " + takes: settings(scans={"direct_effect": {"kind": "direct_effect"}}),
         "ablation.mode='patch': " + takes: settings(mode="patch"),

@@ -22,9 +22,10 @@ SEQ2SEQ_SCANS = (
 
 # Scan kinds an encoder-decoder does not take, and why.
 NOT_ON_SEQ2SEQ = {
-    "path_patching": "path patching is not defined through cross-attention yet",
-    "edge_attribution": "its circuits (faithfulness, CPR) are not defined through cross-attention yet; an "
-    "encoder-decoder's exact, EAP and EAP-IG edge scores are headcount.circuits.seq2seq_* in Python",
+    "path_patching": "the scan is not defined through cross-attention yet; an encoder-decoder's path patching is "
+    "headcount.circuits.seq2seq_path_patch in Python",
+    "edge_attribution": "the scan is not defined through cross-attention yet; an encoder-decoder's exact, EAP and "
+    "EAP-IG edge scores and faithfulness are headcount.circuits.seq2seq_* in Python",
     "direct_effect": "a head's direct effect reads one stack's residual stream into the logits",
     "head_scores": "its previous-token and induction scores read a one-stack decoder's pattern",
     "position_attention": "it reads attention from a task prompt's scored position",

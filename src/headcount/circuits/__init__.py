@@ -20,7 +20,8 @@ headcount.config and headcount.errors, so scans can wrap it; every function take
     save_circuit(Graph.of(model), circuit, "circuit.png", eap)
 
 An encoder-decoder's edges (cross-attention's keys and values reading the encoder) are Seq2SeqGraph's, scored teacher
-forced by seq2seq_exact_edge_scores, seq2seq_eap_scores and seq2seq_eap_ig_scores (seq2seq_*.py).
+forced by seq2seq_exact_edge_scores, seq2seq_eap_scores and seq2seq_eap_ig_scores, patched by seq2seq_path_patch and
+kept by seq2seq_faithfulness (seq2seq_*.py).
 """
 
 from headcount.circuits.attribution import (
@@ -47,6 +48,7 @@ from headcount.circuits.seq2seq_attribution import (
 )
 from headcount.circuits.seq2seq_forward import Seq2SeqOutputs, seq2seq_edge_logits, seq2seq_outputs
 from headcount.circuits.seq2seq_graph import Seq2SeqGraph
+from headcount.circuits.seq2seq_path_patching import seq2seq_path_patch
 
 __all__ = [
     "MIB_FRACTIONS",
@@ -83,5 +85,6 @@ __all__ = [
     "seq2seq_exact_edge_scores",
     "seq2seq_faithfulness",
     "seq2seq_outputs",
+    "seq2seq_path_patch",
     "top_edges",
 ]

@@ -187,8 +187,7 @@ def refuse_cross_attention(model) -> None:
         raise ConfigError(
             key,
             value,
-            "one-stack edges and circuits (path patching, faithfulness, the edge scans) are not defined through "
-            "cross-attention yet: they take decoders (model.causal=true) or encoders (model.causal=false); an "
-            "encoder-decoder's exact, EAP and EAP-IG edge scores are headcount.circuits.seq2seq_exact_edge_scores, "
-            "seq2seq_eap_scores and seq2seq_eap_ig_scores",
+            "one-stack edges and circuits are not defined through cross-attention: they take decoders "
+            "(model.causal=true) or encoders (model.causal=false); an encoder-decoder's edges (exact, EAP, EAP-IG, "
+            "path patching, faithfulness) are headcount.circuits.seq2seq_* in Python",
         )
