@@ -490,3 +490,42 @@ def test_what_is_not_defined_through_cross_attention_is_refused_by_name():
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match="steps"):
         seq2seq_eap_ig_scores(model, SRC, TGT, (SRC2, TGT2), METRIC, POINTS, steps=0)
+
+
+def test_one_example_per_pass_equals_one_pass():
+    """Passes of examples (each with its points' own answers, POINTS holding 4, 5 and 3 points) add up to one pass:
+    exact scores, path patching, faithfulness, EAP and EAP-IG (float64)."""
+    model = make("post_ln")
+    graph = Seq2SeqGraph.of(model)
+    corrupted = (SRC2, TGT2)
+    edges = graph.edges_named(["enc.L0H1 -> cross.L1H0.k", "cross.L0H2 -> dec.L1H0.v", "dec.L1H1 -> logits"])
+    pairs = [(["dec.L0H0", "enc.emb"], ["cross.L0H1.q", "cross.L1H2.v", "logits"])]
+    for per in (1, 2):
+        split = {"examples_per_pass": per}
+        torch.testing.assert_close(
+            seq2seq_exact_edge_scores(model, SRC, TGT, corrupted, METRIC, POINTS, edges=edges, **split),
+            seq2seq_exact_edge_scores(model, SRC, TGT, corrupted, METRIC, POINTS, edges=edges),
+            rtol=0,
+            atol=1e-12,
+        )
+        torch.testing.assert_close(
+            seq2seq_path_patch(model, SRC, TGT, corrupted, pairs, METRIC, POINTS, **split),
+            seq2seq_path_patch(model, SRC, TGT, corrupted, pairs, METRIC, POINTS),
+            rtol=0,
+            atol=1e-12,
+        )
+        torch.testing.assert_close(
+            seq2seq_faithfulness(model, SRC, TGT, corrupted, [edges], METRIC, POINTS, **split),
+            seq2seq_faithfulness(model, SRC, TGT, corrupted, [edges], METRIC, POINTS),
+            rtol=0,
+            atol=1e-12,
+        )
+        for steps in (None, 3):
+            torch.testing.assert_close(
+                seq2seq_eap_ig_scores(model, SRC, TGT, corrupted, METRIC, POINTS, steps, **split),
+                seq2seq_eap_ig_scores(model, SRC, TGT, corrupted, METRIC, POINTS, steps),
+                rtol=0,
+                atol=1e-12,
+            )
+    with pytest.raises(ConfigError, match="examples_per_pass"):
+        seq2seq_eap_scores(model, SRC, TGT, corrupted, METRIC, POINTS, examples_per_pass=0)

@@ -30,6 +30,7 @@ def seq2seq_path_patch(
     metric: Metric,
     points_BT: Tensor | None = None,
     rows_per_pass: int = 16,
+    examples_per_pass: int | None = None,
 ) -> Tensor:
     """(P,) float64: each (senders, receiver inputs) pair's effect M(patched) - M(clean), summed over the points;
     senders named as the graph names them (enc.L0H1, cross.L1H0, dec.L0.mlp, enc.emb), receivers by their input
@@ -56,6 +57,6 @@ def seq2seq_path_patch(
                 raise ConfigError("circuits.receivers", name, f"reads none of the senders {', '.join(senders)}")
             weights_NE[row, index] = 1
             held_NR[row, receiver_at[receiver]] = True
-    args = (weights_NE, metric, points_BT, rows_per_pass, held_NR)
+    args = (weights_NE, metric, points_BT, rows_per_pass, held_NR, examples_per_pass)
     values = seq2seq_edge_metric(model, src_BS, tgt_BT, corrupted, *args)
     return values[1:] - values[0]
