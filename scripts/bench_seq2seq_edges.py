@@ -1,5 +1,6 @@
 """Edges through cross-attention on a trained translator: exact scores of every edge, EAP and EAP-IG, their time and
-how well the estimates rank the edges as the exact scores do (docs/BENCHMARKS.md, "Edges through cross-attention").
+how well the estimates rank the edges as the exact scores do, path patching of each encoder sender into the cross
+heads' keys and values (docs/BENCHMARKS.md, "Edges through cross-attention").
 
 The run is a finished encoder-decoder run on data=translation_seq2seq (for example `headcount-train model=nmt_encdec
 data=translation_seq2seq size=smoke 'ablation=[]' hydra.run.dir=outputs/nmt_smoke`). Its validation sentences of the
@@ -25,6 +26,7 @@ from headcount.circuits import (
     seq2seq_eap_scores,
     seq2seq_exact_edge_scores,
     seq2seq_faithfulness,
+    seq2seq_path_patch,
 )
 from headcount.data.translation import as_seq2seq, split_pairs
 
@@ -81,6 +83,16 @@ def main() -> None:
     for i in order[:8].tolist():
         eap, eap_ig = timed["eap"][i], timed["eap_ig"][i]
         print(f"  {graph.edges[i].name:32s} exact {exact[i]:+.4f}  eap {eap:+.4f}  eap_ig {eap_ig:+.4f}")
+    # each encoder sender patched into every cross head's keys and values: what reaches the decoder through them
+    memory = [r.name for r in graph.receivers if r.node.stack == "cross" and r.input in ("k", "v")]
+    encoder = [node.name for node in graph.senders[: graph.n_enc_senders]]
+    start = time.perf_counter()
+    effects = seq2seq_path_patch(model, src, tgt, corrupted, [([s], memory) for s in encoder], metric, points)
+    effects = effects / int(points.sum())
+    print(f"path patching of {len(encoder)} encoder senders into the cross keys and values: ", end="")
+    print(f"{time.perf_counter() - start:.2f} s")
+    for i in effects.abs().argsort(descending=True)[:3].tolist():
+        print(f"  {encoder[i]:12s} -> cross .k/.v {effects[i]:+.4f}")
     sizes = [10, 50, 200, len(graph.edges)]
     faith = seq2seq_faithfulness(model, src, tgt, corrupted, [order[:n].tolist() for n in sizes], metric, points)
     print(
