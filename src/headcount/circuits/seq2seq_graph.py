@@ -78,7 +78,9 @@ class Seq2SeqGraph:
         self.encoder = Graph(self.enc_heads, mlp, False)
         senders = [S2SNode("enc", "emb")]
         for layer, n in enumerate(self.enc_heads):
-            senders += [S2SNode("enc", "head", layer, h) for h in range(n)] + ([S2SNode("enc", "mlp", layer)] * mlp)
+            senders += [S2SNode("enc", "head", layer, h) for h in range(n)] + (
+                [S2SNode("enc", "mlp", layer)] if mlp else []
+            )
         self.n_enc_senders = len(senders)
         senders.append(S2SNode("dec", "emb"))
         self.dec_starts = []  # per decoder layer: the global index of its first self-attention head
@@ -86,7 +88,7 @@ class Seq2SeqGraph:
             self.dec_starts.append(len(senders))
             senders += [S2SNode("dec", "head", layer, h) for h in range(n)]
             senders += [S2SNode("cross", "head", layer, h) for h in range(c)]
-            senders += [S2SNode("dec", "mlp", layer)] * mlp
+            senders += [S2SNode("dec", "mlp", layer)] if mlp else []
         self.senders = senders
         ranges: dict[S2SReceiver, range] = {}
         for r in self.encoder.receivers[:-1]:
