@@ -268,8 +268,9 @@ def test_training_preflight_builds_an_encoder_decoder_checks_its_scans_and_refus
     with pytest.raises(ConfigError) as error:
         check_ablation(typed_ablation(OmegaConf.create({"scans": {"e": {"kind": "edge_attribution"}}})), model)
     assert str(error.value).startswith(
-        "ablation.scans.e.kind='edge_attribution': its circuits are defined on a decoder's task prompts, not through "
-        "cross-attention; an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline,"
+        "ablation.scans.e.kind='edge_attribution': the scan is not defined through cross-attention yet; an "
+        "encoder-decoder's exact, EAP and EAP-IG edge scores and faithfulness are headcount.circuits.seq2seq_* in "
+        "Python; an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline,"
     )
 
 

@@ -218,8 +218,13 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         "head_scores, kv_groups in modes zero, mean, resample"
     )
     cases = {
-        "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "
-        "not through cross-attention; " + takes: settings(scans={"path_patching": {"kind": "path_patching"}}),
+        "ablation.scans.path_patching.kind='path_patching': the scan is not defined through cross-attention yet; an "
+        "encoder-decoder's path patching is headcount.circuits.seq2seq_path_patch in Python; " + takes: settings(
+            scans={"path_patching": {"kind": "path_patching"}}
+        ),
+        "ablation.scans.e.kind='edge_attribution': the scan is not defined through cross-attention yet; an "
+        "encoder-decoder's exact, EAP and EAP-IG edge scores and faithfulness are headcount.circuits.seq2seq_* in "
+        "Python; " + takes: settings(scans={"e": {"kind": "edge_attribution"}}),
         "ablation.scans.position_attention.kind='position_attention': it reads attention from a task prompt's scored "
         "position; " + takes: settings(scans={"position_attention": {"kind": "position_attention"}}),
         "ablation.mode='patch': " + takes: settings(mode="patch"),

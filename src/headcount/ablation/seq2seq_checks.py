@@ -25,8 +25,10 @@ SEQ2SEQ_SCANS = (
 
 # Scan kinds an encoder-decoder does not take, and why.
 NOT_ON_SEQ2SEQ = {
-    "path_patching": "its circuits are defined on a decoder's task prompts, not through cross-attention",
-    "edge_attribution": "its circuits are defined on a decoder's task prompts, not through cross-attention",
+    "path_patching": "the scan is not defined through cross-attention yet; an encoder-decoder's path patching is "
+    "headcount.circuits.seq2seq_path_patch in Python",
+    "edge_attribution": "the scan is not defined through cross-attention yet; an encoder-decoder's exact, EAP and "
+    "EAP-IG edge scores and faithfulness are headcount.circuits.seq2seq_* in Python",
     "position_attention": "it reads attention from a task prompt's scored position",
     "retrieval_scores": "it reads a copying task's next-token predictions",
     "head_circuit": "its circuit is built from a decoder's task prompts",

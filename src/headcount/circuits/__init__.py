@@ -18,6 +18,10 @@ headcount.config and headcount.errors, so scans can wrap it; every function take
     faithfulness(model, clean_ids, corrupted_ids, [circuit], metric)
     points, areas = circuit_performance(model, clean_ids, corrupted_ids, {"eap": eap}, metric)  # MIB's CPR, CMD
     save_circuit(Graph.of(model), circuit, "circuit.png", eap)
+
+An encoder-decoder's edges (cross-attention's keys and values reading the encoder) are Seq2SeqGraph's, scored teacher
+forced by seq2seq_exact_edge_scores, seq2seq_eap_scores and seq2seq_eap_ig_scores, patched by seq2seq_path_patch and
+kept by seq2seq_faithfulness (seq2seq_*.py).
 """
 
 from headcount.circuits.attribution import (
@@ -35,6 +39,16 @@ from headcount.circuits.graph import Edge, Graph, Node, Receiver
 from headcount.circuits.metric import PointMetric
 from headcount.circuits.passes import PassPlan
 from headcount.circuits.path_patching import path_patch
+from headcount.circuits.seq2seq_attribution import (
+    seq2seq_eap_ig_scores,
+    seq2seq_eap_scores,
+    seq2seq_edge_metric,
+    seq2seq_exact_edge_scores,
+    seq2seq_faithfulness,
+)
+from headcount.circuits.seq2seq_forward import Seq2SeqOutputs, seq2seq_edge_logits, seq2seq_outputs
+from headcount.circuits.seq2seq_graph import Seq2SeqGraph
+from headcount.circuits.seq2seq_path_patching import seq2seq_path_patch
 
 __all__ = [
     "MIB_FRACTIONS",
@@ -45,6 +59,8 @@ __all__ = [
     "PassPlan",
     "PointMetric",
     "Receiver",
+    "Seq2SeqGraph",
+    "Seq2SeqOutputs",
     "circuit_performance",
     "curve_areas",
     "draw_circuit",
@@ -62,5 +78,13 @@ __all__ = [
     "prune",
     "ranking_agreement",
     "save_circuit",
+    "seq2seq_eap_ig_scores",
+    "seq2seq_eap_scores",
+    "seq2seq_edge_logits",
+    "seq2seq_edge_metric",
+    "seq2seq_exact_edge_scores",
+    "seq2seq_faithfulness",
+    "seq2seq_outputs",
+    "seq2seq_path_patch",
     "top_edges",
 ]

@@ -187,6 +187,7 @@ def refuse_cross_attention(model) -> None:
         raise ConfigError(
             key,
             value,
-            "edges and circuits (path patching, EAP, EAP-IG, exact) are not defined through cross-attention yet: "
-            "they take one-stack models, decoders (model.causal=true) or encoders (model.causal=false)",
+            "one-stack edges and circuits are not defined through cross-attention: they take decoders "
+            "(model.causal=true) or encoders (model.causal=false); an encoder-decoder's edges (exact, EAP, EAP-IG, "
+            "path patching, faithfulness) are headcount.circuits.seq2seq_* in Python",
         )

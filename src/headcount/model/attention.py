@@ -287,6 +287,22 @@ class MultiHeadAttention(nn.Module):
         index_BKSD = positions_BS[:, None, :, None].expand(-1, q_BKTD.shape[1], -1, q_BKTD.shape[-1])
         return self.attend_masked(q_BKTD.gather(2, index_BKSD), k_BKTD, v_BKTD, allowed_BST[:, None])
 
+    def cross_heads_from_inputs(self, x_BHTC: Tensor, memory_BHWSC: Tensor) -> Tensor:
+        """Cross-attention's z (B, T, H, D), query head h reading q from its own normed decoder input x[:, h] and its
+        key/value head's k and v from its own copies of the encoder's output memory[:, h, 0|1] (B, H, 2, S, C): the
+        circuits' per-receiver inputs. With every input the plain one this is `cross_heads` (explicit softmax)."""
+        kv_H = self.kv_head_of
+
+        def one(inputs_BHXC: Tensor, W_HCD: Tensor, b_HD: Tensor | None) -> Tensor:
+            out_BHXD = torch.einsum("bhxc,hcd->bhxd", inputs_BHXC, W_HCD)
+            return out_BHXD if b_HD is None else out_BHXD + b_HD[:, None]
+
+        q_BHTD = one(x_BHTC, self.W_Q, self.b_Q)
+        k_BHSD = one(memory_BHWSC[:, :, 0], self.W_K[kv_H], None if self.b_K is None else self.b_K[kv_H])
+        v_BHSD = one(memory_BHWSC[:, :, 1], self.W_V[kv_H], None if self.b_V is None else self.b_V[kv_H])
+        z_BHTD, _ = self.reference_attention(q_BHTD, k_BHSD, v_BHSD)
+        return z_BHTD.transpose(1, 2)
+
     def input_projection_floats(self) -> int:
         """Floats per position and per input that `project_inputs` holds beyond a head's own q, k, v: the whole
         projection of each input where a q/k norm spans it (OLMo 2), none otherwise (memory budgets read this)."""

@@ -344,8 +344,32 @@ class Block(nn.Module):
         out_BTC = self.cross.combine_heads(z_BTHD)
         if self.ln_cross_out is not None:
             out_BTC = self.ln_cross_out(out_BTC)
-        out_BTC = x_BTC + self.drop(out_BTC)
-        return out_BTC if self.ln_cross_add is None else self.ln_cross_add(out_BTC)
+        return self.add_cross_out(x_BTC, self.drop(out_BTC))
+
+    def add_cross_out(self, x_BTC: Tensor, cross_BTC: Tensor) -> Tensor:
+        """The stream after cross-attention's output (as it joins the stream) is added: x + cross, normalised after
+        the addition in a post-LN block."""
+        return x_BTC + cross_BTC if self.ln_cross_add is None else self.ln_cross_add(x_BTC + cross_BTC)
+
+    def cross_from_inputs(self, q_BKTC: Tensor, memory_BKWSC: Tensor) -> Tensor:
+        """z (B, T, K, D) of the layer's K cross-attention heads (all of them), head k reading its query from its
+        own input q[:, k] (the decoder's stream, before the cross-attention's input norm) and its keys and values
+        from its own copies of the encoder's output memory[:, k, 0|1] (B, K, 2, S, C), after the encoder's final
+        norm (MultiHeadAttention.cross_heads_from_inputs). With every input the plain one this is add_cross's z."""
+        return self.cross.cross_heads_from_inputs(self.ln_cross(q_BKTC), memory_BKWSC)
+
+    def cross_mix(self, z_BTHD: Tensor, dz_BTHD: Tensor | None, w_BXH: Tensor | None) -> Tensor:
+        """(B, X, T, C): cross-attention's output as it joins the stream, post_norm(combine(z + w dz)), for X mixes
+        of the cross heads' outputs (attention_mix's definition for the cross-attention heads; w None: z itself)."""
+        mixed_BXTHD = z_BTHD[:, None]
+        if w_BXH is not None:
+            mixed_BXTHD = mixed_BXTHD + w_BXH[:, :, None, :, None] * dz_BTHD[:, None]
+        B, X = mixed_BXTHD.shape[:2]
+        out_NTC = self.cross.combine_heads(mixed_BXTHD.flatten(0, 1))
+        if self.ln_cross_out is not None:
+            out_NTC = self.ln_cross_out(out_NTC)
+        out_NTC = self.drop(out_NTC)
+        return out_NTC.view(B, X, *out_NTC.shape[1:])
 
     @property
     def post_ln(self) -> bool:

@@ -228,6 +228,11 @@ class EncoderDecoder(nn.Module):
             cache.update(named_reads("enc", stack))
         return out_BSC if stack is None or not stack.touches(None) else stack.at(ENC_OUT, out_BSC)
 
+    def memory_of(self, stream_BSC: Tensor) -> Tensor:
+        """What cross-attention reads of an encoder's final stream: it through the encoder's final norm (encode's
+        last step; the circuits core's per-receiver copies of the encoder's output pass it one by one)."""
+        return self.encoder.ln_f(stream_BSC)
+
     @torch.no_grad()
     def encoder_patterns(self, src_BS: Tensor, src_keep: Tensor | None = None, gates: Tensor | None = None) -> Tensor:
         """(B, L, H, S, S) every encoder head's attention weights (query position, key position), read at each
