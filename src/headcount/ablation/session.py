@@ -210,7 +210,7 @@ class AblationSession:
         self.model = self.run.model.to(self.device, ScanDtype(s.dtype).torch).eval()
         self.heads_per_layer = self.model.heads_per_layer
         source = None if self.task_cfg is None else str(self.task_cfg.source)
-        refuse_decoder_only(s, source, self.model.cfg.causal)
+        refuse_decoder_only(s, source, self.model.cfg.causal, isinstance(self.model, EncoderDecoder))
         if isinstance(self.model, EncoderDecoder):
             refuse_one_stack_only(s, source, self.world is not None)
 

@@ -2,8 +2,8 @@
 behaviour on (headcount.ablation.engine.metrics: logit_diff, answer_logprob, ...) instead of next-token loss.
 
 `build_task(cfg, tokenizer, n_ctx)` makes the prompts of task.source (a registered `TaskSource`: ioi, kv_retrieval,
-needle, file) and encodes them for the model (tasks/encode.py). Adding a source is one module here with a registered
-`TaskSource` subclass.
+needle, file, masked_agreement, translation_verb) and encodes them for the model (tasks/encode.py). Adding a source
+is one module here with a registered `TaskSource` subclass.
 """
 
 import pkgutil
@@ -42,7 +42,7 @@ def build_task(cfg: TaskConfig, tokenizer: TaskTokenizer, n_ctx: int) -> TaskSet
     """The task's prompts in the model's tokens; ConfigError (one line, naming the key and the prompt) for bad input."""
     validate_task_config(cfg, list(SOURCES))
     source = SOURCES.get(cfg.source)()
-    if isinstance(tokenizer, IdsOnly) and cfg.source != "file":
+    if isinstance(tokenizer, IdsOnly) and cfg.source != "file" and not source.writes_ids:
         raise ConfigError(
             "task.source",
             cfg.source,

@@ -99,7 +99,8 @@ def task_evaluation_set(task: TaskSet, s: AblationConfig, mode: AblationMode) ->
     reference = None
     if mode.uses_reference:
         chosen = task.examples(corrupted=reference_name == "corrupted")
-        reference = {"input_ids": chosen["input_ids"], "valid": chosen["valid"]}
+        kept = ("input_ids", "valid", "src_ids", "src_mask")  # an encoder-decoder's sources pair with its prompts
+        reference = {key: chosen[key] for key in kept if key in chosen}
     counterpart = task.examples(corrupted=not denoise) if task.has_corrupted else None
     split = "corrupted" if denoise else "prompts"
     return EvaluationSet(examples, reference, split, reference_name if mode.uses_reference else None, task, counterpart)
@@ -160,7 +161,8 @@ def counterpart_sums(
     if data.counterpart is None:
         return None
     batches = to_batches(data.counterpart, s.batch_size, device)
-    evaluator = MaskEvaluator(model, batches, masks_per_pass=1, metric=metric)
+    Evaluator = Seq2SeqEvaluator if isinstance(model, EncoderDecoder) else MaskEvaluator
+    evaluator = Evaluator(model, batches, masks_per_pass=1, metric=metric)
     totals = MaskTotals.empty(1, evaluator.columns, evaluator.n_examples)
     evaluator.accumulate(torch.ones(1, *evaluator.gates_shape), totals)
     baseline = {column: float(v[0]) for column, v in totals.values().items()} | {"n_targets": int(totals.n_targets[0])}
@@ -198,7 +200,8 @@ def task_tokenizer(config: DictConfig, vocab_size: int) -> TaskTokenizer:
     source = str(config.data.source)
     if source in TEXT_SOURCES:
         return ByteTokens()
-    return IdsOnly(vocab_size, f"the model reads the synthetic alphabet of data.source={source} (no tokenizer)")
+    why = f"the model reads the synthetic alphabet of data.source={source} (no tokenizer)"
+    return IdsOnly(vocab_size, why, source)
 
 
 def run_task(config: DictConfig, model: Transformer, cfg: TaskConfig | None = None) -> TaskSet | None:

@@ -1,0 +1,218 @@
+"""An encoder-decoder's task (tasks/translation_verb.py) and what needs it: mode=patch over every kind of head, the
+metrics that read wrong answers, the clean-to-corrupted gap. Every number is checked against a forward written here:
+the generator's prompts against the language's own rules, a patched head against torch hooks on the output
+projection of that head's attention module, the gap's ends against plain forwards of the clean and corrupted sources,
+in float32 and float64."""
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from headcount.ablation.encoder_checks import refuse_decoder_only
+from headcount.ablation.engine.evaluation import counterpart_sums, evaluation, task_evaluation_set
+from headcount.ablation.engine.masks import masks_to_gates, requested_masks, single_head_masks
+from headcount.ablation.engine.metrics import resolve_metric
+from headcount.ablation.engine.modes import MODES
+from headcount.ablation.seq2seq_checks import refuse_one_stack_only, takes
+from headcount.ablation.session import typed_ablation
+from headcount.config.ablation import AblationConfig
+from headcount.config.model import AttentionConfig, ModelConfig
+from headcount.config.task import TaskConfig
+from headcount.data.synthetic import BOS
+from headcount.data.translation import NOUN, OBJ, VERB, Lexicon, translation_pairs
+from headcount.errors import ConfigError
+from headcount.model.encoder_decoder import EncoderDecoder
+from headcount.tasks import IdsOnly, build_task
+
+CPU = torch.device("cpu")
+DTYPES = [torch.float32, torch.float64]
+TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-10}
+VOCAB, N_CTX = 60, 16
+
+
+def verb_task(n: int = 10, seed: int = 0, source: str = "translation_seq2seq"):
+    tokens = IdsOnly(VOCAB, f"the model reads the synthetic alphabet of data.source={source}", source)
+    return build_task(TaskConfig(source="translation_verb", n_prompts=n, seed=seed), tokens, N_CTX)
+
+
+def tiny_model(dtype: torch.dtype, seed: int = 0) -> EncoderDecoder:
+    """2 encoder layers of 3 heads, 2 decoder layers of 3 heads and 2 narrower cross-attention heads each, MLPs, every
+    weight, norm and bias random; the translation task's vocabulary."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        n_layers=2, encoder_layers=2, d_model=24, n_ctx=N_CTX, vocab_size=VOCAB, mlp=True,
+        attn=AttentionConfig(n_heads=3), cross_attn=AttentionConfig(n_heads=2, head_dim=5),
+    )  # fmt: skip
+    model = EncoderDecoder(cfg).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def test_each_prompt_is_a_sentence_scored_at_its_verb_and_the_counterpart_swaps_the_source_verb_alone():
+    task, lex = verb_task(12), Lexicon.for_vocab(VOCAB)
+    assert task.seq2seq and task.has_wrong and task.has_corrupted
+    for i in range(len(task)):
+        S, T = int(task.src_lengths[i]), int(task.lengths[i])
+        src, bad = task.src_ids[i, :S], task.corrupted_src_ids[i, :S]
+        differ = (src != bad).nonzero().flatten().tolist()
+        assert len(differ) == 1  # one source token, the verb: same number, another lemma
+        verb = int(differ[0])
+        assert lex.src_verb <= int(src[verb]) < lex.src_prep and lex.src_verb <= int(bad[verb]) < lex.src_prep
+        assert int(src[verb]) % 2 == int(bad[verb]) % 2 and int(src[verb]) != int(bad[verb])
+        assert torch.equal(task.input_ids[i], task.corrupted_ids[i])  # the decoder's stream is the same
+        assert int(task.input_ids[i, 0]) == BOS and T == S  # start, then the target's words before the verb
+        assert task.score_mask[i].nonzero().flatten().tolist() == [T - 1]
+        # the language's rules, read off the source: the verb's lemma, its subject's number, its object's gender
+        nouns = [int(t) for t in src if lex.src_noun <= int(t) < lex.src_adj]
+        object_lemma = (nouns[1] - lex.src_noun) // 2  # the second noun is the object's (SVO)
+        gender = int(lex.genders[object_lemma])
+        for ids, scored in ((src, task.answer_ids), (bad, task.wrong_ids)):
+            lemma, number = divmod(int(ids[verb]) - lex.src_verb, 2)
+            assert int(scored[i, T - 1]) == lex.tgt_verb + 4 * lemma + 2 * number + gender
+    assert len(task.src_ids.unique()) > 5 and task.src_lengths.unique().numel() > 1
+
+
+def test_the_prompts_follow_the_seed_and_are_the_generators_sentences():
+    assert verb_task(6).fingerprint() == verb_task(6).fingerprint()
+    assert verb_task(6).fingerprint() != verb_task(6, seed=1).fingerprint()
+    pairs = translation_pairs(np.random.default_rng(0), 6, VOCAB)
+    task = verb_task(6)
+    for i in range(6):
+        S = int(pairs.source_lengths[i])
+        assert task.src_ids[i, :S].tolist() == pairs.source[i, :S].tolist()
+        assert [VERB] == [r for r in pairs.roles[i, :S].tolist() if r == VERB]
+        assert (pairs.roles[i] == NOUN).sum() >= 2 and OBJ in pairs.phrases[i].tolist()
+        assert int(task.answer_ids[i, S - 1]) == int(pairs.target[i, S - 1])  # the target's verb, before EOS
+
+
+def logit_diff_by_hand(model: EncoderDecoder, src, keep, tgt, task, patch=None) -> float:
+    """The mean over prompts of logit(answer) - logit(wrong) at each scored position, from the model's forward with
+    `patch` hooks (module, hook) registered as forward pre-hooks."""
+    handles = [module.register_forward_pre_hook(hook) for module, hook in (patch or [])]
+    try:
+        with torch.no_grad():
+            logits = model(src, tgt, src_keep=keep)
+    finally:
+        for handle in handles:
+            handle.remove()
+    where = task.score_mask
+    at = logits[where]
+    answer, wrong = task.answer_ids[where], task.wrong_ids[where]
+    return float((at.gather(1, answer[:, None]) - at.gather(1, wrong[:, None])).double().mean())
+
+
+def hand_patch(model: EncoderDecoder, task, kind: str, layer: int, head: int) -> float:
+    """Head (kind, layer, head) patched by hand: the corrupted run's input to that attention module's output
+    projection captured with a forward pre-hook, then its slice of the head written into the clean run's."""
+    module = model.attention(kind, layer).out
+    D = model.attention(kind, layer).head_dim
+    captured = {}
+
+    def capture(_module, args):
+        captured["z"] = args[0].detach().clone()
+
+    def write(_module, args):
+        z = args[0].clone()
+        z[..., head * D : (head + 1) * D] = captured["z"][..., head * D : (head + 1) * D]
+        return (z,)
+
+    clean, bad = task.examples(), task.examples(corrupted=True)
+    logit_diff_by_hand(model, bad["src_ids"], bad["src_mask"], bad["input_ids"], task, [(module, capture)])
+    return logit_diff_by_hand(model, clean["src_ids"], clean["src_mask"], clean["input_ids"], task, [(module, write)])
+
+
+def patch_evaluation(model: EncoderDecoder, task, direction: str = "noise", metric: str = "logit_diff"):
+    settings = AblationConfig(mode="patch", patch_direction=direction, batch_size=4, masks_per_pass=3)
+    mode = MODES.get("patch")()
+    data = task_evaluation_set(task, settings, mode)
+    measure = resolve_metric(metric, task.has_wrong, task=True)
+    return evaluation(settings, mode, measure, model, data, None, CPU).evaluator, data, measure, settings
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_patching_an_enc_a_dec_and_a_cross_head_equals_torch_hooks_on_its_output_projection(dtype):
+    model, task = tiny_model(dtype), verb_task(10)
+    evaluator, *_ = patch_evaluation(model, task)
+    grid = model.heads_per_layer
+    masks = requested_masks(["enc.L0H1", "enc.L1H2", "dec.L1H0", "cross.L0H1", "cross.L1H0"], grid)
+    got = evaluator.evaluate(masks_to_gates(masks, grid, dtype))["logit_diff"].tolist()
+    expected = [hand_patch(model, task, m.kind, m.layer, m.head) for m in masks]
+    assert got == pytest.approx(expected, abs=TOLERANCE[dtype])
+    clean = task.examples()
+    baseline = logit_diff_by_hand(model, clean["src_ids"], clean["src_mask"], clean["input_ids"], task)
+    assert evaluator.baseline()["logit_diff"] == pytest.approx(baseline, abs=TOLERANCE[dtype])
+    assert all(abs(g - baseline) > 1e-4 for g in got)  # each patch moves the metric: the comparison can fail
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_patching_every_cross_head_is_the_corrupted_run_and_the_clean_runs_own_activations_change_nothing(dtype):
+    """The decoder reads the source only through cross-attention, and the two runs' decoder streams are the same
+    tokens: with every cross-attention head's z the corrupted run's, every later activation of the decoder is the
+    corrupted run's too, so the metric is the corrupted run's exactly (so with every dec and cross head, and every
+    head of every kind). The encoder's heads alone are not: its residual stream still carries the clean source's
+    token embeddings."""
+    model, task = tiny_model(dtype), verb_task(10)
+    evaluator, data, metric, settings = patch_evaluation(model, task)
+    grid = model.heads_per_layer
+    corrupted = counterpart_sums(settings, metric, model, data, CPU).baseline["logit_diff"]
+    bad = task.examples(corrupted=True)
+    assert corrupted == pytest.approx(
+        logit_diff_by_hand(model, bad["src_ids"], bad["src_mask"], bad["input_ids"], task), abs=TOLERANCE[dtype]
+    )
+    kinds = {kind: [f"{kind}.L{layer}H{h}" for layer, n in enumerate(per_layer) for h in range(n)]
+             for kind, per_layer in model.kind_heads_per_layer.items()}  # fmt: skip
+    names = ["+".join(kinds["cross"]), "+".join(kinds["dec"] + kinds["cross"]), "+".join(sum(kinds.values(), []))]
+    got = evaluator.evaluate(masks_to_gates(requested_masks([*names, "+".join(kinds["enc"])], grid), grid, dtype))
+    values = got["logit_diff"].tolist()
+    assert values[:3] == pytest.approx([corrupted] * 3, abs=TOLERANCE[dtype])
+    baseline = evaluator.baseline()["logit_diff"]
+    assert abs(corrupted - baseline) > 1e-3 and abs(values[3] - corrupted) > 1e-4  # the gap exists; enc alone differs
+    itself = dataclasses.replace(task, corrupted_src_ids=task.src_ids, corrupted_ids=task.input_ids)
+    same, *_ = patch_evaluation(model, itself)
+    masks = [*single_head_masks(grid), *requested_masks(names, grid)]
+    unchanged = same.evaluate(masks_to_gates(masks, grid, dtype))["logit_diff"]
+    assert unchanged.tolist() == pytest.approx([baseline] * len(masks), abs=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_denoising_patches_the_clean_run_into_the_corrupted_one(dtype):
+    model, task = tiny_model(dtype), verb_task(8)
+    evaluator, *_ = patch_evaluation(model, task, "denoise")
+    swapped = dataclasses.replace(task, src_ids=task.corrupted_src_ids, corrupted_src_ids=task.src_ids)
+    grid = model.heads_per_layer
+    masks = requested_masks(["enc.L1H0", "dec.L0H2", "cross.L1H1"], grid)
+    got = evaluator.evaluate(masks_to_gates(masks, grid, dtype))["logit_diff"].tolist()
+    assert got == pytest.approx([hand_patch(model, swapped, m.kind, m.layer, m.head) for m in masks],
+                                abs=TOLERANCE[dtype])  # fmt: skip
+
+
+def test_the_task_on_a_model_without_a_source_and_a_decoders_task_here_are_one_line():
+    settings = AblationConfig()
+    for causal, model in ((True, "a decoder"), (False, "an encoder")):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^task.source='translation_verb': scores an encoder-decoder's target "
+            rf"given a source \(model.encoder_layers > 0\); this model is {model}",
+        ):
+            refuse_decoder_only(settings, "translation_verb", causal)  # fmt: skip
+    refuse_decoder_only(settings, "translation_verb", True, encoder_decoder=True)
+    with pytest.raises(ConfigError, match=r"^task.source='ioi': a decoder's task scores a decoder's prompts; an "):
+        refuse_one_stack_only(settings, "ioi")
+    with pytest.raises(ConfigError, match=r"^task.source='translation_verb': writes the generated language's token "
+                                          r"ids, for a model trained on data.source=translation_seq2seq; this model "
+                                          r"reads translation$"):  # fmt: skip
+        verb_task(4, source="translation")
+    patch = typed_ablation({"mode": "patch", "metric": "logit_diff", "scans": {}})
+    refuse_one_stack_only(patch, "translation_verb")  # what the task makes possible
+    with pytest.raises(ConfigError, match=r"^ablation.mode='patch': an encoder-decoder is scored at its"):
+        refuse_one_stack_only(patch, None)
+    assert "with its tasks (translation_verb) mode=patch" in takes()
+    each = copy.copy(patch)
+    each.patch_positions = "each"
+    with pytest.raises(ConfigError, match=r"^ablation.patch_positions='each': an encoder-decoder's task names no"):
+        refuse_one_stack_only(each, "translation_verb")
