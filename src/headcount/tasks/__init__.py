@@ -2,8 +2,8 @@
 behaviour on (headcount.ablation.engine.metrics: logit_diff, answer_logprob, ...) instead of next-token loss.
 
 `build_task(cfg, tokenizer, n_ctx)` makes the prompts of task.source (a registered `TaskSource`: ioi, kv_retrieval,
-needle, file, masked_agreement, translation_verb) and encodes them for the model (tasks/encode.py). Adding a source
-is one module here with a registered `TaskSource` subclass.
+needle, file) and encodes them for the model (tasks/encode.py). Adding a source is one module here with a registered
+`TaskSource` subclass.
 """
 
 import pkgutil
