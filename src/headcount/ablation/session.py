@@ -31,10 +31,10 @@ from headcount.ablation.engine.evaluation import (
     counterpart_sums,
     evaluation,
     evaluation_set,
+    plain_evaluator,
     run_task,
     task_config,
 )
-from headcount.ablation.engine.evaluator import MaskEvaluator
 from headcount.ablation.engine.metrics import METRICS, resolve_metric
 from headcount.ablation.export import check_export, export_needs, export_pruned_model
 from headcount.ablation.methods.importance import Importance, importance_under
@@ -311,7 +311,7 @@ class AblationSession:
         }
         baselines = {f"baseline_{column}": self.baseline[column] for column in self.metric.columns}
         if self.task is not None:  # whether the model does the task at all, whatever the metric
-            top1 = MaskEvaluator(self.model, self.batches, masks_per_pass=1, metric=METRICS["top1"]())
+            top1 = plain_evaluator(self.model, self.batches, METRICS["top1"]())
             baselines["task_top1"] = top1.baseline()["top1"]
         if self.counterpart is not None:
             baselines["counterpart"] = {column: self.counterpart[column] for column in self.metric.columns}

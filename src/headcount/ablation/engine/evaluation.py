@@ -143,6 +143,12 @@ def evaluation(
     return Evaluation(replacements, batches, evaluator)
 
 
+def plain_evaluator(model: Transformer, batches: list[dict[str, Tensor]], metric: Metric) -> MaskEvaluator:
+    """An evaluator of the plain model, one mask per pass (an encoder-decoder's over its grid of three kinds)."""
+    Evaluator = Seq2SeqEvaluator if isinstance(model, EncoderDecoder) else MaskEvaluator
+    return Evaluator(model, batches, masks_per_pass=1, metric=metric)
+
+
 @dataclass
 class CounterpartSums:
     """The unmasked model on a task's counterpart prompts, the other end of the gap: each metric column (and
@@ -160,9 +166,7 @@ def counterpart_sums(
     """The metric on the unmasked model's counterpart prompts, with each one's sums (None without them)."""
     if data.counterpart is None:
         return None
-    batches = to_batches(data.counterpart, s.batch_size, device)
-    Evaluator = Seq2SeqEvaluator if isinstance(model, EncoderDecoder) else MaskEvaluator
-    evaluator = Evaluator(model, batches, masks_per_pass=1, metric=metric)
+    evaluator = plain_evaluator(model, to_batches(data.counterpart, s.batch_size, device), metric)
     totals = MaskTotals.empty(1, evaluator.columns, evaluator.n_examples)
     evaluator.accumulate(torch.ones(1, *evaluator.gates_shape), totals)
     baseline = {column: float(v[0]) for column, v in totals.values().items()} | {"n_targets": int(totals.n_targets[0])}
