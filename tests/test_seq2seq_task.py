@@ -216,3 +216,107 @@ def test_the_task_on_a_model_without_a_source_and_a_decoders_task_here_are_one_l
     each.patch_positions = "each"
     with pytest.raises(ConfigError, match=r"^ablation.patch_positions='each': an encoder-decoder's task names no"):
         refuse_one_stack_only(each, "translation_verb")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_first_layer_decoder_head_patched_changes_nothing_its_inputs_are_the_same_tokens(dtype):
+    """Decoder layer 0's self-attention reads the decoder's token embeddings alone, the same in both runs: its heads'
+    z are the same, so patching them moves nothing; layer 1's reads cross-attention's output and does."""
+    model, task = tiny_model(dtype), verb_task(10)
+    evaluator, *_ = patch_evaluation(model, task)
+    grid = model.heads_per_layer
+    got = evaluator.evaluate(masks_to_gates(requested_masks(["dec.L0H0+dec.L0H1+dec.L0H2", "dec.L1H1"], grid), grid,
+                                            dtype))["logit_diff"].tolist()  # fmt: skip
+    baseline = evaluator.baseline()["logit_diff"]
+    assert got[0] == pytest.approx(baseline, abs=TOLERANCE[dtype]) and abs(got[1] - baseline) > 1e-4
+
+
+def test_attribution_patching_of_every_kind_equals_central_finite_differences_of_the_patched_metric():
+    from headcount.ablation.methods.seq2seq_attribution import attribute_heads
+
+    dtype = torch.float64
+    model, task = tiny_model(dtype), verb_task(10)
+    evaluator, data, metric, settings = patch_evaluation(model, task)
+    mode = MODES.get("patch")()
+    prepared = mode.prepare(settings, model, data, None)
+    grid = model.heads_per_layer
+    mask_LH = torch.full((len(grid), max(grid)), 0.5, dtype=dtype)  # an interior point: both sides of the gate exist
+    attribution = attribute_heads(model, evaluator.batches, prepared, metric, mask_LH)
+    eps = 1e-5
+    for label in ("enc.L1H2", "dec.L1H0", "cross.L0H1"):
+        row, head = requested_masks([label], grid)[0].heads_off[0]
+        gates = mask_LH.repeat(2, 1, 1)
+        gates[0, row, head], gates[1, row, head] = 0.5 + eps, 0.5 - eps
+        up, down = evaluator.evaluate(gates)["logit_diff"].tolist()
+        slope = (up - down) / (2 * eps)
+        assert float(attribution.estimate_LH[row, head]) == pytest.approx(-slope, abs=1e-7), label
+        assert abs(slope) > 1e-3  # the head moves the metric: the check binds
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from seq2seq_cases import trained_translation_run
+
+    path = tmp_path_factory.mktemp("seq2seq_task_run")
+    trained_translation_run(path)
+    return path
+
+
+def test_patch_scans_of_a_trained_encoder_decoder_name_kinds_and_give_the_gap(trained):
+    """Run.scan on the task equals the patched forward by hand for a head of each kind, and gap_fraction is the delta
+    over the gap between the plain forwards of the corrupted and clean sources."""
+    import headcount
+
+    run = headcount.load_run(trained, device="cpu")
+    spec = {"source": "translation_verb", "n_prompts": 12}
+    table = run.scan("single_head", mode="patch", task=spec)
+    assert list(table.columns[:5]) == ["scan", "mask", "kind", "layer", "head"]
+    assert table["kind"].value_counts().to_dict() == {"enc": 4, "dec": 4, "cross": 4}
+    assert table["metric"].eq("logit_diff").all() and table["mode"].eq("patch").all()
+    task = run.task(spec)
+    clean, bad = task.examples(), task.examples(corrupted=True)
+    baseline = logit_diff_by_hand(run.model, clean["src_ids"], clean["src_mask"], clean["input_ids"], task)
+    corrupted = logit_diff_by_hand(run.model, bad["src_ids"], bad["src_mask"], bad["input_ids"], task)
+    rows = table.set_index("mask")
+    for label, kind, layer, head in (
+        ("enc.L1H0", "enc", 1, 0),
+        ("dec.L1H1", "dec", 1, 1),
+        ("cross.L0H0", "cross", 0, 0),
+    ):
+        expected = hand_patch(run.model, task, kind, layer, head)
+        assert rows.loc[label, "logit_diff"] == pytest.approx(expected, abs=1e-5)
+        assert rows.loc[label, "delta_logit_diff"] == pytest.approx(expected - baseline, abs=1e-5)
+        assert rows.loc[label, "gap_fraction"] == pytest.approx(
+            (expected - baseline) / (corrupted - baseline), rel=1e-3
+        )
+    summary = run.summary("patch", "logit_diff", task="translation_verb")
+    assert summary["counterpart"]["logit_diff"] == pytest.approx(corrupted, abs=1e-5)
+    assert summary["baseline_logit_diff"] == pytest.approx(baseline, abs=1e-5)
+    assert {"gap_fraction_ci_low", "gap_fraction_ci_high"} <= set(table.columns)
+    mean = run.scan("layer", mode="mean", task=spec)
+    assert mean["kind"].tolist() == ["enc", "enc", "dec", "dec", "cross", "cross"]
+
+
+@pytest.mark.slow
+def test_headcount_ablate_patches_an_encoder_decoder_on_its_task_from_the_command_line(trained, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ablate.py"
+    args = [f"run_dir={trained}", "task=translation_verb", "task.n_prompts=12", "ablation.mode=patch",
+            "ablation=[single_head]", "ablation.progress=false"]  # fmt: skip
+    done = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    folder = trained / "ablation" / "tasks" / "translation_verb"
+    table = pd.read_csv(folder / "single_head.patch.logit_diff.csv")
+    assert table["mask"].tolist()[:2] == ["enc.L0H0", "enc.L0H1"] and set(table["kind"]) == {"enc", "dec", "cross"}
+    assert (folder / "single_head.patch.logit_diff.png").exists()
+    refused = subprocess.run(
+        [sys.executable, str(script), f"run_dir={trained}", "task=ioi", "ablation.progress=false"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "task.source='ioi': a decoder's task scores a decoder's prompts" in refused.stderr
