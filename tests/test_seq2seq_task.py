@@ -15,12 +15,13 @@ from headcount.ablation.encoder_checks import refuse_decoder_only
 from headcount.ablation.engine.evaluation import counterpart_sums, evaluation, task_evaluation_set
 from headcount.ablation.engine.masks import masks_to_gates, requested_masks, single_head_masks
 from headcount.ablation.engine.metrics import resolve_metric
-from headcount.ablation.engine.modes import MODES
+from headcount.ablation.engine.modes import MODES, mean_z
 from headcount.ablation.seq2seq_checks import refuse_one_stack_only, takes
 from headcount.ablation.session import typed_ablation
 from headcount.config.ablation import AblationConfig
 from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.config.task import TaskConfig
+from headcount.data.examples import to_batches
 from headcount.data.synthetic import BOS
 from headcount.data.translation import NOUN, OBJ, VERB, Lexicon, translation_pairs
 from headcount.errors import ConfigError
@@ -320,3 +321,60 @@ def test_headcount_ablate_patches_an_encoder_decoder_on_its_task_from_the_comman
     )  # fmt: skip
     assert refused.returncode != 0
     assert "task.source='ioi': a decoder's task scores a decoder's prompts" in refused.stderr
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mean_and_resample_on_the_task_read_the_prompts_sources_and_decoder_tokens(dtype):
+    """mean: each kind's z averaged over the tokens of the prompts (the source's for enc, the decoder stream's for dec
+    and cross), by hand one prompt at a time; resample: every kind's z from the paired prompt's forward, its source
+    and its decoder stream, and the patched metric equals the forward with those replacements."""
+    model, task = tiny_model(dtype), verb_task(24)
+    clean = task.examples()
+    sums, counts = {}, {}
+    for i in range(len(task)):
+        S, T = int(task.src_lengths[i]), int(task.lengths[i])
+        cache = {}
+        with torch.no_grad():
+            model(task.src_ids[i : i + 1, :S], task.input_ids[i : i + 1, :T], cache=cache)
+        for name, z in cache.items():
+            if name.endswith(".z"):
+                sums[name] = sums.get(name, 0) + z[0].double().sum(0)
+                counts[name] = counts.get(name, 0) + len(z[0])
+    sites = [f"enc.blocks.{l}.attn.z" for l in range(2)] + [f"dec.blocks.{l}.attn.z" for l in range(2)]
+    sites += [f"dec.blocks.{l}.cross.z" for l in range(2)]
+    settings = AblationConfig(mode="mean", batch_size=5)
+    data = task_evaluation_set(task, settings, MODES.get("mean")())
+    means = mean_z(model, to_batches(data.reference, 5, CPU), False)
+    for got, site in zip(means, sites, strict=True):
+        assert torch.allclose(got.double(), sums[site] / counts[site], atol=TOLERANCE[dtype]), site
+    task = verb_task(64)  # enough prompts that every length has a partner
+    clean = task.examples()
+    settings = AblationConfig(mode="resample", batch_size=16, masks_per_pass=2, seed=2)
+    mode = MODES.get("resample")()
+    data = task_evaluation_set(task, settings, mode)
+    metric = resolve_metric("logit_diff", True, task=True)
+    evaluator = evaluation(settings, mode, metric, model, data, None, CPU).evaluator
+    source = (data.examples["source_ids"][:, None] == task.input_ids[None]).all(-1).float().argmax(1)
+    assert torch.equal(data.examples["source_src_ids"], task.src_ids[source])
+    assert (task.lengths[source] == task.lengths).all() and not torch.equal(source, torch.arange(len(task)))
+    cache = {}
+    with torch.no_grad():
+        model(task.src_ids[source], task.input_ids[source], src_keep=clean["src_mask"][source], cache=cache)
+    grid = model.heads_per_layer
+    masks = requested_masks(["enc.L0H2", "dec.L1H1", "cross.L1H0"], grid)
+    got = evaluator.evaluate(masks_to_gates(masks, grid, dtype))["logit_diff"].tolist()
+    for mask, value in zip(masks, got):
+        kind, layer, head = mask.kind, mask.layer, mask.head
+        site = {"enc": "enc.blocks.{}.attn.z", "dec": "dec.blocks.{}.attn.z", "cross": "dec.blocks.{}.cross.z"}[kind]
+        paired, width = cache[site.format(layer)], model.attention(kind, layer).head_dim
+
+        def write(_module, args, D=width, z_from=paired, h=head):
+            z = args[0].clone()
+            z[..., h * D : (h + 1) * D] = z_from.flatten(2)[..., h * D : (h + 1) * D]
+            return (z,)
+
+        expected = logit_diff_by_hand(
+            model, clean["src_ids"], clean["src_mask"], clean["input_ids"], task,
+            [(model.attention(kind, layer).out, write)],
+        )  # fmt: skip
+        assert value == pytest.approx(expected, abs=TOLERANCE[dtype]), mask.name
