@@ -215,7 +215,7 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
         "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads, attribution in modes zero, mean, "
-        "resample"
+        "resample, and with its tasks (translation_verb) mode=patch and the metrics that read wrong answers too"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "
@@ -233,7 +233,7 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         assert str(error.value) == line
     with pytest.raises(ConfigError) as error:
         refuse_one_stack_only(settings(), "ioi")
-    assert str(error.value) == "task.source='ioi': a task scores a decoder's prompts; " + takes
+    assert str(error.value) == "task.source='ioi': a decoder's task scores a decoder's prompts; " + takes
     refuse_one_stack_only(settings(scans={"s": {"kind": "single_head"}, "l": {"kind": "layer"}}, mode="mean"), None)
     refuse_one_stack_only(settings(prune={"export": True, "fraction": 0.25}), None)
 
