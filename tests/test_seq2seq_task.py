@@ -81,6 +81,13 @@ def test_each_prompt_is_a_sentence_scored_at_its_verb_and_the_counterpart_swaps_
 def test_the_prompts_follow_the_seed_and_are_the_generators_sentences():
     assert verb_task(6).fingerprint() == verb_task(6).fingerprint()
     assert verb_task(6).fingerprint() != verb_task(6, seed=1).fingerprint()
+    task = verb_task(6)
+    other = dataclasses.replace(task, corrupted_src_ids=task.corrupted_src_ids.roll(1, 0))  # only the sources differ
+    assert other.fingerprint() != task.fingerprint()
+    assert dataclasses.replace(task, src_ids=other.corrupted_src_ids).fingerprint() != task.fingerprint()
+    first = task.first(3)
+    assert torch.equal(first.src_ids, task.src_ids[:3]) and torch.equal(first.src_lengths, task.src_lengths[:3])
+    assert torch.equal(first.examples(corrupted=True)["src_ids"], task.corrupted_src_ids[:3])
     pairs = translation_pairs(np.random.default_rng(0), 6, VOCAB)
     task = verb_task(6)
     for i in range(6):
@@ -294,6 +301,8 @@ def test_patch_scans_of_a_trained_encoder_decoder_name_kinds_and_give_the_gap(tr
     assert summary["counterpart"]["logit_diff"] == pytest.approx(corrupted, abs=1e-5)
     assert summary["baseline_logit_diff"] == pytest.approx(baseline, abs=1e-5)
     assert {"gap_fraction_ci_low", "gap_fraction_ci_high"} <= set(table.columns)
+    evaluated = run.evaluate(["cross.L0H0"], mode="patch", task=spec).set_index("mask")
+    assert evaluated.loc["cross.L0H0", "logit_diff"] == pytest.approx(rows.loc["cross.L0H0", "logit_diff"], abs=1e-6)
     mean = run.scan("layer", mode="mean", task=spec)
     assert mean["kind"].tolist() == ["enc", "enc", "dec", "dec", "cross", "cross"]
 
