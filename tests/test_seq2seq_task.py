@@ -142,9 +142,19 @@ def patch_evaluation(model: EncoderDecoder, task, direction: str = "noise", metr
     return evaluation(settings, mode, measure, model, data, None, CPU).evaluator, data, measure, settings
 
 
+def other_streams(task):
+    """The task with counterparts whose decoder streams differ too (each prompt's second token replaced), so that a
+    dec or cross head's patch reads a corrupted run of other tokens on both stacks."""
+    streams = task.corrupted_ids.clone()
+    streams[:, 1] = (streams[:, 1] + 1) % VOCAB
+    return dataclasses.replace(task, corrupted_ids=streams)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_patching_an_enc_a_dec_and_a_cross_head_equals_torch_hooks_on_its_output_projection(dtype):
+@pytest.mark.parametrize("streams", ["same", "other"])
+def test_patching_an_enc_a_dec_and_a_cross_head_equals_torch_hooks_on_its_output_projection(dtype, streams):
     model, task = tiny_model(dtype), verb_task(10)
+    task = task if streams == "same" else other_streams(task)
     evaluator, *_ = patch_evaluation(model, task)
     grid = model.heads_per_layer
     masks = requested_masks(["enc.L0H1", "enc.L1H2", "dec.L1H0", "cross.L0H1", "cross.L1H0"], grid)
