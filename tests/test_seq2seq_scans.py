@@ -215,7 +215,8 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
         "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads, attribution in modes zero, mean, "
-        "resample, and with its tasks (translation_verb) mode=patch and the metrics that read wrong answers too"
+        "resample, and with its tasks (translation_verb, translation_agreement) mode=patch and the metrics that read "
+        "wrong answers too"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': its circuits are defined on a decoder's task prompts, "

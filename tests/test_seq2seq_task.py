@@ -78,6 +78,63 @@ def test_each_prompt_is_a_sentence_scored_at_its_verb_and_the_counterpart_swaps_
     assert len(task.src_ids.unique()) > 5 and task.src_lengths.unique().numel() > 1
 
 
+def translate(source: list[int], lex: Lexicon) -> tuple[list[int], int]:
+    """The target's words before the verb, and the verb, by the language's rules (data/translation.py), written here
+    from the source alone: NP V NP [P NP] -> NP' NP' [NP' P'] V', each NP' = Det' N' Adj'*; Det' carries its noun's
+    gender and number, Adj' its noun's gender, V' its subject's number and its object's gender."""
+    phrases, verb, prep, i = [], None, None, 0
+    while i < len(source):
+        token = source[i]
+        if lex.src_det <= token < lex.src_noun:  # a noun phrase: det, adjectives, noun
+            j = i + 1
+            while lex.src_adj <= source[j] < lex.src_verb:
+                j += 1
+            phrases.append((source[i], source[i + 1 : j], source[j]))
+            i = j + 1
+            continue
+        if lex.src_verb <= token < lex.src_prep:
+            verb = token
+        else:
+            prep = token
+        i += 1
+    out, genders = [], []
+    for det, adjectives, noun in phrases:
+        d, m = divmod(det - lex.src_det, 2)
+        lemma = (noun - lex.src_noun) // 2
+        g = int(lex.genders[lemma])
+        genders.append(g)
+        out += [lex.tgt_det + 4 * d + 2 * g + m, lex.tgt_noun + 2 * lemma + m]
+        out += [lex.tgt_adj + 2 * (a - lex.src_adj) + g for a in adjectives]
+    if prep is not None:
+        out.append(lex.tgt_post + prep - lex.src_prep)
+    lemma, m = divmod(verb - lex.src_verb, 2)
+    return out, lex.tgt_verb + 4 * lemma + 2 * m + genders[1]
+
+
+@pytest.mark.parametrize("source", ["translation_verb", "translation_agreement"])
+def test_both_runs_decoder_streams_answers_and_wrong_answers_are_the_languages_translations(source):
+    """Each prompt's stream is the translation of its source up to the verb, the answer that source's verb; the
+    counterpart's stream is the translation of the corrupted source, the wrong answer its verb; one source token
+    differs (the verb for translation_verb, the object's noun, of the other gender, for translation_agreement)."""
+    tokens = IdsOnly(VOCAB, "the synthetic alphabet", "translation_seq2seq")
+    task, lex = build_task(TaskConfig(source=source, n_prompts=16), tokens, N_CTX), Lexicon.for_vocab(VOCAB)
+    streams_differ = 0
+    for i in range(len(task)):
+        S, T = int(task.src_lengths[i]), int(task.lengths[i])
+        src, bad = task.src_ids[i, :S].tolist(), task.corrupted_src_ids[i, :S].tolist()
+        (words, verb), (bad_words, bad_verb) = translate(src, lex), translate(bad, lex)
+        assert task.input_ids[i, :T].tolist() == [BOS, *words] and task.corrupted_ids[i, :T].tolist() == [
+            BOS,
+            *bad_words,
+        ]
+        assert int(task.answer_ids[i, T - 1]) == verb and int(task.wrong_ids[i, T - 1]) == bad_verb != verb
+        (at,) = [k for k in range(S) if src[k] != bad[k]]
+        kind = (lex.src_verb, lex.src_prep) if source == "translation_verb" else (lex.src_noun, lex.src_adj)
+        assert kind[0] <= src[at] < kind[1] and src[at] % 2 == bad[at] % 2  # the same number
+        streams_differ += words != bad_words
+    assert streams_differ == (0 if source == "translation_verb" else len(task))
+
+
 def test_the_prompts_follow_the_seed_and_are_the_generators_sentences():
     assert verb_task(6).fingerprint() == verb_task(6).fingerprint()
     assert verb_task(6).fingerprint() != verb_task(6, seed=1).fingerprint()
@@ -151,10 +208,13 @@ def other_streams(task):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("streams", ["same", "other"])
+@pytest.mark.parametrize("streams", ["same", "other", "translation_agreement"])
 def test_patching_an_enc_a_dec_and_a_cross_head_equals_torch_hooks_on_its_output_projection(dtype, streams):
     model, task = tiny_model(dtype), verb_task(10)
     task = task if streams == "same" else other_streams(task)
+    if streams == "translation_agreement":  # the counterpart's own translation: its decoder stream differs
+        tokens = IdsOnly(VOCAB, "the synthetic alphabet", "translation_seq2seq")
+        task = build_task(TaskConfig(source=streams, n_prompts=10), tokens, N_CTX)
     evaluator, *_ = patch_evaluation(model, task)
     grid = model.heads_per_layer
     masks = requested_masks(["enc.L0H1", "enc.L1H2", "dec.L1H0", "cross.L0H1", "cross.L1H0"], grid)
@@ -229,7 +289,7 @@ def test_the_task_on_a_model_without_a_source_and_a_decoders_task_here_are_one_l
     refuse_one_stack_only(patch, "translation_verb")  # what the task makes possible
     with pytest.raises(ConfigError, match=r"^ablation.mode='patch': an encoder-decoder is scored at its"):
         refuse_one_stack_only(patch, None)
-    assert "with its tasks (translation_verb) mode=patch" in takes()
+    assert "with its tasks (translation_verb, translation_agreement) mode=patch" in takes()
     each = copy.copy(patch)
     each.patch_positions = "each"
     with pytest.raises(ConfigError, match=r"^ablation.patch_positions='each': an encoder-decoder's task names no"):
