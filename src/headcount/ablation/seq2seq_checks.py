@@ -68,7 +68,7 @@ def refuse_one_stack_only(settings: AblationConfig, task_source: str | None, sev
     if task_source is not None and not seq2seq_task:
         raise ConfigError("task.source", task_source, f"a decoder's task scores a decoder's prompts; {takes()}")
     if seq2seq_task and settings.patch_positions == "each":
-        allowed = f"an encoder-decoder's task names no positions, so all; {takes()}"
+        allowed = f"an encoder-decoder's task names no positions: use all; {takes()}"
         raise ConfigError("ablation.patch_positions", "each", allowed)
     for name, scan in settings.scans.items():
         if scan.kind not in SEQ2SEQ_SCANS:
