@@ -33,3 +33,25 @@ def pairs(n: int = 7, seed: int = 1) -> dict:
     targets = [sentence(1) for _ in range(n)]
     batch = seq2seq_batch(sources, targets, start_id=1, pad_id=0)
     return {**batch, "loss_mask": batch["loss_mask"].bool()}
+
+
+def trained_translation_run(path, steps: int = 6) -> None:
+    """A tiny encoder-decoder (2 + 2 layers, 2 heads of each kind) trained `steps` steps on the generated translation
+    task (data.source=translation_seq2seq, vocabulary 512) in `path`, as headcount-train runs it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from headcount.cli.train import run
+    from headcount.config import CONF_DIR
+
+    overrides = ["data=translation_seq2seq", "size=smoke", f"trainer.max_steps={steps}",
+                 f"trainer.val_check_interval={steps}", "model.encoder_layers=2", "model.n_layers=2",
+                 "model.d_model=32", "model.n_ctx=16", "model.vocab_size=512", "model.attn.n_heads=2", "ablation=[]",
+                 "ablation.n_eval=24", "ablation.n_reference=16", "ablation.batch_size=16"]  # fmt: skip
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    run(cfg, path)
+    (path / ".hydra").mkdir()
+    (path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))  # what Hydra writes for headcount-train

@@ -213,9 +213,10 @@ def settings(**ablation) -> AblationConfig:
 
 def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
-        "an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline, single_head, layer, "
-        "leave_one_in, custom, importance, pruning, l0_gates, pairs, top_heads, attribution, direct_effect, "
-        "head_scores, kv_groups in modes zero, mean, resample"
+        "an encoder-decoder is scored at its teacher-forced targets and takes the scans attribution, baseline, custom, "
+        "direct_effect, head_scores, single_head, importance, kv_groups, l0_gates, layer, leave_one_in, pairs, "
+        "pruning, top_heads in modes zero, mean, resample, and with its tasks (translation_verb, "
+        "translation_agreement) mode=patch and the metrics that read wrong answers too"
     )
     cases = {
         "ablation.scans.path_patching.kind='path_patching': the scan is not defined through cross-attention yet; an "
@@ -238,7 +239,7 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         assert str(error.value) == line
     with pytest.raises(ConfigError) as error:
         refuse_one_stack_only(settings(), "ioi")
-    assert str(error.value) == "task.source='ioi': a task scores a decoder's prompts; " + takes
+    assert str(error.value) == "task.source='ioi': a decoder's task scores a decoder's prompts; " + takes
     refuse_one_stack_only(settings(scans={"s": {"kind": "single_head"}, "l": {"kind": "layer"}}, mode="mean"), None)
     refuse_one_stack_only(settings(prune={"export": True, "fraction": 0.25}), None)
     refuse_one_stack_only(settings(scans={"kv": {"kind": "kv_groups"}}), None)  # each kind's own groups

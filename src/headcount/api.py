@@ -169,7 +169,8 @@ class Run:
             raise ConfigError("evaluate", what, "give exactly one of masks, edges_removed= or circuit=")
         s = self.mode_settings(mode, metric, **settings)
         checked = validate_settings(s, self.task_settings(task))
-        refuse_decoder_only(s, None if checked.task is None else str(checked.task.source), self.model.cfg.causal)
+        source = None if checked.task is None else str(checked.task.source)
+        refuse_decoder_only(s, source, self.model.cfg.causal, isinstance(self.model, EncoderDecoder))
         if isinstance(self.model, EncoderDecoder):
             if masks is None:
                 refuse_seq2seq_edges(given[0])

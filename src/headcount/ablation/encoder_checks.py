@@ -29,8 +29,17 @@ def masked_lm_sources() -> list[str]:
     return [name for name in SOURCES.names() if SOURCES[name].masked_lm]
 
 
-def refuse_decoder_only(settings: AblationConfig, task_source: str | None, causal: bool) -> None:
-    """ConfigError for a task, a scan or a metric an encoder cannot be scored by, or a masked-LM task on a decoder."""
+def refuse_decoder_only(
+    settings: AblationConfig, task_source: str | None, causal: bool, encoder_decoder: bool = False
+) -> None:
+    """ConfigError for a task, a scan or a metric an encoder cannot be scored by, a masked-LM task on a decoder, or
+    an encoder-decoder's task on a model without a source to read."""
+    from headcount.ablation.seq2seq_checks import seq2seq_sources
+
+    if task_source in seq2seq_sources() and not encoder_decoder:
+        model = "a decoder (model.causal=true)" if causal else "an encoder (model.causal=false)"
+        allowed = f"scores an encoder-decoder's target given a source (model.encoder_layers > 0); this model is {model}"
+        raise ConfigError("task.source", task_source, allowed)
     masked = task_source in masked_lm_sources()
     if causal:
         if masked:

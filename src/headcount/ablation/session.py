@@ -31,10 +31,10 @@ from headcount.ablation.engine.evaluation import (
     counterpart_sums,
     evaluation,
     evaluation_set,
+    plain_evaluator,
     run_task,
     task_config,
 )
-from headcount.ablation.engine.evaluator import MaskEvaluator
 from headcount.ablation.engine.metrics import METRICS, resolve_metric
 from headcount.ablation.export import check_export, export_needs, export_pruned_model
 from headcount.ablation.methods.importance import Importance, importance_under
@@ -210,7 +210,7 @@ class AblationSession:
         self.model = self.run.model.to(self.device, ScanDtype(s.dtype).torch).eval()
         self.heads_per_layer = self.model.heads_per_layer
         source = None if self.task_cfg is None else str(self.task_cfg.source)
-        refuse_decoder_only(s, source, self.model.cfg.causal)
+        refuse_decoder_only(s, source, self.model.cfg.causal, isinstance(self.model, EncoderDecoder))
         if isinstance(self.model, EncoderDecoder):
             refuse_one_stack_only(s, source)
 
@@ -311,7 +311,7 @@ class AblationSession:
         }
         baselines = {f"baseline_{column}": self.baseline[column] for column in self.metric.columns}
         if self.task is not None:  # whether the model does the task at all, whatever the metric
-            top1 = MaskEvaluator(self.model, self.batches, masks_per_pass=1, metric=METRICS["top1"]())
+            top1 = plain_evaluator(self.model, self.batches, METRICS["top1"]())
             baselines["task_top1"] = top1.baseline()["top1"]
         if self.counterpart is not None:
             baselines["counterpart"] = {column: self.counterpart[column] for column in self.metric.columns}

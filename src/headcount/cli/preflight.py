@@ -164,7 +164,7 @@ def check_ablation(settings: AblationConfig, model: Transformer, cfg: DictConfig
     task_cfg = task_config(cfg) if cfg is not None else None
     checked = validate_settings(settings, task_cfg)
     source = None if task_cfg is None else str(task_cfg.source)
-    refuse_decoder_only(settings, source, model.cfg.causal)
+    refuse_decoder_only(settings, source, model.cfg.causal, isinstance(model, EncoderDecoder))
     if isinstance(model, EncoderDecoder):
         refuse_one_stack_only(settings, source)
     planned = plan(checked, lambda c: run_task(cfg, model, c), Path("ablation"))  # a run not made yet

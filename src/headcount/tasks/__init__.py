@@ -42,7 +42,7 @@ def build_task(cfg: TaskConfig, tokenizer: TaskTokenizer, n_ctx: int) -> TaskSet
     """The task's prompts in the model's tokens; ConfigError (one line, naming the key and the prompt) for bad input."""
     validate_task_config(cfg, list(SOURCES))
     source = SOURCES.get(cfg.source)()
-    if isinstance(tokenizer, IdsOnly) and cfg.source != "file":
+    if isinstance(tokenizer, IdsOnly) and cfg.source != "file" and not source.writes_ids:
         raise ConfigError(
             "task.source",
             cfg.source,

@@ -183,7 +183,10 @@ def encode_prompt(enc: Encoder, p: TaskPrompt, index: int) -> dict:
     named = {"end": n - 1}
     for label, where in p.named.items():
         named[label] = where if spans is None else token_at(spans, where)
+    source, corrupted_source = encode_source(enc, p, index)
     return {
+        "source": source,
+        "corrupted_source": corrupted_source,
         "ids": full,
         "positions": positions,
         "answers": answer_ids,
@@ -192,6 +195,38 @@ def encode_prompt(enc: Encoder, p: TaskPrompt, index: int) -> dict:
         "named": named,
         "text": p.prompt if isinstance(p.prompt, str) else None,
     }
+
+
+def encode_source(enc: Encoder, p: TaskPrompt, index: int) -> tuple[list[int] | None, list[int] | None]:
+    """An encoder-decoder's source and its counterpart's (token ids), checked: in the vocabulary, within the model's
+    context, and of one length (the encoder's positions patch position by position)."""
+    if p.source is None:
+        return None, None
+    source, _ = enc.tokens(p.source, index, "source")
+    corrupted = None
+    if p.corrupted_source is not None:
+        corrupted, _ = enc.tokens(p.corrupted_source, index, "corrupted source")
+        if len(corrupted) != len(source):
+            raise enc.fail(
+                index, f"the source has {len(source)} tokens and the corrupted one {len(corrupted)}: give equal lengths"
+            )
+    if len(source) > enc.n_ctx:
+        raise enc.fail(index, f"its source has {len(source)} tokens, more than the model's context ({enc.n_ctx})")
+    return source, corrupted
+
+
+def stack_sources(rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """An encoder-decoder's sources (N, S) right-padded with 0, their lengths and the counterparts' sources."""
+    if rows[0]["source"] is None:
+        return None
+    S = max(len(r["source"]) for r in rows)
+    src_ids = torch.zeros(len(rows), S, dtype=torch.long)
+    corrupted = torch.zeros(len(rows), S, dtype=torch.long) if rows[0]["corrupted_source"] is not None else None
+    for i, r in enumerate(rows):
+        src_ids[i, : len(r["source"])] = torch.tensor(r["source"])
+        if corrupted is not None:
+            corrupted[i, : len(r["corrupted_source"])] = torch.tensor(r["corrupted_source"])
+    return src_ids, torch.tensor([len(r["source"]) for r in rows]), corrupted
 
 
 def stack(rows: list[dict], name: str, tokenizer: TaskTokenizer, special_tokens: bool) -> TaskSet:
@@ -230,4 +265,5 @@ def stack(rows: list[dict], name: str, tokenizer: TaskTokenizer, special_tokens:
         positions,
         texts,
         special_tokens,
+        *(stack_sources(rows) or ()),
     )

@@ -5,6 +5,10 @@ correct answer and optionally a wrong one (text or a token id; text is encoded a
 and a multi-token answer is scored on its first token unless task.answer_tokens=all). It may have a corrupted
 counterpart and named positions (IOI's "S2", retrieval's "key"): characters of a text prompt, or token indices of an
 id prompt, turned into token positions when encoded.
+
+An encoder-decoder's task (a source with `seq2seq`, tasks/translation_verb.py) gives each prompt a source sentence as
+token ids (`source`, the encoder's input) and its counterpart's (`corrupted_source`); the prompt is then the decoder's
+stream, teacher-forced: its start token and the target's tokens so far.
 """
 
 import hashlib
@@ -24,6 +28,8 @@ class TaskPrompt:
     corrupted: str | list[int] | None = None
     positions: list[int] | None = None  # token indices scored (negative: from the end); None: the last token
     named: dict[str, int] = field(default_factory=dict)  # name -> a character (text) or token index (ids) it marks
+    source: list[int] | None = None  # an encoder-decoder's: the encoder's input (token ids)
+    corrupted_source: list[int] | None = None  # and the counterpart's
 
 
 @dataclass
@@ -42,6 +48,10 @@ class TaskSet:
     positions: dict[str, Tensor]  # name -> (N,) token index in the prompt, -1 where a prompt lacks it; "end" always
     texts: list[str]  # each prompt as text, for tables and figures
     special_tokens: bool = False  # encoded with the tokenizer's own special tokens (task.add_special_tokens)
+    # an encoder-decoder's task: the sources (N, S) right-padded with 0, their lengths, the counterparts' sources
+    src_ids: Tensor | None = None
+    src_lengths: Tensor | None = None
+    corrupted_src_ids: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -53,6 +63,11 @@ class TaskSet:
     @property
     def has_corrupted(self) -> bool:
         return self.corrupted_ids is not None
+
+    @property
+    def seq2seq(self) -> bool:
+        """Whether the prompts are an encoder-decoder's: a source each, the prompt its decoder's stream."""
+        return self.src_ids is not None
 
     @property
     def shift(self) -> Tensor:
@@ -76,12 +91,16 @@ class TaskSet:
             {name: t[:n] for name, t in self.positions.items()},
             self.texts[:n],
             self.special_tokens,
+            cut(self.src_ids),
+            cut(self.src_lengths),
+            cut(self.corrupted_src_ids),
         )
 
     def examples(self, corrupted: bool = False) -> dict[str, Tensor]:
         """What the evaluator reads: input_ids, the score points (score_mask, answer_ids, wrong_ids), valid (B, T)
         (positions inside a prompt) and named_pos (B, K), of the clean prompts or of their counterparts, scored with
-        the clean prompts' answers at the corresponding positions."""
+        the clean prompts' answers at the corresponding positions; an encoder-decoder's also src_ids and src_mask
+        (B, S), the clean sources or the counterparts'."""
         ids, lengths = (self.corrupted_ids, self.corrupted_lengths) if corrupted else (self.input_ids, self.lengths)
         score_mask, answer_ids, wrong_ids = self.score_mask, self.answer_ids, self.wrong_ids
         named = torch.stack(list(self.positions.values()), dim=1)
@@ -98,13 +117,18 @@ class TaskSet:
             "valid": torch.arange(T)[None] < lengths[:, None],
             "named_pos": named,
         }
+        if self.seq2seq:
+            src_ids = self.corrupted_src_ids if corrupted else self.src_ids
+            S = src_ids.shape[1]
+            examples |= {"src_ids": src_ids, "src_mask": torch.arange(S)[None] < self.src_lengths[:, None]}
         return examples if wrong_ids is None else {**examples, "wrong_ids": wrong_ids}
 
     def fingerprint(self) -> dict:
         """What the task's results depend on: a hash of every token, answer and position, its size, and whether the
         tokenizer's special tokens were added (said only when they were, so that earlier records still match)."""
         digest = hashlib.sha256()
-        for tensor in (self.input_ids, self.score_mask, self.answer_ids, self.wrong_ids, self.corrupted_ids):
+        tensors = (self.input_ids, self.score_mask, self.answer_ids, self.wrong_ids, self.corrupted_ids)
+        for tensor in (*tensors, self.src_ids, self.corrupted_src_ids):
             if tensor is not None:
                 digest.update(tensor.contiguous().numpy().tobytes())
         for name, tensor in self.positions.items():

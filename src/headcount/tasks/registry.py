@@ -12,6 +12,8 @@ from headcount.tasks.tokens import TaskTokenizer
 class TaskSource:
     name: ClassVar[str]
     masked_lm: ClassVar[bool] = False  # scores an encoder's mask positions, not a decoder's next tokens
+    seq2seq: ClassVar[bool] = False  # scores an encoder-decoder's teacher-forced target given a source
+    writes_ids: ClassVar[bool] = False  # its prompts are token ids (a model without a tokenizer reads them)
 
     def prompts(self, cfg: TaskConfig, tokenizer: TaskTokenizer) -> list[TaskPrompt]:
         raise NotImplementedError

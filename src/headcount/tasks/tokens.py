@@ -62,8 +62,9 @@ class IdsOnly:
     kind, bos_first = "no tokenizer", False
     FIX = "give prompts and answers as token ids"
 
-    def __init__(self, vocab_size: int, why: str):
-        self.vocab_size, self.why = vocab_size, why
+    def __init__(self, vocab_size: int, why: str, data_source: str | None = None):
+        """data_source: the synthetic data the model was trained on (data.source), where known."""
+        self.vocab_size, self.why, self.data_source = vocab_size, why, data_source
 
     def encode(self, text: str, special_tokens: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
         raise ConfigError("task", text[:40], f"is text, but {self.why}: {self.FIX}")

@@ -99,7 +99,8 @@ def task_evaluation_set(task: TaskSet, s: AblationConfig, mode: AblationMode) ->
     reference = None
     if mode.uses_reference:
         chosen = task.examples(corrupted=reference_name == "corrupted")
-        reference = {"input_ids": chosen["input_ids"], "valid": chosen["valid"]}
+        kept = ("input_ids", "valid", "src_ids", "src_mask")  # an encoder-decoder's sources pair with its prompts
+        reference = {key: chosen[key] for key in kept if key in chosen}
     counterpart = task.examples(corrupted=not denoise) if task.has_corrupted else None
     split = "corrupted" if denoise else "prompts"
     return EvaluationSet(examples, reference, split, reference_name if mode.uses_reference else None, task, counterpart)
@@ -142,6 +143,12 @@ def evaluation(
     return Evaluation(replacements, batches, evaluator)
 
 
+def plain_evaluator(model: Transformer, batches: list[dict[str, Tensor]], metric: Metric) -> MaskEvaluator:
+    """An evaluator of the plain model, one mask per pass (an encoder-decoder's over its grid of three kinds)."""
+    Evaluator = Seq2SeqEvaluator if isinstance(model, EncoderDecoder) else MaskEvaluator
+    return Evaluator(model, batches, masks_per_pass=1, metric=metric)
+
+
 @dataclass
 class CounterpartSums:
     """The unmasked model on a task's counterpart prompts, the other end of the gap: each metric column (and
@@ -159,8 +166,7 @@ def counterpart_sums(
     """The metric on the unmasked model's counterpart prompts, with each one's sums (None without them)."""
     if data.counterpart is None:
         return None
-    batches = to_batches(data.counterpart, s.batch_size, device)
-    evaluator = MaskEvaluator(model, batches, masks_per_pass=1, metric=metric)
+    evaluator = plain_evaluator(model, to_batches(data.counterpart, s.batch_size, device), metric)
     totals = MaskTotals.empty(1, evaluator.columns, evaluator.n_examples)
     evaluator.accumulate(torch.ones(1, *evaluator.gates_shape), totals)
     baseline = {column: float(v[0]) for column, v in totals.values().items()} | {"n_targets": int(totals.n_targets[0])}
@@ -198,7 +204,8 @@ def task_tokenizer(config: DictConfig, vocab_size: int) -> TaskTokenizer:
     source = str(config.data.source)
     if source in TEXT_SOURCES:
         return ByteTokens()
-    return IdsOnly(vocab_size, f"the model reads the synthetic alphabet of data.source={source} (no tokenizer)")
+    why = f"the model reads the synthetic alphabet of data.source={source} (no tokenizer)"
+    return IdsOnly(vocab_size, why, source)
 
 
 def run_task(config: DictConfig, model: Transformer, cfg: TaskConfig | None = None) -> TaskSet | None:

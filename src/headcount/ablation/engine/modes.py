@@ -221,6 +221,9 @@ class Patch(AblationMode):
         task, denoise = data.task, s.patch_direction == "denoise"
         counterpart = task.examples(corrupted=not denoise)
         data.examples["source_ids"] = counterpart["input_ids"]
+        for column in ("src_ids", "src_mask"):  # an encoder-decoder's: the counterpart's source feeds its encoder
+            if column in counterpart:
+                data.examples[f"source_{column}"] = counterpart[column]
         shift = task.shift if not denoise else -task.shift
         if bool((shift != 0).any()):
             data.examples["source_pos"] = aligned_positions(data.examples["valid"], counterpart["valid"], shift)

@@ -21,7 +21,10 @@ def grid_z(model: EncoderDecoder, src_BS: Tensor, src_keep_BS: Tensor, tgt_BT: T
 
 
 def decoder_positions(batch: dict[str, Tensor]) -> Tensor:
-    """(B, T) bool: the decoder positions that hold a token, its start token and the target's (loss_mask)."""
+    """(B, T) bool: the decoder positions that hold a token, its start token and the target's (loss_mask); a task's
+    prompt's (valid)."""
+    if "valid" in batch:
+        return batch["valid"].bool()
     valid_BT = batch["loss_mask"].bool().clone()
     valid_BT[:, 0] = True
     return valid_BT
