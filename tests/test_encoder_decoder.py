@@ -270,7 +270,7 @@ def test_training_preflight_builds_an_encoder_decoder_checks_its_scans_and_refus
     assert str(error.value).startswith(
         "ablation.scans.e.kind='edge_attribution': the scan is not defined through cross-attention yet; an "
         "encoder-decoder's exact, EAP and EAP-IG edge scores and faithfulness are headcount.circuits.seq2seq_* in "
-        "Python; an encoder-decoder is scored at its teacher-forced targets and takes the scans baseline,"
+        "Python; an encoder-decoder is scored at its teacher-forced targets and takes the scans attribution,"
     )
 
 
@@ -345,3 +345,21 @@ def test_a_model_and_data_of_different_shapes_are_one_line_before_their_lengths(
     with pytest.raises(ConfigError) as error:
         validate_train_config(cfg)
     assert str(error.value) == message
+
+
+def test_cross_attention_keys_from_the_command_line_reach_the_model(compose_train):
+    """model.cross_attn is null by default (model.attn's settings): `++model.cross_attn.<key>` changes one key of
+    model.attn's settings, a mapping several, and the typed config holds an AttentionConfig either way (OmegaConf
+    cannot merge into a null structured node, hence the untyped field and ModelConfig.__post_init__)."""
+    from headcount.config.schema import typed
+
+    base = ["model=nmt_encdec", "data=translation_seq2seq"]
+    one = typed(compose_train([*base, "++model.cross_attn.n_kv_heads=2"]).model, ModelConfig)
+    assert one.cross_attn == AttentionConfig(n_heads=4, n_kv_heads=2)  # nmt_encdec's model.attn has 4 heads
+    several = typed(compose_train([*base, "model.cross_attn={n_heads:2,combine:sum}"]).model, ModelConfig)
+    assert several.cross_attn == AttentionConfig(n_heads=2, combine="sum")
+    assert typed(compose_train(base).model, ModelConfig).cross_attn is None
+    assert build_model(several).decoder.blocks[0].cross.n_heads == 2
+    assert ModelConfig(attn=AttentionConfig(n_heads=2, qkv_bias=False), cross_attn={"head_dim": 8}).cross_attn == (
+        AttentionConfig(n_heads=2, qkv_bias=False, head_dim=8)
+    )

@@ -107,6 +107,18 @@ MISTAKES = [
         "(the model's",
     ),
     (["data=text", "data.path=/no/such/file.txt"], "data.path='/no/such/file.txt'", ""),
+    (
+        ["model.encoder_layers=1", "model.cross_attn.n_heads=2"],
+        "model.cross_attn.n_heads=2: model.cross_attn does not set n_heads here",
+        "add it with ++: ++model.cross_attn.n_heads=2",
+    ),
+    (
+        ["model.encoder_layers=1", "++model.cross_attn.n_headz=2"],
+        "model.cross_attn.n_headz=2: not a key of model.cross_attn",
+        "did you mean model.cross_attn.n_heads?",
+    ),
+    (["model.encoder_layers=1", "++model.cross_attn.combine=avg"], "model.cross_attn.combine='avg'", "concat, sum"),
+    (["++model.cross_attn.n_heads=2"], "model.cross_attn='set': is the cross-attention of an encoder-decoder", ""),
 ]
 
 

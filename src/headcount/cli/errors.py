@@ -88,6 +88,11 @@ def unknown_override(error: HydraException, cause: ConfigKeyError | ConfigAttrib
         and kind in indexed_kinds()["scan kind"].names()
     ):
         return not_taken(parts[2], kind, parts[3], value)  # a setting the scan's kind does not take
+    if cause.full_key.startswith("model.cross_attn.") and cause.full_key.count(".") == 2:
+        # null (model.attn's settings) or a model config's partial mapping: Hydra adds a key there only when told to
+        key = cause.full_key.rsplit(".", 1)[1]
+        allowed = f"model.cross_attn does not set {key} here (it takes model.attn's settings); add it with ++"
+        return ConfigError(cause.full_key, value, f"{allowed}: ++{cause.full_key}={override.partition('=')[2]}")
     keys = list(cause.parent_node.keys()) if cause.parent_node is not None else []
     return unknown_key(cause.full_key, value, [key for key in keys if key != "hydra"])  # Hydra's node: not ours
 

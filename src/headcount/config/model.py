@@ -11,6 +11,7 @@ Every key's default is the behaviour before it existed, so older checkpoints reb
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from headcount.config.choice import Choice, check_bools, check_choice
 from headcount.errors import ConfigError, check_positive, finite
@@ -188,8 +189,10 @@ class ModelConfig:
     # attend to the encoder's output (cross-attention), sharing one token embedding; both stacks take every other key
     encoder_layers: int = 0
     # The cross-attention heads, configured like model.attn (number, width, concat or sum, key/value groups, biases,
-    # score scale); null: the same as model.attn. Only with encoder_layers > 0
-    cross_attn: AttentionConfig | None = None
+    # score scale); null: the same as model.attn; a mapping: model.attn's settings with the keys it gives. Only with
+    # encoder_layers > 0. Typed Any for Hydra, which cannot set a key inside a null structured node from the command
+    # line (`++model.cross_attn.n_heads=2` would fail in OmegaConf): __post_init__ types it
+    cross_attn: Any = None
     # After structurally pruning an encoder-decoder (EncoderDecoder.select_heads): the encoder's self-attention heads
     # per layer and the decoder's cross-attention heads per layer (the decoder's self-attention's are heads_per_layer),
     # and their key/value groups as kv_groups_per_layer's; null: model.attn.n_heads (model.cross_attn's) in every layer
@@ -203,6 +206,32 @@ class ModelConfig:
     relative_max_distance: int = 128
     unembed_scale: bool = False  # the unembedding's input times d_model^(-1/2) (T5 v1.0 with tied embeddings)
     logits_bias: bool = False  # a bias per token added to the logits (BART's and Marian's final_logits_bias)
+
+    def __post_init__(self) -> None:
+        if self.cross_attn is not None and not isinstance(self.cross_attn, AttentionConfig):
+            self.cross_attn = typed_attention(self.cross_attn, "model.cross_attn", self.attn)
+
+
+def typed_attention(keys: Any, key: str, base: AttentionConfig) -> AttentionConfig:
+    """An attention section given as a mapping (a config's `model.cross_attn`), as an AttentionConfig whose keys the
+    mapping leaves out are base's (model.attn's); a ConfigError naming the key for a key it lacks or a value of the
+    wrong type."""
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
+    from headcount.config.schema import unknown_key
+
+    if not isinstance(keys, dict | DictConfig):
+        raise ConfigError(key, keys, "must be a mapping of model.attn's keys (n_heads, head_dim, ...) or null")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(base), keys))
+    except ConfigKeyError as e:
+        raise unknown_key(f"{key}.{e.key}", keys.get(e.key), AttentionConfig.__dataclass_fields__) from None
+    except ValidationError as e:
+        reason = e.msg.splitlines()[0]
+        if "expected one of [" in reason:
+            reason = "allowed: " + reason.split("expected one of [", 1)[1].rstrip("]")
+        raise ConfigError(f"{key}.{e.key}", keys.get(e.key), reason) from None
 
 
 def resolve_head_dim(d_model: int, attn: AttentionConfig, key: str = "model.attn") -> int:
