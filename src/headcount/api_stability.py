@@ -4,7 +4,7 @@ tables here, compared as headcount-ablate's `ablation.task_seeds` compares them 
 """
 
 from headcount.ablation import task_seeds
-from headcount.ablation.task_seeds import seed_stability, top_heads  # noqa: F401  (the Python API's names)
+from headcount.ablation.task_seeds import seed_stability, top_edges, top_heads  # noqa: F401  (the Python API's names)
 from headcount.config.scans import EdgeAttributionSettings, ScanSettings
 from headcount.config.task import TaskConfig
 
