@@ -9,9 +9,9 @@ An edge_attribution table's items are its edges: each seed's top n by |score| of
 (`circuit_by`: exact where every edge is exact, else EAP-IG), n the scan's circuit_size (the n whose bootstrap
 stability edge_circuits.<scan>.stability reports), over the table's edges (all, or those into its receivers).
 
-Written by headcount-ablate beside each mask scan's table in the base task's folder: <scan>_seed_stability.csv (a row
-per two seeds: seed_a, seed_b, overlap), <scan>_seed_stability.png (the overlaps as a seed-by-seed grid) and
-summary.json's `seed_stability` entry (n, seeds, tops, mean_overlap, min_overlap).
+Written by headcount-ablate beside each mask scan's (and edge_attribution scan's) table in the base task's folder:
+<scan>_seed_stability.csv (a row per two seeds: seed_a, seed_b, overlap), <scan>_seed_stability.png (the overlaps as
+a seed-by-seed grid) and summary.json's `seed_stability` entry (n, by, seeds, tops, mean_overlap, min_overlap).
 """
 
 import dataclasses
