@@ -518,7 +518,14 @@ def test_l0_gates_and_head_scores_scans_write_their_results(run_copy):
         .all()
         .all()
     )
-    for name in ("l0_gates.png", "head_scores_prev_token_score.png", "head_scores_induction_score.png"):
+    for score in ("prev_token_score", "induction_score"):  # each score's bootstrap interval over the sequences
+        low, high = scores[f"{score}_ci_low"], scores[f"{score}_ci_high"]
+        assert (low <= scores[score] + 1e-12).all() and (scores[score] <= high + 1e-12).all() and (low < high).any()
+        assert scores[f"{score}_top_share"].between(0, 1).all()
+    shared = json.loads((out / "summary.json").read_text())["mode_independent"]["intervals"]["head_scores"]
+    assert set(shared) == {"prev_token_score", "induction_score"} and shared["induction_score"]["resamples"] == 1000
+    names = ("l0_gates.png", "head_scores_prev_token_score.png", "head_scores_induction_score.png")
+    for name in (*names, "head_scores_intervals.png"):
         assert (out / name).stat().st_size > 0
 
 

@@ -112,3 +112,22 @@ def test_per_example_edge_scores_add_up_to_the_scores(family, dtype):
         torch.testing.assert_close(split.sum(0), full, rtol=tol, atol=tol)
         alone = score(model, clean[1:2], corrupted[1:2], logit_diff, **kwargs)
         torch.testing.assert_close(split[1], alone, rtol=tol, atol=tol)
+
+
+def test_the_top_n_is_the_stable_sorts_first_n_ties_lowest_index_first():
+    """in_top (each resample's top n, found from the n-th largest value) against a stable sort's first n, on random
+    scores and on small integers full of ties."""
+    from headcount.circuits.bootstrap import in_top
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(100):
+        K = int(torch.randint(3, 60, (1,), generator=g))
+        n = int(torch.randint(1, K + 1, (1,), generator=g))
+        if trial % 2:
+            scores = torch.randint(0, 4, (5, K), generator=g).double()
+        else:
+            scores = torch.randn(5, K, generator=g, dtype=torch.float64)
+        first_n = scores.argsort(dim=1, descending=True, stable=True)[:, :n]
+        expected = torch.zeros(5, K, dtype=torch.bool).scatter_(1, first_n, True)
+        assert torch.equal(in_top(scores, n), expected)
+        assert (in_top(scores, n).sum(1) == n).all()

@@ -132,7 +132,7 @@ def test_edge_attribution_table_is_the_core_and_a_rerun_reads_it_back(run_dir, m
     assert mib["exact"]["cpr"] == pytest.approx(float(exact_areas["cpr"]))
     assert mib["exact"]["cpr_ci_high"] == pytest.approx(float(exact_areas["cpr_ci_high"]))
     assert mib["random"]["cpr"] == pytest.approx(areas.loc[areas["method"] == "random", "cpr"].mean())
-    for png in ("edge_attribution_faithfulness.png", "edge_attribution_circuit.png"):
+    for png in ("edge_attribution_faithfulness.png", "edge_attribution_circuit.png", "edge_attribution_intervals.png"):
         assert (ablation / png).stat().st_size > 0
 
     def recompute(*args):
@@ -252,7 +252,7 @@ def test_every_file_of_an_edge_result_goes_through_the_cached_result_step(run_di
     ablation = RunPaths(run_dir).ablation
     entry = json.loads((ablation / "summary.json").read_text())["modes"]["zero"]["scans"]["edge_attribution"]
     expected = ["edge_attribution.csv", "edge_attribution_faithfulness.csv", "edge_attribution_cpr.csv"]
-    expected += ["edge_attribution_faithfulness.png", "edge_attribution_circuit.png"]
+    expected += ["edge_attribution_faithfulness.png", "edge_attribution_circuit.png", "edge_attribution_intervals.png"]
     assert entry["files"] == expected
     assert set(entry["digests"]) == set(expected)
     for name, digest in entry["digests"].items():

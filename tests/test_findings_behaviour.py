@@ -138,6 +138,9 @@ def assert_retrieval_stability_is_by_prompt(run_dir: Path, findings: dict) -> No
     entry = summary["mode_independent"]["intervals"]["retrieval_scores"]
     assert entry == "0 heads copy any token, fewer than the top 1: the rest of the top would be ties at zero"
     assert f"ranking stability not measured ({entry})" in findings["claims"][2]["measured"]
+    table = pd.read_csv(scan_file(run_dir, "retrieval_scores", ".csv", True))  # every score 0: each interval [0, 0]
+    assert (table[["retrieval_score_ci_low", "retrieval_score_ci_high", "retrieval_score"]] == 0).all().all()
+    assert scan_file(run_dir, "retrieval_scores_intervals", ".png", True).stat().st_size > 1000
     session = AblationSession(OmegaConf.load(RunPaths(run_dir).config), run_dir)
     copier = CopiesEveryAnswer(load_run(run_dir).model, session.batches)
     hits_PK, points_P = retrieval_hits(copier, session.batches, session.positions)

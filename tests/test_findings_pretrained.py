@@ -101,6 +101,9 @@ def test_induction_score_stability_resamples_each_sequences_own_sums():
     sums_PK, points_P = per_sequence_induction(model, batches)
     pooled = head_pattern_scores(model, batches)["induction_score"].to_numpy()
     assert torch.allclose(sums_PK.sum(0) / points_P.sum(), torch.tensor(pooled), atol=1e-12, rtol=0)
+    for p, ids_T in enumerate(torch.cat([batch["input_ids"] for batch in batches])):  # each sequence's own, alone
+        alone = torch.tensor(head_pattern_scores(model, [{"input_ids": ids_T[None]}])["induction_score"].to_numpy())
+        assert torch.allclose(sums_PK[p], alone * points_P[p], atol=1e-12, rtol=0)
     assert bool((points_P >= 8).all())  # every token of the repeat occurred in the first half
     same = [{"input_ids": batches[0]["input_ids"][:1].repeat(4, 1)}]
     assert induction_score_stability(model, same, 2, 0)["min_overlap"] == 1.0

@@ -141,6 +141,7 @@ class PlantedRun:
 
     def __init__(self, source: str = "ioi"):
         self.source, self.scanned = source, []
+        self.scan_settings = {}  # the run config lists no scan: each is its kind at its defaults
 
     def task_settings(self, task):
         from headcount.config.task import TaskConfig

@@ -272,6 +272,39 @@ def test_task_seeds_from_the_command_line_write_the_tables_seed_stability_gives(
     assert section["seed_stability"]["single_head"]["tops"] == {str(k): v for k, v in summary["tops"].items()}
 
 
+def test_task_seeds_compare_an_edge_circuits_top_edges_across_seeds(smoke_run, tmp_path, monkeypatch):
+    """ablation.task_seeds with edge_attribution: each seed's table ranks its edges by |circuit_by| and the top
+    circuit_size of every two seeds are compared, written beside the base task's table; Run.seed_stability gives the
+    same, its n the scan's circuit_size by default."""
+    import shutil
+
+    import headcount
+    from headcount.api_stability import top_edges
+
+    run = shutil.copytree(smoke_run, tmp_path / "run")
+    for seeded in (RunPaths(run).ablation / "tasks").glob("ioi_seed*"):
+        shutil.rmtree(seeded)
+    scan = ["ablation=[edge_attribution]", "ablation.scans.edge_attribution.circuit_size=6"]
+    scan += ["ablation.scans.edge_attribution.random_sets=1", "ablation.scans.edge_attribution.circuit_sizes=[1]"]
+    args = [f"run_dir={run}", *scan, "ablation.task_seeds=[1,2]", "ablation.progress=false"]
+    assert command_in_process(ablating.main, monkeypatch, tmp_path, args) == 0
+    folder = RunPaths(run).ablation / "tasks"
+    written = pd.read_csv(folder / "ioi" / "edge_attribution_seed_stability.patch.logit_diff.csv")
+    assert (folder / "ioi" / "edge_attribution_seed_stability.patch.logit_diff.png").stat().st_size > 1000
+    tables = {s: pd.read_csv(folder / f"ioi_seed{s}" / "edge_attribution.patch.logit_diff.csv") for s in (1, 2)}
+    tops = {s: top_edges(t, 6) for s, t in tables.items()}
+    assert all(t["circuit_by"].eq("eap_ig").all() for t in tables.values())
+    assert tops[1][0] == tables[1].loc[tables[1]["eap_ig"].abs().idxmax(), "edge"] and tops[1] != tops[2]
+    assert written["overlap"].tolist() == [len(set(tops[1]) & set(tops[2])) / 6]
+    recorded = json.loads((folder / "ioi" / "summary.json").read_text())
+    entry = next(s for s in recorded["modes"].values() if "seed_stability" in s)["seed_stability"]["edge_attribution"]
+    assert entry["n"] == 6 and entry["by"] == "|eap_ig|" and entry["tops"] == {"1": tops[1], "2": tops[2]}
+    settings = {"circuit_size": 6, "random_sets": 1, "circuit_sizes": [1]}  # read back: the seeds' tables
+    pairs, summary = headcount.load_run(run).seed_stability("edge_attribution", [1, 2], **settings)
+    pd.testing.assert_frame_equal(written, pairs)
+    assert summary["n"] == 6 and summary["tops"] == tops
+
+
 def test_each_scan_reads_the_heads_the_one_before_found(smoke_run):
     direct = task_table(smoke_run, "direct_effect")
     name_movers = [f"L{r.layer}H{r.head}" for r in direct.nlargest(3, "direct_effect").itertuples()]

@@ -180,6 +180,7 @@ def test_bench_score_intervals_runs():
     import sys
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "bench_score_intervals.py"
-    done = subprocess.run([sys.executable, str(script), "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    args = [sys.executable, str(script), "--repeats", "1", "--edges", "500"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "1024 prompts: gap_fraction" in done.stdout
+    assert "1024 prompts: gap_fraction" in done.stdout and "500 edges, 128 prompts: 3 scores' intervals" in done.stdout

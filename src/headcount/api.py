@@ -56,7 +56,7 @@ from headcount.api_edges import (
     requested_edge_sets,
     score_rankings,
 )
-from headcount.api_stability import seed_stability, seed_tasks
+from headcount.api_stability import circuit_size, seed_stability, seed_tasks
 from headcount.config import typed
 from headcount.config.ablation import AblationConfig, mode_setting_keys
 from headcount.config.task import TaskConfig
@@ -263,10 +263,13 @@ class Run:
     def seed_stability(
         self, kind: str, seeds: list[int], task: TaskSpec = None, n: int | None = None, **scan_args: Any
     ) -> tuple[pd.DataFrame, dict]:
-        """How much the scan's top n heads agree across seeds of the task generator (api_stability.py): the scan run
-        on the task regenerated with each seed; a row per two seeds with their overlap, and a summary."""
+        """How much the scan's top n heads (an edge_attribution scan: its top n edges, n its circuit_size by
+        default) agree across seeds of the task generator (api_stability.py): the scan run on the task regenerated
+        with each seed; a row per two seeds with their overlap, and a summary."""
         tasks = seed_tasks(self.task_settings(task), seeds)
-        return seed_stability({cfg.seed: self.scan(kind, task=cfg, **scan_args) for cfg in tasks}, n)
+        tables = {cfg.seed: self.scan(kind, task=cfg, **scan_args) for cfg in tasks}
+        n = n if n is not None else circuit_size(kind, self.scan_settings.get(kind), scan_args)
+        return seed_stability(tables, n)
 
     def results(
         self,

@@ -46,6 +46,7 @@ from headcount.ablation.records.results import ResultFiles, fingerprint, model_f
 from headcount.ablation.records.summary import read_summary, record_default_metric, record_task_source
 from headcount.ablation.scans import KINDS, Scan
 from headcount.ablation.scans.base import ScanSettings, typed_scans
+from headcount.ablation.scans.edge_attribution import EdgeAttributionScan
 from headcount.ablation.scans.mask_scan import MaskScan
 from headcount.ablation.seq2seq_checks import refuse_one_stack_only
 from headcount.ablation.task_seeds import seed_stability, seeded_task, stability_figure
@@ -74,9 +75,10 @@ def run_ablations(cfg: DictConfig, run_dir: str | Path) -> list[Path]:
 
 
 def compare_task_seeds(session: "AblationSession", cfg: DictConfig, run_dir: Path) -> None:
-    """ablation.task_seeds: every mask scan of the session run again on the task drawn with each seed (each seed's
-    session in its own folder <task>_seed<s>), and each scan's top heads compared across the seeds
-    (ablation/task_seeds.py), written beside the scan's table in the base task's folder."""
+    """ablation.task_seeds: every scan of the session run again on the task drawn with each seed (each seed's
+    session in its own folder <task>_seed<s>), and each mask scan's top heads and each edge_attribution scan's top
+    circuit_size edges compared across the seeds (ablation/task_seeds.py), written beside the scan's table in the
+    base task's folder."""
     tables: dict[int, dict[str, pd.DataFrame]] = {}
     for seed in session.settings.task_seeds:
         seeded = cfg.copy()
@@ -86,12 +88,18 @@ def compare_task_seeds(session: "AblationSession", cfg: DictConfig, run_dir: Pat
         tables[seed] = seed_session.run_scans()
         session.files.written.extend(p for p in seed_session.files.written if p not in session.files.written)
     for scan in session.order:
-        if not isinstance(scan, MaskScan):
+        if not isinstance(scan, (MaskScan, EdgeAttributionScan)):
             continue
-        pairs, summary = seed_stability({seed: by_name[scan.name] for seed, by_name in tables.items()})
+        by_seed = {seed: by_name[scan.name] for seed, by_name in tables.items()}
+        # an edge scan's circuit: its circuit_size edges (none: nothing to compare)
+        n = min(scan.cfg.circuit_size, *map(len, by_seed.values())) if isinstance(scan, EdgeAttributionScan) else None
+        if n == 0:
+            continue
+        pairs, summary = seed_stability(by_seed, n)
         csv = scan.path(".csv", "_seed_stability")
         atomic_write_text(csv, pairs.to_csv(index=False))  # by the first process of a distributed scan only
-        title = scan.title(f"overlap of the top {summary['n']} heads by damage across task seeds")
+        items = "edges" if isinstance(scan, EdgeAttributionScan) else "heads"
+        title = scan.title(f"overlap of the top {summary['n']} {items} by {summary['by']} across task seeds")
         figure = stability_figure(pairs, summary, scan.path(".png", "_seed_stability"), title)
         session.files.note_written(csv)
         session.files.note_written(figure)

@@ -5,9 +5,13 @@ metric: headcount's sign for every metric), and the overlap |top_a & top_b| / n 
 mean and lowest. Beside the bootstrap's stability over resamples of one seed's prompts (ablation/scans/intervals.py),
 this is the other half of "the circuit is stable": prompts drawn anew, not resampled.
 
-Written by headcount-ablate beside each mask scan's table in the base task's folder: <scan>_seed_stability.csv (a row
-per two seeds: seed_a, seed_b, overlap), <scan>_seed_stability.png (the overlaps as a seed-by-seed grid) and
-summary.json's `seed_stability` entry (n, seeds, tops, mean_overlap, min_overlap).
+An edge_attribution table's items are its edges: each seed's top n by |score| of the score its circuit is chosen by
+(`circuit_by`: exact where every edge is exact, else EAP-IG), n the scan's circuit_size (the n whose bootstrap
+stability edge_circuits.<scan>.stability reports), over the table's edges (all, or those into its receivers).
+
+Written by headcount-ablate beside each mask scan's (and edge_attribution scan's) table in the base task's folder:
+<scan>_seed_stability.csv (a row per two seeds: seed_a, seed_b, overlap), <scan>_seed_stability.png (the overlaps as
+a seed-by-seed grid) and summary.json's `seed_stability` entry (n, by, seeds, tops, mean_overlap, min_overlap).
 """
 
 import dataclasses
@@ -60,15 +64,37 @@ def top_heads(table: pd.DataFrame, n: int) -> list[str]:
     return table.loc[damage.sort_values(ascending=False, kind="stable").index[:n], "mask"].astype(str).tolist()
 
 
+def top_edges(table: pd.DataFrame, n: int) -> list[str]:
+    """An edge table's n edges of largest |circuit_by| (its circuit's score), largest first (ties by the table's
+    order)."""
+    score = table[str(table["circuit_by"].iloc[0])].astype(float).abs()
+    return table.loc[score.sort_values(ascending=False, kind="stable").index[:n], "edge"].astype(str).tolist()
+
+
+def is_edge_table(table: pd.DataFrame) -> bool:
+    return "edge" in table.columns and "circuit_by" in table.columns
+
+
+def ranked_by(table: pd.DataFrame) -> str:
+    return f"|{table['circuit_by'].iloc[0]}|" if is_edge_table(table) else "damage"
+
+
 def seed_stability(tables: dict[int, pd.DataFrame], n: int | None = None) -> tuple[pd.DataFrame, dict]:
-    """(pairs, summary) from one scan's table per seed: a row per two seeds (seed_a, seed_b, overlap) and {n, seeds,
-    tops (seed -> its top n), mean_overlap, min_overlap}. n: default 5% of the scan's masks (at least 1), as the
-    scan's own bootstrap stability."""
-    tops = {seed: top_heads(table, n or top_n(len(table))) for seed, table in tables.items()}
+    """(pairs, summary) from one scan's table per seed: a row per two seeds (seed_a, seed_b, overlap) and {n, by,
+    seeds, tops (seed -> its top n), mean_overlap, min_overlap}. A head scan's tops are its heads by damage, an edge
+    scan's its edges by |circuit_by| (`top_edges`). n: default 5% of the scan's rows (at least 1), as a head scan's
+    own bootstrap stability (an edge scan's is over its circuit_size: headcount-ablate and Run.seed_stability pass
+    that)."""
+    first = next(iter(tables.values()))
+    top = top_edges if is_edge_table(first) else top_heads
+    if n is not None and not 1 <= n <= min(len(table) for table in tables.values()):
+        raise ConfigError("n", n, f"the top n compared: 1 .. the {min(len(t) for t in tables.values())} rows scored")
+    tops = {seed: top(table, n or top_n(len(table))) for seed, table in tables.items()}
     rows = [{"seed_a": a, "seed_b": b, "overlap": top_n_overlap(tops[a], tops[b])} for a, b in combinations(tops, 2)]
     pairs = pd.DataFrame(rows, columns=["seed_a", "seed_b", "overlap"])
     summary = {
         "n": len(next(iter(tops.values()))),
+        "by": ranked_by(first),
         "seeds": list(tops),
         "tops": tops,
         "mean_overlap": float(pairs["overlap"].mean()),

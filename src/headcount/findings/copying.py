@@ -13,7 +13,7 @@ from torch import Tensor
 from headcount.ablation.engine.evaluator import MaskEvaluator
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.masks import HeadMask, joined_name, masks_to_gates
-from headcount.ablation.scans.head_scores import head_pattern_scores
+from headcount.ablation.scans.head_scores import head_pattern_scores, head_pattern_sums
 from headcount.circuits.bootstrap import RESAMPLES, resample_counts, top_n_stability
 from headcount.model import Transformer
 
@@ -98,18 +98,7 @@ def induction_score_stability(model: Transformer, batches: list[dict[str, Tensor
 
 def per_sequence_induction(model: Transformer, batches: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor]:
     """(P, K) each sequence's attention on induction targets summed over its positions that have one, and (P,) the
-    count of those positions: a head's induction score over all sequences is the sums' total over the counts'."""
-    scores, counts = [], []
-    for batch in batches:
-        for i in range(batch["input_ids"].shape[0]):
-            ids_1T = batch["input_ids"][i : i + 1]
-            scores.append(torch.tensor(head_pattern_scores(model, [{"input_ids": ids_1T}])["induction_score"].values))
-            counts.append(float(induction_targets(ids_1T[0])))
-    points_P = torch.tensor(counts, dtype=torch.float64)
-    return torch.stack(scores).double() * points_P[:, None], points_P
-
-
-def induction_targets(ids_T: Tensor) -> int:
-    """How many positions of a sequence hold a token that occurred before (head_pattern_scores' positions with an
-    induction target)."""
-    return int((ids_T[:, None] == ids_T[None, :]).tril(-1).any(dim=-1).sum())
+    count of those positions: a head's induction score over all sequences is the sums' total over the counts'. Kept
+    per sequence by the batched forward that computes the scores (head_scores.head_pattern_sums): no pass per
+    sequence."""
+    return head_pattern_sums(model, batches)["induction_score"]

@@ -21,7 +21,10 @@ exact scores (when every edge is exact and k is below the number of edges); its 
 size, the score that chose it (`circuit_by`), its faithfulness and, under `mib`, each method's CPR and CMD (random:
 the draws' mean, lowest and highest) and, under `stability`, the mean and lowest overlap of the resamples' top
 circuit_size edges with the full data's. Figures: the faithfulness curve (each method labelled with its CPR and CMD) and
-the circuit drawn (titled with its score and faithfulness; an edge whose removal helps the metric dashed).
+the circuit drawn (titled with its score and faithfulness; an edge whose removal helps the metric dashed), and
+`<name>_intervals.png`: the 20 edges of largest |circuit_by| with their intervals, titled with the circuit's stability.
+`ablation.task_seeds` (ablation/task_seeds.py) compares the top circuit_size edges by |circuit_by| across seeds of
+the task generator too: <name>_seed_stability.csv and .png, summary.json's `seed_stability.<name>`.
 `methods` adds edge pruning (`edge_pruning`: hard-concrete masks on every edge trained with Lightning to
 `edge_pruning.target_sparsity`, optionally warm-started from EAP-IG; ablation/methods/edge_pruning.py) and the
 `ensemble` (the mean of EAP's, EAP-IG's and edge pruning's rank-normalised |scores|, circuits/ensemble.py): columns
@@ -51,6 +54,7 @@ from headcount.ablation.scans.circuit_inputs import (
     ranked_scans,
     resolve_receivers,
 )
+from headcount.ablation.scans.intervals import interval_figure
 from headcount.circuits import (
     Graph,
     draw_circuit,
@@ -347,7 +351,22 @@ class EdgeAttributionScan(Scan):
         )
         circuit_png = self.path(".png", "_circuit")
         atomic_savefig(draw_circuit(graph, circuit, weights, title), circuit_png, dpi=120)
-        return [curve_png, circuit_png]
+        return [curve_png, circuit_png, self.interval_figure(table, score, entry.get("stability"))]
+
+    def interval_figure(self, table: pd.DataFrame, score: str, stability: dict | None) -> Path:
+        """The 20 edges of largest |score| (the circuit's) with their bootstrap intervals, titled with how stable
+        the circuit's top edges are over the resamples."""
+        how = (
+            ""
+            if stability is None
+            else (
+                f"; its top {stability['n']} keep on average {stability['mean_overlap']:.0%} of their places over "
+                f"{stability['resamples']} resamples (lowest {stability['min_overlap']:.0%})"
+            )
+        )
+        title = self.title(f"the edges of largest |{score}|, with their intervals{how}")
+        label = f"{score} ({self.session.metric.unit} per score point)"
+        return interval_figure(table.assign(mask=table["edge"]), self.path(".png", "_intervals"), title, label, score)
 
 
 def agreement_entry(table: pd.DataFrame, k: int) -> dict:

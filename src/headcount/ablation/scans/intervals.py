@@ -123,16 +123,19 @@ def gap_fraction_interval(sums: ExampleSums, counterpart: CounterpartSums | None
     return low.numpy(), high.numpy()
 
 
-def score_intervals(contributions_EK: Tensor, points_E: Tensor, column: str, seed: int) -> tuple[dict, dict]:
+def score_intervals(
+    contributions_EK: Tensor, points_E: Tensor, column: str, seed: int, magnitude: bool = True
+) -> tuple[dict, dict]:
     """A per-head score that is a sum over examples divided by their points (a direct effect, an attribution
-    estimate): its <column>_ci_low, _ci_high and top_share columns, and the summary entry of the stability of its
-    top heads by |score| (5% of them, at least one) over the same resamples."""
+    estimate, an attention-pattern score): its <column>_ci_low, _ci_high and top_share columns, and the summary entry
+    of the stability of its top heads by |score| (magnitude=False: by score, largest first; 5% of them, at least one)
+    over the same resamples."""
     counts = resample_counts(len(points_E), RESAMPLES, seed)
     low, high = percentile_interval(contributions_EK, points_E, counts, LEVEL)
     n = top_n(contributions_EK.shape[1])
-    stability = top_n_stability(contributions_EK, points_E, counts, n, magnitude=True)
+    stability = top_n_stability(contributions_EK, points_E, counts, n, magnitude=magnitude)
     columns = {f"{column}_ci_low": low.numpy(), f"{column}_ci_high": high.numpy()}
-    entry = {"resamples": RESAMPLES, "level": LEVEL, "by": f"|{column}|", "top_n": n}
+    entry = {"resamples": RESAMPLES, "level": LEVEL, "by": f"|{column}|" if magnitude else column, "top_n": n}
     entry |= {k: stability[k] for k in ("mean_overlap", "min_overlap")}
     return columns | {"top_share": stability["inclusion"].numpy()}, entry
 

@@ -4,7 +4,9 @@ on the context token being copied (the task's named position needle<i> for the i
 the model's top prediction is that token. Read off the clean model, so the same in every mode and metric. A head's
 score is a sum over prompts divided by their copied tokens, so the scan also says how stable its top heads (5%, as
 top_heads' "few heads") are over bootstrap resamples of the prompts (circuits/bootstrap.py; summary.json's shared
-`intervals` entry, which findings/stability.py reads)."""
+`intervals` entry, which findings/stability.py reads), and the table has each score's 95% interval over the same
+resamples (retrieval_score_ci_low, retrieval_score_ci_high) and top_share (the share of resamples whose top heads hold
+the head), from the same forward pass; `_intervals.png` draws the largest scores with their intervals."""
 
 from pathlib import Path
 
@@ -12,17 +14,17 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headcount.ablation.engine.heads import all_heads
+from headcount.ablation.engine.heads import all_heads, head_name
 from headcount.ablation.engine.metrics import Targets
 from headcount.ablation.scans.base import KINDS, Scan, ScanResult
-from headcount.ablation.scans.intervals import top_n
-from headcount.circuits.bootstrap import RESAMPLES, resample_counts, top_n_stability
+from headcount.ablation.scans.intervals import interval_figure, top_n
+from headcount.circuits.bootstrap import LEVEL, RESAMPLES, percentile_interval, resample_counts, top_n_stability
 from headcount.errors import ConfigError
 from headcount.model import Transformer
 from headcount.model.intervention import reads
 from headcount.plotting import head_heatmap
 
-STABILITY_RULE = f"top heads' stability: {RESAMPLES} resamples of prompts"
+STABILITY_RULE = f"top heads' stability: {RESAMPLES} resamples of prompts; {LEVEL} intervals and top_share"
 
 
 @KINDS.register
@@ -48,6 +50,7 @@ class RetrievalScoresScan(Scan):
         layers, heads = (list(x) for x in zip(*all_heads(session.model.heads_per_layer)))
         scores = hits_PK.sum(0) / max(float(points_P.sum()), 1.0)
         table = pd.DataFrame({"layer": layers, "head": heads, "retrieval_score": scores.numpy()})
+        table = table.assign(**score_intervals(hits_PK, points_P, session.settings.seed))
         return ScanResult(
             table, summary={"intervals": {self.name: top_stability(hits_PK, points_P, session.settings.seed)}}
         )
@@ -61,7 +64,14 @@ class RetrievalScoresScan(Scan):
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
         title = self.title("retrieval score (share of copied tokens a head copies and pastes)")
-        return [head_heatmap(table, self.path(".png"), "retrieval_score", title, "retrieval score (fraction)")]
+        heatmap = head_heatmap(table, self.path(".png"), "retrieval_score", title, "retrieval score (fraction)")
+        named = table.assign(mask=[head_name(layer, head) for layer, head in zip(table["layer"], table["head"])])
+        title = self.title("the largest retrieval scores, with their intervals")
+        label = "retrieval score (fraction)"
+        return [heatmap, interval_figure(named, self.path(".png", "_intervals"), title, label, "retrieval_score")]
+
+    def file_names(self) -> list[tuple[str, str]]:
+        return [*super().file_names(), ("_intervals", ".png")]
 
 
 def retrieval_hits(model: Transformer, batches: list[dict], positions: list[str]) -> tuple[Tensor, Tensor]:
@@ -89,6 +99,15 @@ def retrieval_hits(model: Transformer, batches: list[dict], positions: list[str]
         points.append(targets.where_BT.sum(1).double().cpu())
     layers, heads = (list(x) for x in zip(*all_heads(model.heads_per_layer)))
     return torch.cat(per_prompt)[:, layers, heads], torch.cat(points)
+
+
+def score_intervals(hits_PK: Tensor, points_P: Tensor, seed: int) -> dict:
+    """The table's retrieval_score_ci_low, _ci_high and top_share columns, over the resamples `top_stability` draws
+    (the same seed): top_share is each head's share of resamples with it in the top heads (5%, largest first)."""
+    counts = resample_counts(len(points_P), RESAMPLES, seed)
+    low, high = percentile_interval(hits_PK, points_P, counts, LEVEL)
+    shares = top_n_stability(hits_PK, points_P, counts, top_n(hits_PK.shape[1]), magnitude=False)["inclusion"]
+    return {"retrieval_score_ci_low": low.numpy(), "retrieval_score_ci_high": high.numpy(), "top_share": shares.numpy()}
 
 
 def top_stability(hits_PK: Tensor, points_P: Tensor, seed: int) -> dict | str:
