@@ -214,7 +214,8 @@ def settings(**ablation) -> AblationConfig:
 def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans attribution, baseline, custom, "
-        "direct_effect, head_scores, single_head, importance, kv_groups, l0_gates, layer, leave_one_in, pairs, "
+        "direct_effect, head_circuit, head_scores, single_head, importance, kv_groups, l0_gates, layer, leave_one_in, "
+        "pairs, "
         "pruning, top_heads in modes zero, mean, resample, and with its tasks (translation_verb, "
         "translation_agreement) mode=patch and the metrics that read wrong answers too"
     )

@@ -15,7 +15,6 @@ NOT_ON_SEQ2SEQ = {
     "EAP-IG edge scores and faithfulness are headcount.circuits.seq2seq_* in Python",
     "position_attention": "it reads attention from a task prompt's scored position",
     "retrieval_scores": "it reads a copying task's next-token predictions",
-    "head_circuit": "its circuit is built from a decoder's task prompts",
 }
 PRUNE_HEADS_REASON = (
     "[layer, head] pairs cannot say a head's kind (enc, dec or cross); on an encoder-decoder the export removes the "
