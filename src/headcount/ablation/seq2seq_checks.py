@@ -13,7 +13,6 @@ NOT_ON_SEQ2SEQ = {
     "headcount.circuits.seq2seq_path_patch in Python",
     "edge_attribution": "the scan is not defined through cross-attention yet; an encoder-decoder's exact, EAP and "
     "EAP-IG edge scores and faithfulness are headcount.circuits.seq2seq_* in Python",
-    "position_attention": "it reads attention from a task prompt's scored position",
     "retrieval_scores": "it reads a copying task's next-token predictions",
 }
 PRUNE_HEADS_REASON = (
