@@ -20,6 +20,7 @@ from headcount.ablation.methods.seq2seq_position_attention import (
     changed_attention_sums,
     changed_tokens,
 )
+from headcount.ablation.scans.intervals import score_intervals
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches
 from headcount.errors import ConfigError
@@ -62,7 +63,8 @@ def test_shares_on_the_changed_tokens_equal_a_sum_by_hand_over_each_kind_s_patte
     sums_ELH, counts_EL = changed_attention_sums(model, batches, changed)
     share_LH = sums_ELH.sum(0) / counts_EL.sum(0)[:, None]
     grid = model.heads_per_layer
-    assert share_LH[grid.kind_rows("enc")].isnan().all() and (counts_EL[:, grid.kind_rows("enc")] == 0).all()
+    enc = grid.kind_rows("enc")
+    assert sums_ELH[:, enc].isnan().all() and (counts_EL[:, enc] == 0).all() and share_LH[enc].isnan().all()
     assert (changed["cross"].sum(1) == 1).all()  # one source token changes in every prompt
     assert changed["dec"].any(1).all() == (source == "translation_agreement")  # the verb task keeps the stream
     tolerance = 1e-6 if dtype == torch.float32 else 1e-12
@@ -92,6 +94,16 @@ def test_position_attention_scan_names_kinds_and_leaves_the_encoder_nan_with_its
     for row in table[table["scored_query"]].itertuples():
         assert row.attn_to_changed == pytest.approx(by_hand(run.model, task, row.kind, row.layer, row.head), abs=1e-6)
         assert row.attn_to_changed_ci_low <= row.attn_to_changed <= row.attn_to_changed_ci_high
+    # each kind's interval: the bootstrap over its prompts' sums and scored positions (intervals.py, seed 0)
+    grid, clean = run.model.heads_per_layer, task.examples()
+    changed = changed_tokens(clean, task.examples(corrupted=True))
+    sums_ELH, counts_EL = changed_attention_sums(run.model, to_batches(clean, 5, CPU), changed)
+    for kind in ("dec", "cross"):
+        rows = table[table["kind"] == kind]
+        grid_rows = [grid.row(kind, layer) for layer in rows["layer"]]
+        columns, _ = score_intervals(sums_ELH[:, grid_rows, rows["head"].tolist()], counts_EL[:, grid_rows[0]], "x", 0)
+        assert rows["attn_to_changed_ci_low"].tolist() == pytest.approx(columns["x_ci_low"].tolist(), abs=1e-6)
+        assert rows["attn_to_changed_ci_high"].tolist() == pytest.approx(columns["x_ci_high"].tolist(), abs=1e-6)
     summary = json.loads((trained / "ablation" / "tasks" / "translation_agreement" / "summary.json").read_text())
     assert summary["mode_independent"]["no_scored_position"]["position_attention"] == {"enc": NO_SCORED_POSITION}
     with pytest.raises(ConfigError) as error:

@@ -24,10 +24,10 @@ READS = {"dec": "input_ids", "cross": "src_ids"}  # the sequence each kind's key
 
 
 def changed_tokens(clean: dict[str, Tensor], corrupted: dict[str, Tensor]) -> dict[str, Tensor]:
-    """{kind: (E, keys) bool}: the tokens the counterpart changes in the sequence each kind attends to, inside the
-    clean prompt (its valid decoder positions, its source's src_mask)."""
-    inside = {"dec": clean["valid"], "cross": clean["src_mask"].bool()}
-    return {kind: (clean[key] != corrupted[key]) & inside[kind] for kind, key in READS.items()}
+    """{kind: (E, keys) bool}: the tokens the counterpart changes in the sequence each kind attends to. A position
+    past one prompt's end and inside the other's may be marked: the scored position pays it no attention (a padded
+    source key weighs 0, a later decoder position is masked)."""
+    return {kind: clean[key] != corrupted[key] for kind, key in READS.items()}
 
 
 @torch.no_grad()
