@@ -214,7 +214,8 @@ def settings(**ablation) -> AblationConfig:
 def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
     takes = (
         "an encoder-decoder is scored at its teacher-forced targets and takes the scans attribution, baseline, custom, "
-        "direct_effect, head_scores, single_head, importance, kv_groups, l0_gates, layer, leave_one_in, pairs, "
+        "direct_effect, head_circuit, head_scores, single_head, importance, kv_groups, l0_gates, layer, leave_one_in, "
+        "pairs, position_attention, "
         "pruning, top_heads in modes zero, mean, resample, and with its tasks (translation_verb, "
         "translation_agreement) mode=patch and the metrics that read wrong answers too"
     )
@@ -226,8 +227,6 @@ def test_what_an_encoder_decoder_does_not_take_is_one_line_naming_it():
         "ablation.scans.e.kind='edge_attribution': the scan is not defined through cross-attention yet; an "
         "encoder-decoder's exact, EAP and EAP-IG edge scores and faithfulness are headcount.circuits.seq2seq_* in "
         "Python; " + takes: settings(scans={"e": {"kind": "edge_attribution"}}),
-        "ablation.scans.position_attention.kind='position_attention': it reads attention from a task prompt's scored "
-        "position; " + takes: settings(scans={"position_attention": {"kind": "position_attention"}}),
         "ablation.mode='patch': " + takes: settings(mode="patch"),
         "ablation.prune.heads=[[0, 1]]: [layer, head] pairs cannot say a head's kind (enc, dec or cross); on an "
         "encoder-decoder the export removes the heads a pruning order or the l0_gates scan chooses "

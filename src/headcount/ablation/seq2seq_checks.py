@@ -13,9 +13,7 @@ NOT_ON_SEQ2SEQ = {
     "headcount.circuits.seq2seq_path_patch in Python",
     "edge_attribution": "the scan is not defined through cross-attention yet; an encoder-decoder's exact, EAP and "
     "EAP-IG edge scores and faithfulness are headcount.circuits.seq2seq_* in Python",
-    "position_attention": "it reads attention from a task prompt's scored position",
     "retrieval_scores": "it reads a copying task's next-token predictions",
-    "head_circuit": "its circuit is built from a decoder's task prompts",
 }
 PRUNE_HEADS_REASON = (
     "[layer, head] pairs cannot say a head's kind (enc, dec or cross); on an encoder-decoder the export removes the "

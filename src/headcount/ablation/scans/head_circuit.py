@@ -12,6 +12,12 @@ plus `kept` (the heads kept), `faithfulness` and its 95% bootstrap interval over
 _ci_high: intervals.py's resamples, numerator and denominator from the same one); summary.json's `head_circuit` entry
 has the circuit's faithfulness and interval beside the random circuits' faithfulness. The figure draws every mask's
 faithfulness with its interval.
+
+On an encoder-decoder (its heads one grid of three kinds, labels.KindRows) the heads are named by kind (enc.L0H1,
+cross.L1H0, a kind's layer cross.L1, every head `heads`, or a ranking scan's top k `top3:direct_effect`, by its grid
+scores), the masks go through its evaluator as every mask scan's do (a sequence-to-sequence task's patch, or any
+mode that needs no task at the teacher-forced targets), `kept` names the heads by kind and kept_enc, kept_dec, kept_cross
+count them.
 """
 
 from pathlib import Path
@@ -19,10 +25,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from headcount.ablation.engine.heads import all_heads
-from headcount.ablation.engine.masks import HeadMask, joined_name
+from headcount.ablation.engine.heads import Head, all_heads, top_heads
+from headcount.ablation.engine.masks import HeadMask, grid_head, joined_name
 from headcount.ablation.scans.base import KINDS, ScanResult
-from headcount.ablation.scans.circuit_inputs import check_top_names, named_heads, ranked_scans
+from headcount.ablation.scans.circuit_inputs import TOP, check_top_names, named_heads, ranked_scans
 from headcount.ablation.scans.custom import CustomScan
 from headcount.ablation.scans.intervals import ExampleSums, interval_figure
 from headcount.ablation.scans.mask_scan import MaskScan
@@ -30,7 +36,7 @@ from headcount.circuits import Graph
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import HeadCircuitSettings
 from headcount.errors import ConfigError
-from headcount.labels import join_heads, split_heads
+from headcount.labels import HEADS_SEPARATOR, MASK_SEPARATOR, KindRows, grid_head_label, split_heads
 
 CIRCUIT, NONE_KEPT = "circuit", "no head kept"
 
@@ -58,9 +64,14 @@ class HeadCircuitScan(MaskScan):
         if not any(str(e).strip().startswith("top") for e in self.cfg.heads):
             self.kept()  # every name checked against the model before any work (top-k names need their scan)
 
-    def kept(self) -> tuple[tuple[int, int], ...]:
-        """The circuit's heads, (layer, head), in the model's order."""
-        key, graph = f"ablation.scans.{self.name}.heads", Graph.of(self.session.model)
+    def kept(self) -> tuple[Head, ...]:
+        """The circuit's heads, (layer, head), in the model's order (an encoder-decoder's: (grid row, head))."""
+        key, grid = f"ablation.scans.{self.name}.heads", self.session.model.heads_per_layer
+        if isinstance(grid, KindRows):
+            return tuple(
+                sorted({h for entry in self.cfg.heads for h in grid_heads(str(entry), grid, self.session, key)})
+            )
+        graph = Graph.of(self.session.model)
         heads = set()
         for entry in self.cfg.heads:
             for name in named_heads(str(entry), self.session, key) or [str(entry).strip()]:
@@ -71,23 +82,27 @@ class HeadCircuitScan(MaskScan):
         return tuple(sorted(heads))
 
     def masks(self) -> list[HeadMask]:
-        session, everything = self.session, all_heads(self.session.model.heads_per_layer)
-        kept = self.kept()
+        session, hpl = self.session, self.session.model.heads_per_layer
+        everything, kept = all_heads(hpl), self.kept()
         off = lambda keep: tuple(h for h in everything if h not in set(keep))  # noqa: E731
-        masks = [HeadMask(f"{CIRCUIT}: {joined_name(kept)}", off(kept)), HeadMask(NONE_KEPT, tuple(everything))]
+        masks = [HeadMask(f"{CIRCUIT}: {joined_name(kept, hpl)}", off(kept)), HeadMask(NONE_KEPT, tuple(everything))]
         for s in range(self.cfg.random_sets):
             pick = torch.randperm(len(everything), generator=torch.Generator().manual_seed(session.settings.seed + s))
             chosen = tuple(sorted(everything[i] for i in pick[: len(kept)].tolist()))
-            name = f"random {len(kept)} (seed {session.settings.seed + s}): {joined_name(chosen)}"
+            name = f"random {len(kept)} (seed {session.settings.seed + s}): {joined_name(chosen, hpl)}"
             masks.append(HeadMask(name, off(chosen)))
         return masks
 
     def compute(self, key: str) -> ScanResult:
         result = super().compute(key)
         table = result.table
-        everything = all_heads(self.session.model.heads_per_layer)
+        hpl = self.session.model.heads_per_layer
+        everything = all_heads(hpl)
         kept = [[h for h in everything if h not in set(m.heads_off)] for m in self.head_masks]
-        table["kept"] = [join_heads(list(k)) for k in kept]
+        table["kept"] = [HEADS_SEPARATOR.join(grid_head_label(hpl, *h) for h in k) for k in kept]
+        if isinstance(hpl, KindRows):  # how many heads of each kind a circuit keeps
+            for kind in hpl.kinds():
+                table[f"kept_{kind}"] = [sum(hpl.rows[row][0] == kind for row, _ in k) for k in kept]
         primary = self.session.metric.primary
         result.table = with_faithfulness(table, self.session.baseline[primary], primary, self.example_sums)
         return result
@@ -116,6 +131,26 @@ class HeadCircuitScan(MaskScan):
             path = self.path(".png", "_faithfulness")
             figures.append(interval_figure(table, path, title, "faithfulness", "faithfulness", len(table)))
         return figures
+
+
+def grid_heads(entry: str, grid: KindRows, session, key: str) -> list[Head]:
+    """The (grid row, head) pairs one entry names on an encoder-decoder: a head by kind (cross.L1H0), a kind's layer
+    (cross.L1), every head (heads) or a ranking scan's top k (top3:direct_effect, by its grid of scores)."""
+    text = entry.strip()
+    if text == "heads":
+        return all_heads(grid)
+    layers = {grid.layer_label(row): row for row in range(len(grid))}
+    if text in layers:
+        return [(layers[text], h) for h in range(grid[layers[text]])]
+    if top := TOP.match(text):
+        if top[3]:
+            raise ConfigError(key, entry, f"names heads' .{top[3]} inputs: a head circuit keeps heads; drop the suffix")
+        if int(top[1]) > len(all_heads(grid)):
+            raise ConfigError(key, entry, f"k must be at most the model's {len(all_heads(grid))} heads")
+        return top_heads(session.provided(top[2]), grid, int(top[1]))
+    if MASK_SEPARATOR in text:
+        raise ConfigError(key, entry, "names several heads: list each head of the circuit apart")
+    return [grid_head(text, grid, key)]
 
 
 def with_faithfulness(table: pd.DataFrame, clean: float, metric: str, sums: ExampleSums | None = None) -> pd.DataFrame:

@@ -8,7 +8,12 @@ named position: induction heads attend from S2 to S1+1, duplicate-token heads to
 0 (causal attention).
 
 Each share has its 95% bootstrap interval over the prompts (attn_to_<position>_ci_low, _ci_high: a prompt's queries
-drawn together, 1000 resamples seeded by 0, as the scan is the same in every mode; intervals.py)."""
+drawn together, 1000 resamples seeded by 0, as the scan is the same in every mode; intervals.py).
+
+On an encoder-decoder's task (translation_verb, translation_agreement: no named positions) each head's
+`attn_to_changed` is the attention from the scored position to the tokens the counterpart changes in the sequence the
+head reads: a cross-attention head's to the source's, a decoder self-attention head's to the decoder stream's; an
+encoder head has no scored position (NaN, `scored_query` false); methods/seq2seq_position_attention.py."""
 
 from pathlib import Path
 
@@ -17,10 +22,17 @@ import torch
 
 from headcount.ablation.engine.heads import all_heads
 from headcount.ablation.engine.metrics import Targets
-from headcount.ablation.scans.base import KINDS, Scan
+from headcount.ablation.methods.seq2seq_position_attention import (
+    NO_SCORED_POSITION,
+    changed_attention_sums,
+    changed_tokens,
+)
+from headcount.ablation.scans.base import KINDS, Scan, ScanResult
+from headcount.ablation.scans.by_kind import kind_panels, with_kinds
 from headcount.ablation.scans.intervals import BOOTSTRAP_RULE, score_intervals
 from headcount.config.scans import PositionAttentionSettings
 from headcount.errors import ConfigError
+from headcount.labels import KindRows
 from headcount.model.intervention import reads
 from headcount.plotting import head_heatmap
 
@@ -36,6 +48,14 @@ class PositionAttentionScan(Scan):
     def prepare(self) -> None:
         if self.session.task is None:
             raise ConfigError(f"ablation.scans.{self.name}", self.kind, "reads a task's named positions: name a task")
+        if isinstance(self.session.model.heads_per_layer, KindRows):  # reads the tokens its counterpart changes
+            if self.cfg.from_position is not None:
+                raise ConfigError(
+                    f"ablation.scans.{self.name}.from_position",
+                    self.cfg.from_position,
+                    "an encoder-decoder's task names no positions: attention is read from its scored position (null)",
+                )
+            return
         if not [name for name in self.session.positions if name != "end"]:  # its table had no attention columns
             raise ConfigError(
                 f"ablation.scans.{self.name}",
@@ -56,8 +76,10 @@ class PositionAttentionScan(Scan):
         parts = (self.kind, self.session.positions, *([] if start is None else [f"from {start}"]))
         return (*parts, BOOTSTRAP_RULE)
 
-    def compute(self, key: str) -> pd.DataFrame:
+    def compute(self, key: str) -> pd.DataFrame | ScanResult:
         session = self.session
+        if isinstance(session.model.heads_per_layer, KindRows):
+            return self.compute_by_kind(session.model.heads_per_layer)
         names = [name for name in session.positions if name != "end"]
         L, H = session.model.n_layers, session.model.max_heads
         sums, counts = [], []  # per prompt: (K, L, H) attention summed over its queries, (K,) its queries
@@ -97,6 +119,32 @@ class PositionAttentionScan(Scan):
                 table = table.assign(**{c: v for c, v in columns.items() if c != "top_share"})
         return table
 
+    def compute_by_kind(self, grid: KindRows) -> ScanResult:
+        """An encoder-decoder's table: every head by kind, its share of attention on the tokens the counterpart
+        changes; the encoder's NaN with scored_query false; intervals per kind over the prompts that change a token
+        the kind reads."""
+        session = self.session
+        task = session.task.first(len(session.batches.examples["input_ids"]))
+        changed = changed_tokens(task.examples(), task.examples(corrupted=True))
+        sums_ELH, counts_EL = changed_attention_sums(session.model, session.batches, changed)
+        rows, heads = (list(x) for x in zip(*all_heads(grid)))
+        share_LH = sums_ELH.sum(0) / counts_EL.sum(0)[:, None]  # 0/0: no prompt changes a token the kind reads
+        table = with_kinds(pd.DataFrame({"layer": rows, "head": heads, "attn_to_changed": share_LH[rows, heads]}), grid)
+        table["scored_query"] = table["kind"] != "enc"
+        for kind in ("dec", "cross"):
+            counts_E = counts_EL[:, grid.kind_rows(kind)[0]]
+            picked = [(row, head) for row, head in zip(rows, heads) if grid.rows[row][0] == kind]
+            if counts_E.sum() == 0:
+                continue
+            k_rows, k_heads = (list(x) for x in zip(*picked))
+            columns, _ = score_intervals(sums_ELH[:, k_rows, k_heads], counts_E, "attn_to_changed", 0)
+            at = (table["kind"] == kind).to_numpy()
+            for name in ("attn_to_changed_ci_low", "attn_to_changed_ci_high"):
+                if name not in table:
+                    table[name] = float("nan")
+                table.loc[at, name] = columns[name]
+        return ScanResult(table, summary={"no_scored_position": {self.name: {"enc": NO_SCORED_POSITION}}})
+
     def query_points(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(prompt, position) of every query the attention is read from: the scored points, or from_position."""
         if self.cfg.from_position is None:
@@ -106,6 +154,10 @@ class PositionAttentionScan(Scan):
         return b, at[b]
 
     def figures(self, table: pd.DataFrame) -> list[Path | None]:
+        if "kind" in table:  # an encoder-decoder's: a panel per kind with a scored position (the encoder's has none)
+            title = self.title("attention from the scored position to the tokens its counterpart changes (share)")
+            shown = table[table["scored_query"]]
+            return [kind_panels(shown, self.path(".png"), "attn_to_changed", title, "share of attention (fraction)")]
         start = "the scored position" if self.cfg.from_position is None else self.cfg.from_position
         return [
             head_heatmap(
