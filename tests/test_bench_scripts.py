@@ -1,9 +1,14 @@
 """The benchmark scripts still run against the code they measure (a signature change once broke bench_train.py
 silently): each at its smallest setting, checking that it prints its table. Their figures are in docs/BENCHMARKS.md."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -120,3 +125,44 @@ def test_bench_edge_pruning_smollm2_times_every_method_on_a_tiny_model():
     assert proc.returncode == 0, proc.stderr[-3000:]
     for label in ("EAP:", "EAP-IG (5 steps):", "edge pruning: 2 steps of 2 prompts"):
         assert label in proc.stdout, proc.stdout
+
+
+def test_bench_mib_smollm2_passes_the_edge_pruning_settings_and_saves_what_it_learned(tmp_path):
+    """--penalty-lr and --warmup reach the training (its first multiplier step and target), the learned log_alpha is
+    saved beside the scores it ranks by (scores = log_alpha - min), and the printed density line and kept count are
+    the history's and the masks' own."""
+    from headcount.ablation.methods.l0_gates import expected_open
+    from headcount.config.scans import EdgePruningSettings
+
+    script = REPO / "scripts" / "bench_mib_smollm2.py"
+    command = [sys.executable, str(script), "--model", "tiny", "--prompts", "4", "--steps", "4", "--batch", "2"]
+    command += ["--lr", "1.0", "--penalty-lr", "3.0", "--warmup", "0.25", "--warm-start", "--resamples", "20"]
+    command += ["--methods", "edge pruning,ensemble", "--out", str(tmp_path)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores_path = tmp_path / "edge_pruning_warm_lr1.0_pl3.0_wu0.25_4x2_s0.95_tiny_4.pt"
+    history = pd.read_csv(scores_path.with_suffix(".history.csv"))
+    assert list(history["step"]) == [0, 1, 2, 3]
+    assert history["target_density"][0] == pytest.approx(0.05)  # warm-up of round(0.25 * 4) = 1 step
+    first_violation = history["density"][0] - history["target_density"][0]
+    assert history["lambda_1"][1] == pytest.approx(3.0 * first_violation)
+    assert history["lambda_2"][1] == pytest.approx(3.0 * first_violation**2)
+    log_alpha = torch.load(scores_path.with_suffix(".log_alpha.pt"))
+    torch.testing.assert_close(torch.load(scores_path), log_alpha - log_alpha.min(), rtol=0, atol=0)
+    kept = int((expected_open(log_alpha, EdgePruningSettings()) > 0.5).sum())
+    assert 0 < kept < len(log_alpha)  # lr 1.0 closes some edges in 4 steps: the count tells log_alpha from its shift
+    assert f"{kept} edges kept (P(open) > 1/2)" in proc.stdout, proc.stdout
+    line = proc.stdout.split("expected density by step: ", 1)[1].splitlines()[0]
+    expected = ", ".join(f"{step}: {density:.3f}" for step, density in zip(history["step"], history["density"]))
+    assert line == expected
+    assert (tmp_path / "areas_warm_lr1.0_pl3.0_wu0.25_4_tiny_4_edge-pruning_ensemble.csv").exists()
+
+
+def test_bench_mib_smollm2_density_line_picks_every_tenth_step_and_the_last():
+    sys.path.insert(0, str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location("bench_mib_smollm2", REPO / "scripts" / "bench_mib_smollm2.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    history = [dict(step=step, density=1 - step / 100) for step in range(31)]
+    line = bench.density_by_step(history)
+    assert line == ", ".join(f"{step}: {1 - step / 100:.3f}" for step in [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30])
