@@ -18,6 +18,7 @@ once; --steps and the other edge-pruning settings are part of its file name.
 """
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_edges import load, load_average, logit_diff, peak_gib  # noqa: E402
+from bench_edges import load, load_average, logit_diff, peak_gib, timed  # noqa: E402
 
 from headcount.ablation.methods.edge_pruning import edge_pruning  # noqa: E402
 from headcount.circuits import Graph, circuit_performance, eap_ig_scores, eap_scores, exact_edge_scores  # noqa: E402
@@ -37,14 +38,19 @@ from headcount.config.task import TaskConfig  # noqa: E402
 from headcount.tasks import HFTokens, build_task  # noqa: E402
 
 
-def cached(path: Path, name: str, compute) -> torch.Tensor:
-    """compute()'s (E,) scores, saved at path and read back when there."""
+def cached(path: Path, name: str, compute, forward: float) -> torch.Tensor:
+    """compute()'s (E,) scores, saved at path and read back when there; its cost also in forward-equivalents (CPU
+    seconds over `forward`'s, one plain forward's)."""
     if path.exists():
         print(f"{name}: read back from {path}", flush=True)
         return torch.load(path)
     start = time.process_time()
     scores = compute()
-    print(f"{name}: {time.process_time() - start:.1f} CPU s; load average {load_average()}", flush=True)
+    seconds = time.process_time() - start
+    print(
+        f"{name}: {seconds:.1f} CPU s ({seconds / forward:.1f} forward-equivalents); load average {load_average()}",
+        flush=True,
+    )
     scores = scores.cpu()
     torch.save(scores, path)
     return scores
@@ -63,7 +69,7 @@ def load_model(name: str):
     return model.eval(), tokens, "Gemma-3-270M (Q4_K_M GGUF, float32)"
 
 
-def time_exact(model, ids, corrupted, metric, last, n: int, n_edges: int) -> None:
+def time_exact(model, ids, corrupted, metric, last, n: int, n_edges: int, forward: float) -> None:
     """Exact scores of n edges drawn at random (seeded), timed; their cost extrapolated to every edge."""
     edges = torch.randperm(n_edges, generator=torch.Generator().manual_seed(0))[:n].tolist()
     start = time.process_time()
@@ -71,7 +77,8 @@ def time_exact(model, ids, corrupted, metric, last, n: int, n_edges: int) -> Non
     seconds = time.process_time() - start
     print(
         f"exact scores of {n} random edges: {seconds:.1f} CPU s ({seconds / n:.3f} an edge); every edge: about "
-        f"{seconds / n * n_edges:,.0f} CPU s (extrapolated); load average {load_average()}",
+        f"{seconds / n * n_edges:,.0f} CPU s, {seconds / n * n_edges / forward:,.0f} forward-equivalents "
+        f"(extrapolated); load average {load_average()}",
         flush=True,
     )
 
@@ -118,17 +125,25 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, torch {torch.__version__}; load average {load_average()}",
         flush=True,
     )
+    with torch.no_grad():  # the unit of cost: one plain forward of every prompt to its score point, median of 3
+        forward = statistics.median(
+            timed(lambda: model.unembed(model.forward_layers(model.embed(ids))[rows, last]))[1] for _ in range(3)
+        )
+    print(f"one plain forward of the {len(ids)} prompts to their score points: {forward:.3f} CPU s", flush=True)
     if not 0 <= args.exact_sample <= n_edges:
         raise SystemExit(f"--exact-sample: {args.exact_sample}; allowed 0 to the model's {n_edges} edges")
     if args.exact_sample:
-        time_exact(model, ids, corrupted, metric, last, args.exact_sample, n_edges)
+        time_exact(model, ids, corrupted, metric, last, args.exact_sample, n_edges, forward)
     tag = f"{args.model}_{args.prompts}"
     scores = {
-        "EAP": cached(args.out / f"eap_{tag}.pt", "EAP", lambda: eap_scores(model, ids, corrupted, metric, last)),
+        "EAP": cached(
+            args.out / f"eap_{tag}.pt", "EAP", lambda: eap_scores(model, ids, corrupted, metric, last), forward
+        ),
         "EAP-IG": cached(
             args.out / f"eap_ig{args.ig_steps}_{tag}.pt",
             f"EAP-IG ({args.ig_steps} steps)",
             lambda: eap_ig_scores(model, ids, corrupted, metric, args.ig_steps, last),
+            forward,
         ),
     }
     cfg = EdgePruningSettings(
@@ -143,7 +158,8 @@ def main() -> None:
         last_step = result.history[-1]
         print(
             f"edge pruning: {result.steps} steps of {result.examples_per_step} prompts, {result.cpu_seconds:.1f} CPU s "
-            f"in training ({result.cpu_seconds / result.steps:.2f} a step); final expected density "
+            f"in training ({result.cpu_seconds / result.steps:.2f} a step, {result.cpu_seconds / forward:.0f} "
+            f"forward-equivalents); final expected density "
             f"{last_step['density']:.4f} (target {last_step['target_density']:.4f}), task loss (KL) "
             f"{last_step['task_loss']:.4f}; {int(result.kept.sum())} edges kept (P(open) > 1/2); peak memory "
             f"{peak_gib():.1f} GiB",
@@ -157,12 +173,15 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown}; allowed EAP, EAP-IG, edge pruning, ensemble, random, exact")
     if {"edge pruning", "ensemble"} & set(wanted):
-        scores["edge pruning"] = cached(pruning_path, f"edge pruning ({args.steps} steps)", prune)
+        scores["edge pruning"] = cached(pruning_path, f"edge pruning ({args.steps} steps)", prune, forward)
         scores["ensemble"] = ensemble_scores(dict(scores))
     if args.exact or "exact" in wanted:
         wanted = [*wanted, "exact"] if "exact" not in wanted else wanted
         scores["exact"] = cached(
-            args.out / f"exact_{tag}.pt", "exact", lambda: exact_edge_scores(model, ids, corrupted, metric, last)
+            args.out / f"exact_{tag}.pt",
+            "exact",
+            lambda: exact_edge_scores(model, ids, corrupted, metric, last),
+            forward,
         )
     scores["random"] = torch.rand(n_edges, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     scores = {name: scores[name] for name in wanted}

@@ -137,6 +137,7 @@ def test_bench_mib_smollm2_compares_every_method_on_a_tiny_model(tmp_path):
     edges = int(re.search(r": (\d+) edges;", proc.stdout).group(1))  # the extrapolation: per edge x every edge
     per_edge, total = float(timed.group(1)), float(timed.group(2).replace(",", ""))
     assert abs(total - per_edge * edges) <= 0.5 + 0.0005 * edges, proc.stdout
+    assert re.search(r"^EAP: [\d.]+ CPU s \([\d.]+ forward-equivalents\)", proc.stdout, re.MULTILINE), proc.stdout
     for method in ("EAP", "EAP-IG", "edge pruning", "ensemble", "random"):  # the areas table: method, draw, CPR, ...
         assert re.search(rf"^ *{method} +0 +-?\d+\.\d{{3}} ", proc.stdout, re.MULTILINE), proc.stdout
     bad = subprocess.run(command + ["--exact-sample", "-1"], capture_output=True, text=True, timeout=600)
