@@ -2,6 +2,7 @@
 silently): each at its smallest setting, checking that it prints its table. Their figures are in docs/BENCHMARKS.md."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,24 @@ def test_bench_mib_smollm2_density_line_picks_every_tenth_step_and_the_last():
     history = [dict(step=step, density=1 - step / 100) for step in range(31)]
     line = bench.density_by_step(history)
     assert line == ", ".join(f"{step}: {1 - step / 100:.3f}" for step in [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30])
+
+
+def test_bench_mib_smollm2_compares_every_method_on_a_tiny_model(tmp_path):
+    """bench_mib_smollm2.py (docs/BENCHMARKS.md's MIB comparisons on SmolLM2 and Gemma-3): every ranking's CPR and
+    CMD, the exact scores' cost timed on a sample, and a bad --exact-sample refused in one line."""
+    script = REPO / "scripts" / "bench_mib_smollm2.py"
+    command = [sys.executable, str(script), "--model", "tiny", "--prompts", "4", "--steps", "2", "--batch", "2"]
+    command += ["--resamples", "20", "--memory-mb", "64", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(command + ["--exact-sample", "3"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    exact = r"exact scores of 3 random edges: .* \(([\d.]+) an edge\); every edge: about ([\d,]+) CPU s"
+    timed = re.search(exact, proc.stdout)
+    assert timed, proc.stdout
+    edges = int(re.search(r": (\d+) edges;", proc.stdout).group(1))  # the extrapolation: per edge x every edge
+    per_edge, total = float(timed.group(1)), float(timed.group(2).replace(",", ""))
+    assert abs(total - per_edge * edges) <= 0.5 + 0.0005 * edges, proc.stdout
+    assert re.search(r"^EAP: [\d.]+ CPU s \([\d.]+ forward-equivalents\)", proc.stdout, re.MULTILINE), proc.stdout
+    for method in ("EAP", "EAP-IG", "edge pruning", "ensemble", "random"):  # the areas table: method, draw, CPR, ...
+        assert re.search(rf"^ *{method} +0 +-?\d+\.\d{{3}} ", proc.stdout, re.MULTILINE), proc.stdout
+    bad = subprocess.run(command + ["--exact-sample", "-1"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("--exact-sample: -1; allowed 0 to")

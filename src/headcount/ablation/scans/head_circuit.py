@@ -16,8 +16,8 @@ faithfulness with its interval.
 On an encoder-decoder (its heads one grid of three kinds, labels.KindRows) the heads are named by kind (enc.L0H1,
 cross.L1H0, a kind's layer cross.L1, every head `heads`, or a ranking scan's top k `top3:direct_effect`, by its grid
 scores), the masks go through its evaluator as every mask scan's do (a sequence-to-sequence task's patch, or any
-mode that needs no task at the teacher-forced targets), `kept` names the heads by kind and kept_enc, kept_dec, kept_cross
-count them.
+mode that needs no task at the teacher-forced targets), `kept` names the heads by kind and kept_enc, kept_dec,
+kept_cross count them.
 """
 
 from pathlib import Path
