@@ -47,3 +47,14 @@ def closest(word: str, options: Iterable[str]) -> str | None:
     """The option most like word (a misspelling's intended value), if any is close."""
     matches = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return matches[0] if matches else None
+
+
+def unknown_key(full_key: str, value: Any, keys: Iterable[str]) -> ConfigError:
+    """`trainer.max_step=10: not a key of trainer (its keys: ...); did you mean trainer.max_steps?`"""
+    keys = list(keys)
+    parent, _, name = full_key.rpartition(".")
+    where = f"of {parent}" if parent else "of the config"
+    allowed = f"not a key {where} (its keys: {', '.join(keys)})"
+    if (match := closest(name, keys)) is not None:
+        allowed += f"; did you mean {parent + '.' if parent else ''}{match}?"
+    return ConfigError(full_key, value, allowed)

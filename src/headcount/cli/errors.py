@@ -30,8 +30,7 @@ from rich.text import Text
 from headcount import processes, run_lock
 from headcount.config import CONF_DIR
 from headcount.config.scans import not_taken
-from headcount.config.schema import closest, unknown_key
-from headcount.errors import ConfigError
+from headcount.errors import ConfigError, closest, unknown_key
 from headcount.io import READ_ONLY_ERRNOS, write_fault
 from headcount.registry import indexed_kinds
 from headcount.train import peers

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headcount.config.choice import Choice, check_bools, check_choice
-from headcount.errors import ConfigError, check_positive, finite
+from headcount.errors import ConfigError, check_positive, finite, unknown_key
 
 
 class Combine(Choice):
@@ -218,8 +218,6 @@ def typed_attention(keys: Any, key: str, base: AttentionConfig) -> AttentionConf
     wrong type."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import ConfigKeyError, ValidationError
-
-    from headcount.config.schema import unknown_key
 
     if not isinstance(keys, dict | DictConfig):
         raise ConfigError(key, keys, "must be a mapping of model.attn's keys (n_heads, head_dim, ...) or null")

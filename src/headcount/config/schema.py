@@ -8,7 +8,6 @@ onto a typed node. A section's defaults are the values a run uses when no preset
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -21,7 +20,7 @@ from headcount.config.model import ModelConfig, validate_model_config
 from headcount.config.scans import register_scan_settings
 from headcount.config.task import TaskConfig
 from headcount.config.train import TrainerConfig, validate_trainer_config
-from headcount.errors import ConfigError, check_seed, closest
+from headcount.errors import ConfigError, check_seed, unknown_key
 
 CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
 
@@ -86,17 +85,6 @@ def plain(section) -> dict:
     """A dataclass or config section as plain dicts, lists and strings (choices as their values): what checkpoints and
     loggers store."""
     return OmegaConf.to_container(OmegaConf.structured(section), resolve=True, enum_to_str=True)
-
-
-def unknown_key(full_key: str, value: Any, keys: Iterable[str]) -> ConfigError:
-    """`trainer.max_step=10: not a key of trainer (its keys: ...); did you mean trainer.max_steps?`"""
-    keys = list(keys)
-    parent, _, name = full_key.rpartition(".")
-    where = f"of {parent}" if parent else "of the config"
-    allowed = f"not a key {where} (its keys: {', '.join(keys)})"
-    if (match := closest(name, keys)) is not None:
-        allowed += f"; did you mean {parent + '.' if parent else ''}{match}?"
-    return ConfigError(full_key, value, allowed)
 
 
 def check_schema_keys(cfg: DictConfig, schema: type) -> None:

@@ -30,8 +30,7 @@ from headcount.ablation.records.resumable import discard_partials
 from headcount.ablation.scans.context import EVERY_SCAN_READS, DeclaredContext, ScanContext
 from headcount.config.ablation import AblationConfig
 from headcount.config.scans import ScanSettings, not_taken
-from headcount.config.schema import unknown_key
-from headcount.errors import ConfigError
+from headcount.errors import ConfigError, unknown_key
 from headcount.processes import first_process
 from headcount.registry import Registry
 
