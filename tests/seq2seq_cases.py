@@ -7,14 +7,20 @@ from headcount.model.encoder_decoder import EncoderDecoder
 from headcount.model.seq2seq import seq2seq_batch
 
 
-def tiny_seq2seq(dtype: torch.dtype, seed: int = 0) -> EncoderDecoder:
+def tiny_seq2seq(dtype: torch.dtype, seed: int = 0, n_ctx: int = 12, vocab_size: int = 30) -> EncoderDecoder:
     """2 encoder layers of 3 heads, 2 decoder layers of 3 heads and 2 cross-attention heads each (a narrower kind, so
     the grid's rows differ in width), every weight, norm and bias random."""
-    torch.manual_seed(seed)
     cfg = ModelConfig(
-        n_layers=2, encoder_layers=2, d_model=24, n_ctx=12, vocab_size=30, mlp=True,
+        n_layers=2, encoder_layers=2, d_model=24, n_ctx=n_ctx, vocab_size=vocab_size, mlp=True,
         attn=AttentionConfig(n_heads=3), cross_attn=AttentionConfig(n_heads=2, head_dim=5),
     )  # fmt: skip
+    return randomised(cfg, dtype, seed)
+
+
+def randomised(cfg: ModelConfig, dtype: torch.dtype, seed: int = 0) -> EncoderDecoder:
+    """The encoder-decoder cfg describes, every weight, norm and bias moved off its initial value at random (so no
+    invariant holds by a zero or a one)."""
+    torch.manual_seed(seed)
     model = EncoderDecoder(cfg).to(dtype).eval()
     with torch.no_grad():
         for p in model.parameters():

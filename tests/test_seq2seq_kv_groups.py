@@ -9,7 +9,7 @@ panel per kind. The configurable models here have groups per kind: T5, BART and 
 import pandas as pd
 import pytest
 import torch
-from seq2seq_cases import pairs, tiny_seq2seq
+from seq2seq_cases import pairs, randomised, tiny_seq2seq
 
 from headcount.ablation.engine.masks import masks_to_gates, requested_masks, single_head_masks
 from headcount.ablation.engine.seq2seq_evaluator import Seq2SeqEvaluator
@@ -34,17 +34,12 @@ GROUPS = {
 def gqa_seq2seq(dtype: torch.dtype, seed: int = 0) -> EncoderDecoder:
     """2 encoder and 2 decoder layers of 4 self-attention heads, 3 narrower cross-attention heads, each kind with key
     and value groups of its own (GROUPS), every weight random."""
-    torch.manual_seed(seed)
     cfg = ModelConfig(
         n_layers=2, encoder_layers=2, d_model=24, n_ctx=12, vocab_size=30, mlp=True,
         attn=AttentionConfig(n_heads=4, n_kv_heads=2), cross_attn=AttentionConfig(n_heads=3, n_kv_heads=1, head_dim=5),
         encoder_kv_groups_per_layer=GROUPS["enc"], kv_groups_per_layer=GROUPS["dec"],
     )  # fmt: skip
-    model = EncoderDecoder(cfg).to(dtype).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model
+    return randomised(cfg, dtype, seed)
 
 
 def expected_groups() -> list[tuple[str, str, int, list[str]]]:

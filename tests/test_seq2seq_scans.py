@@ -9,7 +9,7 @@ import copy
 import pandas as pd
 import pytest
 import torch
-from seq2seq_cases import pairs, tiny_seq2seq
+from seq2seq_cases import pairs, tiny_seq2seq, trained_translation_run
 
 from headcount.ablation.engine.evaluation import EvaluationSet
 from headcount.ablation.engine.masks import (
@@ -258,24 +258,8 @@ def test_a_cross_attention_setting_on_a_decoder_only_model_is_one_line():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny encoder-decoder trained a few steps on the generated translation task, as headcount-train runs it."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    from headcount.cli.train import run
-    from headcount.config import CONF_DIR
-
     path = tmp_path_factory.mktemp("seq2seq_run")
-    overrides = ["data=translation_seq2seq", "size=smoke", "trainer.max_steps=6", "trainer.val_check_interval=6",
-                 "model.encoder_layers=2", "model.n_layers=2", "model.d_model=32", "model.n_ctx=16",
-                 "model.vocab_size=512", "model.attn.n_heads=2", "ablation=[]",
-                 "ablation.n_eval=24", "ablation.n_reference=16", "ablation.batch_size=16"]  # fmt: skip
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
-    run(cfg, path)
-    (path / ".hydra").mkdir()
-    (path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))  # what Hydra writes for headcount-train
+    trained_translation_run(path)
     return path
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from seq2seq_cases import tiny_seq2seq
 
 from headcount.ablation.encoder_checks import refuse_decoder_only
 from headcount.ablation.engine.evaluation import counterpart_sums, evaluation, task_evaluation_set
@@ -19,7 +20,6 @@ from headcount.ablation.engine.modes import MODES, mean_z
 from headcount.ablation.seq2seq_checks import refuse_one_stack_only, takes
 from headcount.ablation.session import typed_ablation
 from headcount.config.ablation import AblationConfig
-from headcount.config.model import AttentionConfig, ModelConfig
 from headcount.config.task import TaskConfig
 from headcount.data.examples import to_batches
 from headcount.data.synthetic import BOS
@@ -40,18 +40,8 @@ def verb_task(n: int = 10, seed: int = 0, source: str = "translation_seq2seq"):
 
 
 def tiny_model(dtype: torch.dtype, seed: int = 0) -> EncoderDecoder:
-    """2 encoder layers of 3 heads, 2 decoder layers of 3 heads and 2 narrower cross-attention heads each, MLPs, every
-    weight, norm and bias random; the translation task's vocabulary."""
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        n_layers=2, encoder_layers=2, d_model=24, n_ctx=N_CTX, vocab_size=VOCAB, mlp=True,
-        attn=AttentionConfig(n_heads=3), cross_attn=AttentionConfig(n_heads=2, head_dim=5),
-    )  # fmt: skip
-    model = EncoderDecoder(cfg).to(dtype).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model
+    """seq2seq_cases' tiny encoder-decoder with the translation task's vocabulary."""
+    return tiny_seq2seq(dtype, seed, n_ctx=N_CTX, vocab_size=VOCAB)
 
 
 def test_each_prompt_is_a_sentence_scored_at_its_verb_and_the_counterpart_swaps_the_source_verb_alone():
