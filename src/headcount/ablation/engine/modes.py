@@ -198,8 +198,8 @@ class Patch(AblationMode):
     name, per_example = "patch", True
     own_keys = ("patch_direction",)
     needs_task = (
-        "patches a task's corrupted prompts: name a task (task=ioi, task=kv_retrieval, or task=file with a corrupted "
-        "field)"
+        "patches a task's corrupted prompts: name a task with counterparts (task=ioi, or task=file with a corrupted "
+        "field; an encoder-decoder's: task=translation_verb)"
     )
 
     def evaluates_corrupted(self, s: AblationConfig) -> bool:
